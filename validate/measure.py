@@ -1,0 +1,127 @@
+"""What a rank holds and sends, read from the engine itself and from torch's allocator."""
+import json
+import os
+import platform
+import time
+
+import torch
+
+_WALK_MODULES = ("deepspeed", "torch", "validate", "transformers", "collections")
+
+
+def append_line(path, record):
+    """Append one JSON line and flush it to disk, so a killed run leaves only whole lines."""
+    line = json.dumps(record, sort_keys=True) + "\n"
+    with open(path, "a") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def synchronize(cuda):
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _children(obj):
+    """(name, child) pairs worth following from obj: containers and DeepSpeed/torch objects."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield (f"[{type(k).__name__}]", k)
+            yield (f"[{k!r}]" if isinstance(k, (str, int)) else "[.]", v)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield ("[]", v)
+    elif isinstance(obj, torch.Tensor):
+        yield from vars(obj).items() if hasattr(obj, "__dict__") else ()
+    elif type(obj).__module__.split(".")[0] in _WALK_MODULES and hasattr(obj, "__dict__"):
+        yield from vars(obj).items()
+
+
+def resident_state(engine):
+    """Bytes of every distinct tensor storage reachable from the engine, by the attribute that first
+    reached it (breadth first). Storages are de-duplicated, so a parameter that is a view into a
+    flat buffer counts once, in the buffer."""
+    seen_objects, seen_storages = set(), {}
+    frontier = [("engine", engine)]
+    while frontier:
+        nxt = []
+        for path, obj in frontier:
+            if id(obj) in seen_objects or isinstance(obj, (type, str, bytes, int, float, bool)) or obj is None:
+                continue
+            seen_objects.add(id(obj))
+            if isinstance(obj, torch.Tensor) and obj.device.type != "meta":
+                storage = obj.untyped_storage()
+                key = (storage.data_ptr(), obj.device.type) if storage.data_ptr() else ("id", id(storage))
+                if key not in seen_storages and storage.nbytes() > 0:
+                    seen_storages[key] = (path, storage.nbytes(), obj.device.type)
+            for name, child in _children(obj):
+                nxt.append((f"{path}.{name}" if not name.startswith("[") else path + name, child))
+        frontier = nxt
+    by_path = {}
+    for path, nbytes, dev in seen_storages.values():
+        by_path[path] = by_path.get(path, 0) + nbytes
+    return {"total_bytes": sum(b for _, b, _ in seen_storages.values()),
+            "cpu_bytes": sum(b for _, b, d in seen_storages.values() if d == "cpu"),
+            "by_path": by_path}
+
+
+def comm_summary(summary):
+    """{op: [[msg_size_bytes, count], ...]} from `deepspeed.comm.log_summary(return_dict=True)`."""
+    out = {}
+    for op, sizes in (summary or {}).get("summary", {}).items():
+        out[op] = sorted([int(size), int(v["count"])] for size, v in sizes.items())
+    return out
+
+
+class MemoryRecorder:
+    """Peak allocated/reserved per phase (init, forward, backward, step) and what is allocated at the
+    end of each phase; on CPU it records nothing."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.peaks = {}
+
+    def start(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base_allocated = torch.cuda.memory_allocated()
+
+    def phase(self, name, record=True):
+        if not self.cuda:
+            return
+        torch.cuda.synchronize()
+        stats = torch.cuda.memory_stats()
+        key = name if record or name == "init" else "first_" + name
+        cur = self.peaks.setdefault(key, {"peak_allocated": 0, "peak_reserved": 0, "end_allocated": 0})
+        cur["peak_allocated"] = max(cur["peak_allocated"], stats["allocated_bytes.all.peak"])
+        cur["peak_reserved"] = max(cur["peak_reserved"], stats["reserved_bytes.all.peak"])
+        cur["end_allocated"] = max(cur["end_allocated"], stats["allocated_bytes.all.current"])
+        cur["retries"] = stats.get("num_alloc_retries", 0)
+        torch.cuda.reset_peak_memory_stats()
+
+    def summary(self):
+        if not self.cuda:
+            return None
+        return {"phases": self.peaks,
+                "peak_allocated": max(p["peak_allocated"] for p in self.peaks.values()),
+                "peak_reserved": max(p["peak_reserved"] for p in self.peaks.values()),
+                "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0),
+                "base_allocated": self.base_allocated}
+
+
+def environment(device):
+    import deepspeed
+    env = {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "python": platform.python_version(),
+           "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        try:
+            import subprocess
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=10).stdout.split("\n")[0]
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = None
+    return env

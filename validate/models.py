@@ -1,0 +1,82 @@
+"""The model zoo the validator trains: the case study's GPT and Hugging Face GPT-2 / Llama built from
+a config with random weights. Parameter order and shapes must equal zerocalc's architecture
+enumeration (`zerocalc.arch.param_numels`); tests/test_validate_models.py checks that."""
+import torch
+import torch.nn as nn
+
+
+class SeedBlock(nn.Module):
+    """One block of the case study's model, as the seed wrote it (ln1 applied three times)."""
+
+    def __init__(self, hidden, heads, ffn):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = nn.MultiheadAttention(hidden, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x), self.ln1(x), self.ln1(x))[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class SeedGPT(nn.Module):
+    """`../shared/seeds/zero3-param-sharding-case.txt`: embedding, blocks, final LayerNorm, untied head
+    without bias, no position embedding."""
+
+    def __init__(self, vocab, hidden, layers, heads, ffn, checkpointing=False):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.blocks = nn.ModuleList([SeedBlock(hidden, heads, ffn) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.checkpointing = checkpointing
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            if self.checkpointing:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.head(self.ln_f(x))
+
+
+class HFCausalLM(nn.Module):
+    """A Hugging Face causal LM returning logits only, so every family trains the same way."""
+
+    def __init__(self, hf_model):
+        super().__init__()
+        self.model = hf_model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def _hf_config(arch):
+    import transformers
+    attn = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}[arch["attention"]]
+    if arch["family"] == "hf-gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=arch["vocab_size"], n_embd=arch["hidden_size"], n_layer=arch["num_layers"],
+            n_head=arch["num_heads"], n_inner=arch["ffn_hidden_size"], n_positions=arch["max_positions"],
+            tie_word_embeddings=arch["tie_embeddings"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return transformers.GPT2LMHeadModel, cfg, attn
+    cfg = transformers.LlamaConfig(
+        vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"], num_hidden_layers=arch["num_layers"],
+        num_attention_heads=arch["num_heads"], num_key_value_heads=arch["num_kv_heads"],
+        intermediate_size=arch["ffn_hidden_size"], max_position_embeddings=arch["max_positions"],
+        tie_word_embeddings=arch["tie_embeddings"])
+    return transformers.LlamaForCausalLM, cfg, attn
+
+
+def build_model(arch, checkpointing=False):
+    """An fp32 module on the CPU with random weights; `arch` is zerocalc's Architecture as a dict."""
+    if arch["family"] == "seed-gpt":
+        return SeedGPT(arch["vocab_size"], arch["hidden_size"], arch["num_layers"], arch["num_heads"],
+                       arch["ffn_hidden_size"], checkpointing)
+    cls, cfg, attn = _hf_config(arch)
+    model = cls._from_config(cfg, attn_implementation=attn)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return HFCausalLM(model)

@@ -1,0 +1,170 @@
+"""Runs under DeepSpeed's launcher (`deepspeed --num_gpus N -m validate.worker JOBS OUT_DIR`): trains
+each job of JOBS (a JSON list) with a fresh engine and appends one JSON line per job to
+OUT_DIR/results.jsonl from rank 0 holding every rank's measurements. Rank 0 writes
+OUT_DIR/started.jsonl before each job, so the driver can tell a crash or hang from a finished job."""
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from validate import measure
+from validate.models import build_model
+
+WARMUP_STEPS = 2      # optimizer steps before measuring: Adam state and the stage-3 trace (frozen after
+                      # its second iteration, with a few one-time broadcasts) are made here
+TIMED_STEPS = 3       # optimizer steps timed after the comm-logged one
+
+
+def ds_config(job):
+    """The DeepSpeed config for one job, written out in full so a reader sees what ran."""
+    zero = {"stage": job["stage"], "reduce_bucket_size": job["reduce_bucket_size"],
+            "contiguous_gradients": job["contiguous_gradients"]}
+    if job.get("overlap_comm") is not None:
+        zero["overlap_comm"] = job["overlap_comm"]
+    if job["stage"] == 3:
+        zero.update(stage3_prefetch_bucket_size=job["prefetch_bucket_size"],
+                    stage3_param_persistence_threshold=job["param_persistence_threshold"],
+                    stage3_max_live_parameters=job["max_live_parameters"],
+                    stage3_max_reuse_distance=job["max_reuse_distance"],
+                    sub_group_size=job["sub_group_size"])
+    if job["offload_optimizer"] != "none":
+        zero["offload_optimizer"] = {"device": job["offload_optimizer"]}
+    if job["offload_param"] != "none":
+        zero["offload_param"] = {"device": job["offload_param"]}
+    cfg = {
+        "train_micro_batch_size_per_gpu": job["micro_batch"],
+        "gradient_accumulation_steps": job["gas"],
+        "optimizer": {"type": job["optimizer"], "params": {"lr": 1e-4, **job.get("optimizer_params", {})}},
+        "zero_optimization": zero,
+        "comms_logger": {"enabled": True, "prof_all": True, "verbose": False, "debug": True},
+        "wall_clock_breakdown": False,
+    }
+    if job["dtype"] == "fp16":
+        cfg["fp16"] = {"enabled": True}
+    elif job["dtype"] == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    data_types = {}
+    if job.get("grad_accum_dtype"):
+        data_types["grad_accum_dtype"] = job["grad_accum_dtype"]
+    if data_types:
+        cfg["data_types"] = data_types
+    if job.get("communication_data_type"):
+        cfg["communication_data_type"] = job["communication_data_type"]
+    return cfg
+
+
+def _tolerate_unknown_comm_ops():
+    """DeepSpeed 0.19.8's comms logger calls `exit(0)` for an op missing from its bandwidth table
+    (`utils/comms_logging.py`, `calc_bw_log`; seen with torch.optim.SGD at stage 2: the launch ended
+    'successfully' half-way through a sweep). Give such an op zero bandwidth instead; its size and
+    count are logged as before."""
+    from deepspeed.utils import comms_logging
+    known = comms_logging.calc_bw_log
+
+    def calc_bw_log(comm_op, size, duration):
+        try:
+            return known(comm_op, size, duration)
+        except SystemExit:
+            return 0.0, 0.0
+
+    comms_logging.calc_bw_log = calc_bw_log
+
+
+def run_job(job, device):
+    import deepspeed
+    import deepspeed.comm as dist
+    from deepspeed.comm.comm import comms_logger
+
+    cuda = device.type == "cuda"
+    rec = measure.MemoryRecorder(cuda)
+    rec.start()
+    torch.manual_seed(job.get("seed", 0))
+    model = build_model(job["arch"], job["activation_checkpointing"])
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=ds_config(job))
+    rec.phase("init")
+    vocab = job["arch"]["vocab_size"]
+    gen = torch.Generator().manual_seed(1234 + dist.get_rank())
+    batch = torch.randint(0, vocab, (job["micro_batch"], job["seq_len"] + 1), generator=gen).to(device)
+    inputs, labels = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+    losses, step_s = [], []
+
+    def optimizer_step(record):
+        for _ in range(job["gas"]):
+            logits = engine(inputs)
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab), labels.view(-1))
+            del logits
+            rec.phase("forward", record)
+            engine.backward(loss)
+            rec.phase("backward", record)
+            engine.step()
+            rec.phase("step", record)
+            losses.append(loss.item())
+            del loss
+
+    comms_logger.enabled = False
+    for _ in range(WARMUP_STEPS):
+        optimizer_step(record=False)
+    # One steady-state step with the comms logger on (it synchronizes after every op).
+    comms_logger.reset_data()
+    comms_logger.enabled = True
+    optimizer_step(record=True)
+    comms_logger.enabled = False
+    comm = measure.comm_summary(dist.log_summary(return_dict=True))
+    state = measure.resident_state(engine)
+    for _ in range(TIMED_STEPS):
+        measure.synchronize(cuda)
+        t0 = time.perf_counter()
+        optimizer_step(record=True)
+        measure.synchronize(cuda)
+        step_s.append(time.perf_counter() - t0)
+    result = {"outcome": "ok", "losses": losses, "comm": comm, "state": state,
+              "step_s": statistics.median(step_s), "memory": rec.summary()}
+    engine.destroy()
+    del engine, model
+    return result
+
+
+def main(jobs_path, out_dir):
+    import deepspeed
+    import deepspeed.comm as dist
+    deepspeed.init_distributed()
+    _tolerate_unknown_comm_ops()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    with open(jobs_path) as f:
+        jobs = json.load(f)
+    for job in jobs:
+        if rank == 0:
+            measure.append_line(os.path.join(out_dir, "started.jsonl"), {"key": job["key"], "time": time.time()})
+        try:
+            result = run_job(job, device)
+        except torch.cuda.OutOfMemoryError as err:
+            result = {"outcome": "oom", "error": str(err).splitlines()[0][:300]}
+        except Exception as err:  # noqa: BLE001  -- recorded as the job's outcome; the sweep goes on
+            result = {"outcome": "error", "error": f"{type(err).__name__}: {err}"[:500]}
+        result["rank"] = rank
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        results = [None] * world
+        dist.all_gather_object(results, result)
+        if rank == 0:
+            measure.append_line(os.path.join(out_dir, "results.jsonl"),
+                                {"key": job["key"], "world_size": world, "ranks": results,
+                                 "env": measure.environment(device)})
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    main(args[0], args[1])

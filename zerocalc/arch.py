@@ -1,0 +1,151 @@
+"""What is trained: a transformer architecture and the parameter tensors it registers.
+
+DeepSpeed pads and partitions per parameter tensor (stage 3) or per flat group (stages 1/2), and
+keeps small tensors whole at stage 3, so an exact answer needs the tensor list, not only P. The
+lists below follow `module.parameters()` order for the three families the validator trains
+(`validate/models.py`); `tests/test_validate_models.py` checks them against torch, tensor by tensor.
+"""
+from dataclasses import dataclass, replace
+
+FAMILIES = ("seed-gpt", "hf-gpt2", "hf-llama")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    family: str                # seed-gpt | hf-gpt2 | hf-llama
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int          # = num_heads without grouped-query attention
+    ffn_hidden_size: int
+    tie_embeddings: bool
+    max_positions: int = 2048  # GPT-2's learned position table; unused by the other families
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def validate_architecture(arch: Architecture) -> None:
+    """Raise ValueError naming the field to fix."""
+    if arch.family not in FAMILIES:
+        raise ValueError(f"unknown model family {arch.family!r}; choose one of {', '.join(FAMILIES)}")
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size"):
+        if getattr(arch, name) < 1:
+            raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(arch, name)}")
+    if arch.hidden_size % arch.num_heads:
+        raise ValueError(f"hidden-size {arch.hidden_size} is not divisible by num-heads {arch.num_heads}")
+    if arch.num_heads % arch.num_kv_heads:
+        raise ValueError(f"num-heads {arch.num_heads} is not divisible by num-kv-heads {arch.num_kv_heads}")
+    if arch.family == "seed-gpt" and arch.num_kv_heads != arch.num_heads:
+        raise ValueError("seed-gpt uses nn.MultiheadAttention, which has no grouped-query attention")
+
+
+def _seed_gpt_layer(h: int, f: int) -> list[int]:
+    # LayerNorm(h): weight, bias; nn.MultiheadAttention: in_proj_weight (3h, h), in_proj_bias 3h,
+    # out_proj weight (h, h), bias h; LayerNorm(h); Linear(h, f) weight, bias; Linear(f, h) weight, bias.
+    return [h, h, 3 * h * h, 3 * h, h * h, h, h, h, f * h, f, h * f, h]
+
+
+def _gpt2_layer(h: int, f: int) -> list[int]:
+    # ln_1 w, b; c_attn Conv1D (h, 3h) w, b; c_proj (h, h) w, b; ln_2 w, b; c_fc (h, f) w, b; c_proj (f, h) w, b.
+    return [h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h]
+
+
+def _llama_layer(h: int, f: int, kv: int) -> list[int]:
+    # q_proj (h, h), k_proj and v_proj (kv, h), o_proj (h, h); gate and up (f, h), down (h, f); two RMSNorm
+    # weights of h. No biases (attention_bias = mlp_bias = False).
+    return [h * h, kv * h, kv * h, h * h, f * h, f * h, h * f, h, h]
+
+
+def param_numels(arch: Architecture) -> tuple[int, ...]:
+    """Element count of every parameter tensor, in `module.parameters()` order (tied weights once)."""
+    v, h, f, n = arch.vocab_size, arch.hidden_size, arch.ffn_hidden_size, arch.num_layers
+    if arch.family == "seed-gpt":
+        head = [] if arch.tie_embeddings else [v * h]
+        return tuple([v * h] + _seed_gpt_layer(h, f) * n + [h, h] + head)
+    if arch.family == "hf-gpt2":
+        head = [] if arch.tie_embeddings else [v * h]
+        return tuple([v * h, arch.max_positions * h] + _gpt2_layer(h, f) * n + [h, h] + head)
+    kv = arch.num_kv_heads * arch.head_dim
+    head = [] if arch.tie_embeddings else [v * h]
+    return tuple([v * h] + _llama_layer(h, f, kv) * n + [h] + head)
+
+
+def module_numels(arch: Architecture) -> tuple[tuple[int, ...], ...]:
+    """Parameters grouped by the leaf module that owns them, in forward order: the ZeRO-3 trace.
+    Stage 3 fetches per module and decides per module what to release after forward."""
+    v, h, f, n = arch.vocab_size, arch.hidden_size, arch.ffn_hidden_size, arch.num_layers
+    head = () if arch.tie_embeddings else ((v * h,),)
+    if arch.family == "seed-gpt":
+        layer = ((h, h), (3 * h * h, 3 * h, h * h, h), (h, h), (f * h, f), (h * f, h))
+        return ((v * h,),) + layer * n + ((h, h),) + head
+    if arch.family == "hf-gpt2":
+        layer = ((h, h), (h * 3 * h, 3 * h), (h * h, h), (h, h), (h * f, f), (f * h, h))
+        return ((v * h,), (arch.max_positions * h,)) + layer * n + ((h, h),) + head
+    kv = arch.num_kv_heads * arch.head_dim
+    layer = ((h,), (h * h,), (kv * h,), (kv * h,), (h * h,), (h,), (f * h,), (f * h,), (h * f,))
+    return ((v * h,),) + layer * n + ((h,),) + head
+
+
+def uniform_modules(num_params: int, count: int = 100) -> tuple[tuple[int, ...], ...]:
+    """A model known only by P: `count` equal modules of one tensor each (the last takes the remainder).
+    Per-tensor padding then differs from an architecture's by fewer than `count`·N elements, and the
+    stage-3 release rule sees the model at 1% granularity."""
+    count = max(1, min(count, num_params))
+    size = num_params // count
+    return tuple((size,) for _ in range(count - 1)) + ((num_params - size * (count - 1),),)
+
+
+def buffer_numels(arch: Architecture) -> tuple[int, ...]:
+    """Module buffers (not parameters): Llama's rotary `inv_freq` and `original_inv_freq`, head_dim/2 each."""
+    if arch.family == "hf-llama":
+        return (arch.head_dim // 2, arch.head_dim // 2)
+    return ()
+
+
+def num_params(arch: Architecture) -> int:
+    return sum(param_numels(arch))
+
+
+# Presets. Sizes from each model's published config.json (Hugging Face hub), ffn = intermediate_size.
+PRESETS = {
+    "seed-gpt": Architecture("seed-gpt", 50257, 2048, 24, 16, 16, 8192, False),
+    "gpt2": Architecture("hf-gpt2", 50257, 768, 12, 12, 12, 3072, True, 1024),
+    "gpt2-medium": Architecture("hf-gpt2", 50257, 1024, 24, 16, 16, 4096, True, 1024),
+    "gpt2-large": Architecture("hf-gpt2", 50257, 1280, 36, 20, 20, 5120, True, 1024),
+    "gpt2-xl": Architecture("hf-gpt2", 50257, 1600, 48, 25, 25, 6400, True, 1024),
+    "llama-2-7b": Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False, 4096),
+    "llama-2-13b": Architecture("hf-llama", 32000, 5120, 40, 40, 40, 13824, False, 4096),
+    "llama-2-70b": Architecture("hf-llama", 32000, 8192, 80, 64, 8, 28672, False, 4096),
+    "llama-3-8b": Architecture("hf-llama", 128256, 4096, 32, 32, 8, 14336, False, 8192),
+    "llama-3-70b": Architecture("hf-llama", 128256, 8192, 80, 64, 8, 28672, False, 8192),
+    "mistral-7b": Architecture("hf-llama", 32000, 4096, 32, 32, 8, 14336, False, 32768),
+}
+
+
+def preset(name: str, **overrides) -> Architecture:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}")
+    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+
+
+def from_hf_config(cfg: dict) -> Architecture:
+    """An Architecture from a Hugging Face config.json (GPT-2 or Llama-style: Llama, Mistral, Qwen2 without
+    biases). No hub access: the caller reads the local file."""
+    kind = cfg.get("model_type", "")
+    if kind == "gpt2":
+        h = cfg.get("n_embd", 768)
+        return Architecture("hf-gpt2", cfg.get("vocab_size", 50257), h, cfg.get("n_layer", 12), cfg.get("n_head", 12),
+                            cfg.get("n_head", 12), cfg.get("n_inner") or 4 * h, cfg.get("tie_word_embeddings", True),
+                            cfg.get("n_positions", 1024))
+    if kind in ("llama", "mistral"):
+        heads = cfg["num_attention_heads"]
+        return Architecture("hf-llama", cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"], heads,
+                            cfg.get("num_key_value_heads") or heads, cfg["intermediate_size"],
+                            cfg.get("tie_word_embeddings", False), cfg.get("max_position_embeddings", 2048))
+    raise ValueError(f"config.json has model_type {kind!r}; zerocalc reads gpt2, llama and mistral configs")

@@ -1,0 +1,130 @@
+"""Communication per optimizer step, collective by collective, as DeepSpeed 0.19.8 sends it.
+
+`bytes` is the message size DeepSpeed's comms logger records (`deepspeed.comm.log_summary`): the whole
+input for all_reduce and reduce_scatter_tensor, the per-rank shard for all_gather_into_tensor.
+`wire_bytes` is what one rank sends on a ring: all-reduce 2(N−1)/N·L, reduce-scatter (N−1)/N·L,
+all-gather (N−1)·L (L the logged size). k = gradient-accumulation steps.
+
+Where this differs from the ZeRO paper (arXiv:1910.02054, §7): stages 1/2 all-reduce the gradients
+(`use_multi_rank_bucket_allreduce=True` in `average_tensor`) instead of reduce-scattering them, so a
+step sends 3(N−1)/N·Ψ on the wire, not 2Ψ; stage 2 reduces every micro-step; stage 3 re-gathers in
+backward only what the reuse rule released (see `stage3_released`), so 2Ψ, not 3Ψ, for models that
+stay gathered.
+"""
+from dataclasses import dataclass
+from math import ceil
+
+from zerocalc.model import ModelSpec
+from zerocalc.partition import partition, persistent_mask
+from zerocalc.training import Setup, Stage
+
+# Stage 0 all-reduces gradients in buckets of this many elements, whatever reduce_bucket_size says
+# (`MEMORY_OPT_ALLREDUCE_SIZE`, `runtime/constants.py`).
+MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str            # all_reduce | all_gather_into_tensor | reduce_scatter_tensor
+    phase: str         # backward, step, forward, ... (where in the step it runs)
+    calls: int
+    elements: int      # summed over calls
+    bytes: int         # logged bytes, summed over calls
+    wire_bytes: int    # ring bytes one rank sends, summed over calls
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _wire(op: str, logged_bytes: int, n: int) -> int:
+    if n == 1:
+        return 0
+    if op == "all_reduce":
+        return 2 * (n - 1) * logged_bytes // n
+    if op == "reduce_scatter_tensor":
+        return (n - 1) * logged_bytes // n
+    return (n - 1) * logged_bytes
+
+
+def _coll(op, phase, calls, elements, elem_bytes, n) -> Collective:
+    return Collective(op, phase, calls, elements, elements * elem_bytes, _wire(op, elements * elem_bytes, n))
+
+
+def stage3_released(model: ModelSpec, setup: Setup) -> tuple[bool, ...]:
+    """Per module of the trace: is it released after forward (and so gathered again in backward)?
+
+    `__params_to_release` (`runtime/zero/partitioned_param_coordinator.py`) keeps a module's parameters
+    if they reappear within `stage3_max_reuse_distance` numel of the trace ahead. The trace is forward
+    then backward (reverse), so a module with A numel after it in forward sees about 2A before its own
+    backward use: it stays gathered when 2A < distance. With the default 1e9, models below ~5e8
+    params stay gathered whole between forward and backward."""
+    sizes = [sum(m) for m in model.module_numels]
+    after, released = sum(sizes), []
+    for size in sizes:
+        after -= size
+        released.append(2 * after >= setup.max_reuse_distance)
+    return tuple(released)
+
+
+def _gathered_shards(model: ModelSpec, setup: Setup, released_only: bool) -> tuple[int, int]:
+    """(modules, elements): per-rank shards of the non-persistent parameters the stage-3 trace gathers,
+    one fetch per module; with `released_only`, only the modules the reuse rule released."""
+    released = stage3_released(model, setup)
+    flat_mask = iter(persistent_mask(tuple(n for m in model.module_numels for n in m), setup))
+    modules = elements = 0
+    for module, rel in zip(model.module_numels, released):
+        shard = sum(ceil(n / setup.dp) for n in module if not next(flat_mask))
+        if shard and (rel or not released_only):
+            modules, elements = modules + 1, elements + shard
+    return modules, elements
+
+
+def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
+    n, k, c, b = setup.dp, setup.gas, setup.comm_bytes, setup.param_bytes
+    part = partition(model.param_numels, setup)
+    p = part.num_params
+    small = []
+    if setup.stage == Stage.DISABLED:
+        # One all-reduce of every gradient at the accumulation boundary; fp32 also all-reduces the
+        # clipping norm (4 B, `clip_grad_norm_`).
+        grads = _coll("all_reduce", "backward", ceil(p / MEMORY_OPT_ALLREDUCE_SIZE), p, c, n)
+        if not setup.mixed_precision:
+            small.append(_coll("all_reduce", "step", 1, 1, 4, n))
+        return (grads, *small)
+    if setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS):
+        # Gradients all-reduced in reduce_bucket_size buckets: once per step at stage 1 (and in
+        # BF16_Optimizer), every micro-step at stage 2. Then each rank's updated slice is all-gathered.
+        times = k if setup.stage == Stage.GRADIENTS and not setup.bf16_optimizer else 1
+        grads = _coll("all_reduce", "backward", times * ceil(p / setup.reduce_bucket_size), times * p, c, n)
+        gather = _coll("all_gather_into_tensor", "step", 1, part.flat_shard, b, n)
+        if not setup.bf16_optimizer:
+            # fp32 gradient norm (4 B) and the overflow flag (1 B uint8).
+            small = [_coll("all_reduce", "step", 1, 1, 4, n), _coll("all_reduce", "step", 1, 1, 1, n)]
+        return (grads, gather, *small)
+    # Stage 3. Forward: one coalesced all-gather of every non-persistent shard per micro-step.
+    # Backward: again for the modules the reuse rule released. Gradients: reduce-scatter of the
+    # padded N·S3 per micro-step. Step: the fp64 norm per sub-group (8 B), fp16's overflow flag, and
+    # an all-gather of the persistent parameters' shards.
+    fwd_calls, fwd = _gathered_shards(model, setup, released_only=False)
+    if setup.prefetch_bucket_size:   # prefetching coalesces modules into fetches of this many elements
+        fwd_calls = min(fwd_calls, ceil(fwd / setup.prefetch_bucket_size))
+    bwd_calls, bwd = _gathered_shards(model, setup, released_only=True)
+    out = [_coll("all_gather_into_tensor", "forward", k * fwd_calls, k * fwd, b, n)]
+    if bwd:
+        out.append(_coll("all_gather_into_tensor", "backward", k * bwd_calls, k * bwd, b, n))
+    out.append(_coll("reduce_scatter_tensor", "backward", k * ceil(n * part.stage3_shard / setup.reduce_bucket_size),
+                     k * n * part.stage3_shard, c, n))
+    out.append(_coll("all_reduce", "step", part.num_sub_groups, part.num_sub_groups, 8, n))
+    if setup.dtype == "fp16":
+        out.append(_coll("all_reduce", "step", 1, 1, 1, n))
+    if part.persistent_shard:
+        out.append(_coll("all_gather_into_tensor", "step", 1, part.persistent_shard, b, n))
+    return tuple(out)
+
+
+def total_bytes(colls: tuple[Collective, ...]) -> int:
+    return sum(c.bytes for c in colls)
+
+
+def total_wire_bytes(colls: tuple[Collective, ...]) -> int:
+    return sum(c.wire_bytes for c in colls)

@@ -1,0 +1,92 @@
+"""One estimate: model states, peak and communication for a model and a setup."""
+from dataclasses import dataclass
+
+from zerocalc import comm, peak, reference, states
+from zerocalc.model import ModelSpec
+from zerocalc.training import Setup, validate_setup
+
+__all__ = ["Estimate", "estimate"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: ModelSpec
+    setup: Setup
+    states: states.StateBytes
+    phases: tuple[peak.Phase, ...]
+    collectives: tuple[comm.Collective, ...]
+    gpu_memory_bytes: int | None = None
+
+    @property
+    def peak(self) -> peak.Phase:
+        return peak.peak(self.phases)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak.total_bytes
+
+    @property
+    def activation_bytes(self) -> int | None:
+        acts = [ph.activation_bytes for ph in self.phases]
+        return max(acts) if self.model.architecture is not None and self.setup.seq_len else None
+
+    @property
+    def comm_bytes(self) -> int:
+        return comm.total_bytes(self.collectives)
+
+    @property
+    def comm_wire_bytes(self) -> int:
+        return comm.total_wire_bytes(self.collectives)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.gpu_memory_bytes is None else self.peak_bytes <= self.gpu_memory_bytes
+
+    def per_rank_bytes(self) -> dict:
+        st = self.states
+        # Buffers during training (init's one-time copies show in `phases`, not here).
+        buffers = st.buffers_bytes + max(ph.buffers_bytes for ph in self.phases if ph.name != "init")
+        grads = max([st.largest_grads_bytes] + [ph.grads_bytes for ph in self.phases])
+        parts = {"params": st.params_bytes, "gradients": grads,
+                 "optimizer_states": st.optimizer_states_bytes, "buffers": buffers,
+                 "activations": self.activation_bytes}
+        parts["total"] = sum(v for v in parts.values() if v is not None)
+        return parts
+
+    def as_dict(self) -> dict:
+        p, n, s = self.model.num_params, self.setup.dp, self.setup.stage
+        return {
+            "stage": int(s),
+            "offload_optimizer": self.setup.offload_optimizer,
+            "offload_param": self.setup.offload_param,
+            "per_rank_bytes": self.per_rank_bytes(),
+            "master_weights_bytes": self.states.master_bytes,
+            "moments_bytes": self.states.moments_bytes,
+            "resident_state_bytes": self.states.resident_bytes,
+            "peak_bytes": self.peak_bytes,
+            "peak_phase": self.peak.name,
+            "peak_why": self.peak.why,
+            "phases": {ph.name: {"states_bytes": ph.states_bytes, "grads_bytes": ph.grads_bytes,
+                                 "buffers_bytes": ph.buffers_bytes, "activation_bytes": ph.activation_bytes,
+                                 "total_bytes": ph.total_bytes, "why": ph.why}
+                       for ph in self.phases},
+            "cpu_bytes": self.states.cpu_bytes,
+            "comm": {
+                "bytes_per_rank_per_step": self.comm_bytes,
+                "wire_bytes_per_rank_per_step": self.comm_wire_bytes,
+                "volume_over_params": self.comm_wire_bytes / (p * self.setup.comm_bytes) if n > 1 else 0.0,
+                "logged_over_param_bytes": self.comm_bytes / (p * self.setup.param_bytes),
+                "collectives": [c.as_dict() for c in self.collectives],
+            },
+            "paper": {
+                "model_states_bytes": reference.paper_model_states_bytes(p, n, s),
+                "comm_volume_over_params": reference.paper_comm_volume_over_params(s),
+            },
+            "fits": self.fits,
+        }
+
+
+def estimate(model: ModelSpec, setup: Setup, gpu_memory_bytes: int | None = None) -> Estimate:
+    validate_setup(setup)
+    st = states.model_states(model, setup)
+    return Estimate(model, setup, st, peak.phases(model, setup, st), comm.collectives(model, setup), gpu_memory_bytes)

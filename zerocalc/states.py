@@ -1,0 +1,86 @@
+"""Per-rank bytes of model states as DeepSpeed 0.19.8 really holds them.
+
+Two views of each component: `*_bytes` is what stays resident after `step()` (what the validator
+reads off the engine's own tensors and must match to the byte), and `largest_*` is the component at
+its largest within a step (what `per_rank_bytes` reports, gradients included although DeepSpeed
+frees them after the step). Notation: P params, N ranks, b = param dtype bytes, c = communication
+dtype bytes, g = gradient-accumulation dtype bytes, K = optimizer state bytes per parameter (Adam 8),
+Pp, S, S3 as in `zerocalc.partition`. Source: `../shared/reference/deepspeed-zero-facts.md`, checked
+by `tests/test_against_deepspeed.py` on real 2-rank CPU jobs.
+"""
+from dataclasses import dataclass
+
+from zerocalc.model import ModelSpec
+from zerocalc.partition import max_grads_in_partition, partition
+from zerocalc.training import Setup, Stage
+
+MASTER_BYTES = 4   # fp32 master weights
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    params_bytes: int            # low-precision (or fp32) parameters held on this rank
+    master_bytes: int            # fp32 master copy (0 at stage 0 fp32, where the params are the master)
+    moments_bytes: int           # optimizer state: Adam exp_avg + exp_avg_sq
+    grads_bytes: int             # gradient storage that persists across steps
+    buffers_bytes: int           # communication buffers kept between steps, module buffers
+    largest_grads_bytes: int     # gradients at their largest during a step
+    cpu_bytes: int               # the part of the above that offload keeps in host memory
+
+    @property
+    def optimizer_states_bytes(self) -> int:
+        return self.master_bytes + self.moments_bytes
+
+    @property
+    def resident_bytes(self) -> int:
+        """On the device, after the step: what `validate` compares exactly."""
+        total = self.params_bytes + self.master_bytes + self.moments_bytes + self.grads_bytes + self.buffers_bytes
+        return total - self.cpu_bytes
+
+
+def _module_buffers_bytes(model: ModelSpec, setup: Setup) -> int:
+    # The engine casts module buffers to the training dtype with the parameters
+    # (`_cast_module_mixed_precision`, `runtime/engine.py`).
+    return sum(model.buffer_numels) * setup.param_bytes
+
+
+def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
+    numels = model.param_numels
+    part = partition(numels, setup)
+    p, b, k = part.num_params, setup.param_bytes, setup.optimizer.state_bytes_per_param
+    buffers = _module_buffers_bytes(model, setup)
+    if setup.stage == Stage.DISABLED:
+        # fp32: the bare optimizer steps the module's own parameters, no master copy.
+        # fp16/bf16: FP16_Optimizer keeps a flat fp32 master of all P (`fp32_groups_flat`).
+        master = MASTER_BYTES * p if setup.mixed_precision else 0
+        return StateBytes(b * p, master, k * p, 0, buffers, setup.grad_accum_bytes * p, 0)
+    if setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS):
+        s, g_in = part.flat_shard, max_grads_in_partition(numels, setup)
+        if setup.bf16_optimizer:
+            # BF16_Optimizer: a persistent full fp32 gradient buffer of Pp (`non_expert_gradients`).
+            return StateBytes(b * part.padded_flat, MASTER_BYTES * s, k * s, 4 * part.padded_flat, buffers,
+                              4 * part.padded_flat, 0)
+        # `bit16_groups_flat` b·Pp, `single_partition_of_fp32_groups` 4S (cloned even in fp32), Adam K·S
+        # created at the first step. No gradient storage outlives the step.
+        # Largest gradients: stage 1 reduces only after the whole backward, so the full autograd
+        # gradients b·P exist beside `grads_in_partition` b·G_in; stage 2 keeps b·G_in (twice under GAS:
+        # the accumulator and the new micro-step's).
+        grads_in_partition = b * g_in
+        largest = b * p + grads_in_partition if setup.stage == Stage.OPTIMIZER_STATES else \
+            grads_in_partition * (2 if setup.gas > 1 else 1)
+        cpu = (MASTER_BYTES + k) * s + 4 * s if setup.offload_optimizer != "none" else 0
+        return StateBytes(b * part.padded_flat, MASTER_BYTES * s, k * s, 4 * s if cpu else 0, buffers, largest, cpu)
+    # Stage 3: partitions ⌈nᵢ/N⌉ defragmented into `lp_param_buffer` (b·S3), a separate fp32 master 4·S3
+    # (a copy even in fp32), Adam K·S3, `grad_partitions_flat_buffer` g·S3, the ipg bucket c·RBS allocated
+    # at init and kept (with contiguous_gradients), and persistent parameters whole, b·Σ_pers nᵢ.
+    s3 = part.stage3_shard
+    params = b * (s3 + part.persistent)
+    grads = setup.grad_accum_bytes * s3
+    ipg = setup.comm_bytes * setup.reduce_bucket_size if setup.contiguous_gradients else 0
+    cpu = 0
+    if setup.offload_optimizer != "none":
+        cpu += (MASTER_BYTES + k) * s3 + 4 * s3      # master, moments and fp32 gradient partitions on host
+    if setup.offload_param != "none":
+        cpu += b * s3
+    return StateBytes(params, MASTER_BYTES * s3, k * s3, grads + (4 * s3 if setup.offload_optimizer != "none" else 0),
+                      ipg + buffers, grads, cpu)
