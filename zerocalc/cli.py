@@ -1,0 +1,214 @@
+"""`zerocalc` on the command line: parse, call the model, print. No arithmetic here."""
+import json
+import sys
+
+import click
+
+from zerocalc import __version__, DEEPSPEED_VERSION
+from zerocalc import arch as _arch
+from zerocalc import dsconfig, render
+from zerocalc.estimate import estimate
+from zerocalc.model import from_architecture, from_params
+from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
+from zerocalc.units import parse_bytes, parse_count
+
+
+class _Count(click.ParamType):
+    name = "COUNT"
+
+    def convert(self, value, param, ctx):
+        try:
+            return value if isinstance(value, int) else parse_count(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+class _Bytes(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        try:
+            return value if isinstance(value, int) else parse_bytes(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+COUNT, SIZE = _Count(), _Bytes()
+
+
+def _stages(text):
+    if text in (None, "all"):
+        return None
+    try:
+        stages = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give 0, 1, 2, 3, a list like 2,3, or all", param_hint="--stage")
+    for s in stages:
+        if s not in (0, 1, 2, 3):
+            raise click.BadParameter(f"stage {s} does not exist; ZeRO stages are 0, 1, 2 and 3", param_hint="--stage")
+    return stages
+
+
+def _read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as err:
+        raise click.BadParameter(f"cannot read {path}: {err.strerror}", param_hint="--ds-config/--hf-config")
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(f"{path} is not valid JSON ({err.msg} at line {err.lineno})",
+                                 param_hint="--ds-config/--hf-config")
+
+
+def _model(params, model, hf_config, overrides):
+    chosen = [x for x in (params, model, hf_config) if x is not None]
+    if len(chosen) > 1:
+        raise click.UsageError("give one of --params, --model or --hf-config")
+    arch_flags = {k: v for k, v in overrides.items() if v is not None}
+    if params is not None:
+        if arch_flags:
+            raise click.UsageError("--params takes no architecture flags; use --model or --hf-config with them")
+        return from_params(params)
+    try:
+        if model is not None:
+            a = _arch.preset(model, **arch_flags)
+            return from_architecture(a, model)
+        if hf_config is not None:
+            from dataclasses import replace
+            a = replace(_arch.from_hf_config(_read_json(hf_config)), **arch_flags)
+            return from_architecture(a, hf_config)
+        needed = ("vocab_size", "hidden_size", "num_layers", "num_heads")
+        if all(arch_flags.get(k) for k in needed):
+            h = arch_flags["hidden_size"]
+            a = _arch.Architecture(
+                arch_flags.pop("family", "hf-llama"), arch_flags["vocab_size"], h, arch_flags["num_layers"],
+                arch_flags["num_heads"], arch_flags.get("num_kv_heads") or arch_flags["num_heads"],
+                arch_flags.get("ffn_hidden_size") or 4 * h, arch_flags.get("tie_embeddings", False))
+            return from_architecture(a)
+    except ValueError as err:
+        raise click.UsageError(str(err))
+    raise click.UsageError("say what is trained: --params 7e9, --model llama-2-7b, --hf-config config.json, "
+                           "or --vocab-size/--hidden-size/--num-layers/--num-heads")
+
+
+def _setups(opts, ds, stages, hidden_size):
+    """One Setup per stage asked for; command-line flags win over the ds_config."""
+    fields = dict(ds.fields) if ds else {}
+    for key in ("dtype", "optimizer", "grad_accum_dtype", "communication_data_type", "reduce_bucket_size",
+                "overlap_comm", "contiguous_gradients", "prefetch_bucket_size", "max_live_parameters",
+                "param_persistence_threshold", "max_reuse_distance", "sub_group_size", "offload_optimizer",
+                "offload_param", "seq_len", "activation_checkpointing", "attention"):
+        if opts.get(key) is not None:
+            fields[key] = opts[key]
+    dp = opts["dp"] if opts["dp"] is not None else opts["nodes"] * opts["gpus_per_node"]
+    micro, gas = dsconfig.resolve_batch(ds.train_batch_size if ds else None,
+                                        opts["micro_batch"] or fields.pop("micro_batch", None),
+                                        opts["gas"] or fields.pop("gas", None), dp)
+    fields.pop("micro_batch", None)
+    fields.pop("gas", None)
+    if "optimizer" in fields:
+        fields["optimizer"] = OPTIMIZERS[fields["optimizer"]]
+    if stages is None:
+        stages = [fields.pop("stage")] if "stage" in fields else [0, 1, 2, 3]
+    fields.pop("stage", None)
+    out = []
+    for s in stages:
+        f = dict(fields)
+        if s < 3:   # parameter offload exists only at stage 3; optimizer offload not at stage 0
+            if opts.get("offload_param") is None:
+                f.pop("offload_param", None)
+            if s == 0 and opts.get("offload_optimizer") is None:
+                f.pop("offload_optimizer", None)
+        setup = Setup(stage=Stage(s), dp=dp, micro_batch=micro, gas=gas, **f)
+        validate_setup(setup)
+        out.append(setup)
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, message=f"zerocalc %(version)s (models DeepSpeed {DEEPSPEED_VERSION})")
+def main():
+    """Per-rank memory and communication of DeepSpeed ZeRO, as DeepSpeed really behaves.
+
+    \b
+    Examples:
+      zerocalc estimate --params 7e9 --dp 8
+      zerocalc estimate --params 7e9 --dp 8 --gpu-memory 32GB --stage 2
+      zerocalc estimate --model llama-2-7b --dp 8 --ds-config ds_config.json --format json
+    """
+
+
+@main.command("estimate")
+@click.option("--params", type=COUNT, help="Parameter count P: 7e9, 7B, 350M.")
+@click.option("--model", "model_name", type=click.Choice(sorted(_arch.PRESETS)), help="A shipped architecture.")
+@click.option("--hf-config", type=click.Path(dir_okay=False), help="A local Hugging Face config.json.")
+@click.option("--vocab-size", type=click.IntRange(min=1))
+@click.option("--hidden-size", type=click.IntRange(min=1))
+@click.option("--num-layers", type=click.IntRange(min=1))
+@click.option("--num-heads", type=click.IntRange(min=1))
+@click.option("--num-kv-heads", type=click.IntRange(min=1))
+@click.option("--ffn-hidden-size", type=click.IntRange(min=1))
+@click.option("--tie-embeddings/--untie-embeddings", default=None)
+@click.option("--dp", type=int, help="Data-parallel ranks N (default: nodes × GPUs per node).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--stage", "stage_text", help="0, 1, 2, 3, a list (2,3) or all (default; or the ds_config's).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), help="Training dtype [default: bf16].")
+@click.option("--optimizer", type=click.Choice(sorted(OPTIMIZERS)), help="[default: adamw]")
+@click.option("--gas", type=click.IntRange(min=1), help="Gradient-accumulation steps [default: 1].")
+@click.option("--micro-batch", type=click.IntRange(min=1), help="Micro-batch per GPU [default: 1].")
+@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (for activations).")
+@click.option("--grad-accum-dtype", type=click.Choice(["fp32", "fp16", "bf16"]))
+@click.option("--communication-data-type", type=click.Choice(["fp32", "fp16", "bf16"]))
+@click.option("--reduce-bucket-size", type=COUNT, help="Elements [default: 5e8].")
+@click.option("--overlap-comm/--no-overlap-comm", default=None)
+@click.option("--contiguous-gradients/--no-contiguous-gradients", default=None)
+@click.option("--prefetch-bucket-size", type=COUNT, help="stage3_prefetch_bucket_size, elements [default: 5e7].")
+@click.option("--max-live-parameters", type=COUNT, help="stage3_max_live_parameters [default: 1e9].")
+@click.option("--param-persistence-threshold", type=COUNT, help="stage3_param_persistence_threshold [default: 1e5].")
+@click.option("--max-reuse-distance", type=COUNT, help="stage3_max_reuse_distance [default: 1e9].")
+@click.option("--sub-group-size", type=COUNT, help="[default: 1e9]")
+@click.option("--offload-optimizer", type=click.Choice(["none", "cpu", "nvme"]))
+@click.option("--offload-param", type=click.Choice(["none", "cpu", "nvme"]), help="Stage 3 only.")
+@click.option("--activation-checkpointing/--no-activation-checkpointing", default=None)
+@click.option("--attention", type=click.Choice(["eager", "sdpa", "flash"]))
+@click.option("--ds-config", type=click.Path(dir_okay=False), help="Read a DeepSpeed ds_config.json.")
+@click.option("--gpu-memory", type=SIZE, help="Per-GPU memory for the fits column: 80GiB, 32GB.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+                 ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, ds_config, fmt, **opts):
+    """Per-rank bytes and communication per step for ZeRO stages 0–3.
+
+    Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
+    states (2+2+12 bytes/param), shown for comparison; the other columns follow DeepSpeed 0.19.8's code.
+    """
+    overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                     num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, tie_embeddings=tie_embeddings)
+    spec = _model(params, model_name, hf_config, overrides)
+    if opts["dp"] is not None and opts["dp"] < 1:
+        raise click.BadParameter(f"data-parallel size must be at least 1, got {opts['dp']}", param_hint="--dp")
+    stages = _stages(stage_text)
+    ds = None
+    if ds_config is not None:
+        hidden = spec.architecture.hidden_size if spec.architecture else None
+        try:
+            ds = dsconfig.parse(_read_json(ds_config), hidden)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--ds-config")
+        for w in ds.warnings:
+            click.echo(f"warning: {w}", err=True)
+        missing = [n for n in ds.needs if opts.get(n.replace("-", "_")) is None]
+        if missing:
+            raise click.UsageError(f"the ds_config leaves {', '.join(missing)} at \"auto\": give "
+                                   + " and ".join(f"--{n}" for n in missing))
+    try:
+        setups = _setups(opts, ds, stages, spec.architecture)
+    except ValueError as err:
+        raise click.UsageError(str(err))
+    estimates = [estimate(spec, s, gpu_memory) for s in setups]
+    click.echo(render.render(estimates, fmt))
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Estimates as a table, JSON (the contract other tools rely on) or CSV."""
+import csv
+import io
+import json
+
+from zerocalc import __version__, DEEPSPEED_VERSION
+from zerocalc.units import gb, gib
+
+COLUMNS = ("stage", "offload", "params", "grads", "optim", "buffers", "activ", "total", "peak", "peak phase",
+           "paper", "comm GB", "×P", "fits")
+
+
+def _inputs(e) -> dict:
+    s, m = e.setup, e.model
+    inputs = {k: v for k, v in s.__dict__.items() if k not in ("stage", "optimizer", "extra")}
+    inputs.update(optimizer=s.optimizer.name, optimizer_state_bytes_per_param=s.optimizer.state_bytes_per_param,
+                  overlap_comm=s.overlap, model=m.name, num_params=m.num_params, num_param_tensors=len(m.param_numels),
+                  gpu_memory_bytes=e.gpu_memory_bytes, deepspeed_version=DEEPSPEED_VERSION)
+    if m.architecture is not None:
+        inputs["architecture"] = m.architecture.as_dict()
+    return inputs
+
+
+def as_json(estimates) -> str:
+    doc = {"zerocalc_version": __version__, "inputs": _inputs(estimates[0]),
+           "estimates": [e.as_dict() for e in estimates]}
+    return json.dumps(doc, indent=2)
+
+
+def _row(e) -> list[str]:
+    d = e.as_dict()
+    pr = d["per_rank_bytes"]
+    offload = "/".join(x for x in (e.setup.offload_optimizer, e.setup.offload_param) if x != "none") or "-"
+    fits = {None: "", True: "yes", False: "NO"}[d["fits"]]
+    act = "" if pr["activations"] is None else f"{gib(pr['activations']):.2f}"
+    return [str(d["stage"]), offload, f"{gib(pr['params']):.2f}", f"{gib(pr['gradients']):.2f}",
+            f"{gib(pr['optimizer_states']):.2f}", f"{gib(pr['buffers']):.2f}", act, f"{gib(pr['total']):.2f}",
+            f"{gib(d['peak_bytes']):.2f}", d["peak_phase"], f"{gib(d['paper']['model_states_bytes']):.2f}",
+            f"{gb(d['comm']['bytes_per_rank_per_step']):.2f}", f"{d['comm']['volume_over_params']:.2f}", fits]
+
+
+def as_table(estimates) -> str:
+    e0 = estimates[0]
+    s, m = e0.setup, e0.model
+    head = (f"{m.name}: P = {m.num_params:,} ({m.num_params / 1e9:.3g}B), N = {s.dp}, {s.dtype}, "
+            f"{s.optimizer.name}, GAS {s.gas}, micro-batch {s.micro_batch}"
+            + (f", seq {s.seq_len}" if s.seq_len else "") + f"  [DeepSpeed {DEEPSPEED_VERSION}]")
+    rows = [list(COLUMNS)] + [_row(e) for e in estimates]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = [head, ""]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines += ["",
+              "GiB per rank: params, grads and buffers at their largest in a step, optim = fp32 master + moments;",
+              "peak = predicted max_memory_allocated and the phase that sets it; paper = ZeRO paper figure 1 (2+2+12",
+              "bytes/param); comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
+    if e0.activation_bytes is None:
+        lines.append("Activations are not counted: give --model/--hf-config with --seq-len and --micro-batch.")
+    return "\n".join(lines)
+
+
+def as_csv(estimates) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["stage", "offload_optimizer", "offload_param", "params_bytes", "gradients_bytes",
+                "optimizer_states_bytes", "buffers_bytes", "activations_bytes", "total_bytes", "peak_bytes",
+                "peak_phase", "paper_model_states_bytes", "comm_bytes_per_step", "comm_volume_over_params", "fits"])
+    for e in estimates:
+        d = e.as_dict()
+        pr = d["per_rank_bytes"]
+        w.writerow([d["stage"], d["offload_optimizer"], d["offload_param"], pr["params"], pr["gradients"],
+                    pr["optimizer_states"], pr["buffers"], "" if pr["activations"] is None else pr["activations"],
+                    pr["total"], d["peak_bytes"], d["peak_phase"], int(d["paper"]["model_states_bytes"]),
+                    d["comm"]["bytes_per_rank_per_step"], round(d["comm"]["volume_over_params"], 6),
+                    "" if d["fits"] is None else d["fits"]])
+    return buf.getvalue().rstrip("\n")
+
+
+def render(estimates, fmt: str) -> str:
+    return {"table": as_table, "json": as_json, "csv": as_csv}[fmt](estimates)
