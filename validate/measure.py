@@ -7,6 +7,9 @@ import time
 import torch
 
 _WALK_MODULES = ("deepspeed", "torch", "validate", "transformers", "collections")
+# Storages this small are scalars (grad norm, overflow flag, inf/nan tracker, loss scale): reported
+# apart as the named residual, not compared against the state model.
+SCALAR_BYTES = 8
 
 
 def append_line(path, record):
@@ -58,12 +61,14 @@ def resident_state(engine):
             for name, child in _children(obj):
                 nxt.append((f"{path}.{name}" if not name.startswith("[") else path + name, child))
         frontier = nxt
-    by_path = {}
+    by_path, by_device, scalars = {}, {}, 0
     for path, nbytes, dev in seen_storages.values():
         by_path[path] = by_path.get(path, 0) + nbytes
-    return {"total_bytes": sum(b for _, b, _ in seen_storages.values()),
-            "cpu_bytes": sum(b for _, b, d in seen_storages.values() if d == "cpu"),
-            "by_path": by_path}
+        if nbytes <= SCALAR_BYTES:
+            scalars += nbytes
+        else:
+            by_device[dev] = by_device.get(dev, 0) + nbytes
+    return {"by_device": by_device, "scalar_bytes": scalars, "by_path": by_path}
 
 
 def comm_summary(summary):

@@ -53,9 +53,9 @@ class HFCausalLM(nn.Module):
         return self.model(input_ids=input_ids, use_cache=False).logits
 
 
-def _hf_config(arch):
+def _hf_config(arch, attention):
     import transformers
-    attn = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}[arch["attention"]]
+    attn = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}[attention]
     if arch["family"] == "hf-gpt2":
         cfg = transformers.GPT2Config(
             vocab_size=arch["vocab_size"], n_embd=arch["hidden_size"], n_layer=arch["num_layers"],
@@ -70,12 +70,12 @@ def _hf_config(arch):
     return transformers.LlamaForCausalLM, cfg, attn
 
 
-def build_model(arch, checkpointing=False):
+def build_model(arch, checkpointing=False, attention="sdpa"):
     """An fp32 module on the CPU with random weights; `arch` is zerocalc's Architecture as a dict."""
     if arch["family"] == "seed-gpt":
         return SeedGPT(arch["vocab_size"], arch["hidden_size"], arch["num_layers"], arch["num_heads"],
                        arch["ffn_hidden_size"], checkpointing)
-    cls, cfg, attn = _hf_config(arch)
+    cls, cfg, attn = _hf_config(arch, attention)
     model = cls._from_config(cfg, attn_implementation=attn)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

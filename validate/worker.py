@@ -30,6 +30,7 @@ def ds_config(job):
                     stage3_param_persistence_threshold=job["param_persistence_threshold"],
                     stage3_max_live_parameters=job["max_live_parameters"],
                     stage3_max_reuse_distance=job["max_reuse_distance"],
+                    stage3_model_persistence_threshold=job["model_persistence_threshold"],
                     sub_group_size=job["sub_group_size"])
     if job["offload_optimizer"] != "none":
         zero["offload_optimizer"] = {"device": job["offload_optimizer"]}
@@ -38,7 +39,8 @@ def ds_config(job):
     cfg = {
         "train_micro_batch_size_per_gpu": job["micro_batch"],
         "gradient_accumulation_steps": job["gas"],
-        "optimizer": {"type": job["optimizer"], "params": {"lr": 1e-4, **job.get("optimizer_params", {})}},
+        "optimizer": {"type": job["ds_optimizer"], "params": {"lr": 1e-4, **job.get("optimizer_params", {})}},
+        "zero_allow_untested_optimizer": True,
         "zero_optimization": zero,
         "comms_logger": {"enabled": True, "prof_all": True, "verbose": False, "debug": True},
         "wall_clock_breakdown": False,
@@ -83,7 +85,7 @@ def run_job(job, device):
     rec = measure.MemoryRecorder(cuda)
     rec.start()
     torch.manual_seed(job.get("seed", 0))
-    model = build_model(job["arch"], job["activation_checkpointing"])
+    model = build_model(job["arch"], job["activation_checkpointing"], job["attention"])
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=ds_config(job))
     rec.phase("init")

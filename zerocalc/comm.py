@@ -8,14 +8,15 @@ all-gather (N−1)·L (L the logged size). k = gradient-accumulation steps.
 Where this differs from the ZeRO paper (arXiv:1910.02054, §7): stages 1/2 all-reduce the gradients
 (`use_multi_rank_bucket_allreduce=True` in `average_tensor`) instead of reduce-scattering them, so a
 step sends 3(N−1)/N·Ψ on the wire, not 2Ψ; stage 2 reduces every micro-step; stage 3 re-gathers in
-backward only what the reuse rule released (see `stage3_released`), so 2Ψ, not 3Ψ, for models that
-stay gathered.
+backward only what the reuse and prefetch rules released (`zerocalc.stage3_trace`), so 2Ψ, not 3Ψ,
+for models that stay gathered.
 """
 from dataclasses import dataclass
 from math import ceil
 
 from zerocalc.model import ModelSpec
-from zerocalc.partition import partition, persistent_mask
+from zerocalc import stage3_trace
+from zerocalc.partition import partition
 from zerocalc.training import Setup, Stage
 
 # Stage 0 all-reduces gradients in buckets of this many elements, whatever reduce_bucket_size says
@@ -50,35 +51,6 @@ def _coll(op, phase, calls, elements, elem_bytes, n) -> Collective:
     return Collective(op, phase, calls, elements, elements * elem_bytes, _wire(op, elements * elem_bytes, n))
 
 
-def stage3_released(model: ModelSpec, setup: Setup) -> tuple[bool, ...]:
-    """Per module of the trace: is it released after forward (and so gathered again in backward)?
-
-    `__params_to_release` (`runtime/zero/partitioned_param_coordinator.py`) keeps a module's parameters
-    if they reappear within `stage3_max_reuse_distance` numel of the trace ahead. The trace is forward
-    then backward (reverse), so a module with A numel after it in forward sees about 2A before its own
-    backward use: it stays gathered when 2A < distance. With the default 1e9, models below ~5e8
-    params stay gathered whole between forward and backward."""
-    sizes = [sum(m) for m in model.module_numels]
-    after, released = sum(sizes), []
-    for size in sizes:
-        after -= size
-        released.append(2 * after >= setup.max_reuse_distance)
-    return tuple(released)
-
-
-def _gathered_shards(model: ModelSpec, setup: Setup, released_only: bool) -> tuple[int, int]:
-    """(modules, elements): per-rank shards of the non-persistent parameters the stage-3 trace gathers,
-    one fetch per module; with `released_only`, only the modules the reuse rule released."""
-    released = stage3_released(model, setup)
-    flat_mask = iter(persistent_mask(tuple(n for m in model.module_numels for n in m), setup))
-    modules = elements = 0
-    for module, rel in zip(model.module_numels, released):
-        shard = sum(ceil(n / setup.dp) for n in module if not next(flat_mask))
-        if shard and (rel or not released_only):
-            modules, elements = modules + 1, elements + shard
-    return modules, elements
-
-
 def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     n, k, c, b = setup.dp, setup.gas, setup.comm_bytes, setup.param_bytes
     part = partition(model.param_numels, setup)
@@ -98,20 +70,20 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
         grads = _coll("all_reduce", "backward", times * ceil(p / setup.reduce_bucket_size), times * p, c, n)
         gather = _coll("all_gather_into_tensor", "step", 1, part.flat_shard, b, n)
         if not setup.bf16_optimizer:
-            # fp32 gradient norm (4 B) and the overflow flag (1 B uint8).
-            small = [_coll("all_reduce", "step", 1, 1, 4, n), _coll("all_reduce", "step", 1, 1, 1, n)]
+            # fp32 gradient norm (4 B, `get_grad_norm_direct`); fp16/bf16 also the overflow flag (1 B, `has_overflow`).
+            small = [_coll("all_reduce", "step", 1, 1, 4, n)]
+            if setup.mixed_precision:
+                small.append(_coll("all_reduce", "step", 1, 1, 1, n))
         return (grads, gather, *small)
     # Stage 3. Forward: one coalesced all-gather of every non-persistent shard per micro-step.
     # Backward: again for the modules the reuse rule released. Gradients: reduce-scatter of the
     # padded N·S3 per micro-step. Step: the fp64 norm per sub-group (8 B), fp16's overflow flag, and
     # an all-gather of the persistent parameters' shards.
-    fwd_calls, fwd = _gathered_shards(model, setup, released_only=False)
-    if setup.prefetch_bucket_size:   # prefetching coalesces modules into fetches of this many elements
-        fwd_calls = min(fwd_calls, ceil(fwd / setup.prefetch_bucket_size))
-    bwd_calls, bwd = _gathered_shards(model, setup, released_only=True)
-    out = [_coll("all_gather_into_tensor", "forward", k * fwd_calls, k * fwd, b, n)]
-    if bwd:
-        out.append(_coll("all_gather_into_tensor", "backward", k * bwd_calls, k * bwd, b, n))
+    it = stage3_trace.simulate(model, setup)
+    out = [_coll("all_gather_into_tensor", "forward", k * it.forward_gather_calls, k * it.forward_gather_elements, b, n)]
+    if it.backward_gather_elements:
+        out.append(_coll("all_gather_into_tensor", "backward", k * it.backward_gather_calls,
+                         k * it.backward_gather_elements, b, n))
     out.append(_coll("reduce_scatter_tensor", "backward", k * ceil(n * part.stage3_shard / setup.reduce_bucket_size),
                      k * n * part.stage3_shard, c, n))
     out.append(_coll("all_reduce", "step", part.num_sub_groups, part.num_sub_groups, 8, n))

@@ -19,7 +19,8 @@ class Partition:
     padded_flat: int           # Pp = ⌈P / 2N⌉ · 2N (stages 1/2, one parameter group)
     flat_shard: int            # S = Pp / N, each rank's slice of the flat group (stages 1/2)
     stage3_shard: int          # S3 = Σ ⌈nᵢ / N⌉, each rank's stage-3 partition (padding per tensor)
-    persistent: int            # Σ nᵢ over stage-3 parameters kept whole on every rank
+    persistent: int            # Σ N·⌈nᵢ/N⌉ over stage-3 parameters kept whole on every rank: the gathered
+                               # copy is the padded all-gather output, narrowed to nᵢ (storage keeps the pad)
     persistent_shard: int      # Σ ⌈nᵢ / N⌉ over those parameters
     gathered_shard: int        # Σ ⌈nᵢ / N⌉ over the others: what the forward all-gather fetches per rank
     num_sub_groups: int        # stage-3 optimizer sub-groups (`_create_fp16_sub_groups`)
@@ -63,7 +64,7 @@ def partition(numels: tuple[int, ...], setup: Setup) -> Partition:
         padded_flat=padded,
         flat_shard=padded // n,
         stage3_shard=sum(shards),
-        persistent=sum(x for x, m in zip(numels, mask) if m),
+        persistent=sum(n * s for s, m in zip(shards, mask) if m),
         persistent_shard=sum(s for s, m in zip(shards, mask) if m),
         gathered_shard=sum(s for s, m in zip(shards, mask) if not m),
         num_sub_groups=count_sub_groups(shards, setup.sub_group_size),

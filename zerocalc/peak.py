@@ -8,9 +8,10 @@ the buffers DeepSpeed 0.19.8 allocates then (`../shared/reference/deepspeed-zero
 from dataclasses import dataclass
 
 from zerocalc import activations
-from zerocalc.comm import MEMORY_OPT_ALLREDUCE_SIZE, stage3_released
+from zerocalc import stage3_trace
+from zerocalc.comm import MEMORY_OPT_ALLREDUCE_SIZE
 from zerocalc.model import ModelSpec
-from zerocalc.partition import max_grads_in_partition, partition, persistent_mask
+from zerocalc.partition import max_grads_in_partition, partition
 from zerocalc.states import StateBytes
 from zerocalc.training import Setup, Stage
 
@@ -27,17 +28,6 @@ class Phase:
     @property
     def total_bytes(self) -> int:
         return self.states_bytes + self.grads_bytes + self.buffers_bytes + self.activation_bytes
-
-
-def stage3_kept_numel(model: ModelSpec, setup: Setup) -> int:
-    """Elements of non-persistent parameters still gathered at the end of forward: the modules the
-    reuse rule keeps (`zerocalc.comm.stage3_released`)."""
-    flat_mask = iter(persistent_mask(tuple(n for m in model.module_numels for n in m), setup))
-    kept = 0
-    for module, released in zip(model.module_numels, stage3_released(model, setup)):
-        full = sum(n for n in module if not next(flat_mask))
-        kept += 0 if released else full
-    return kept
 
 
 def _stage0(model, setup, st, act):
@@ -90,7 +80,8 @@ def _stage3(model, setup, st, act):
     part = partition(model.param_numels, setup)
     p, b, c = part.num_params, setup.param_bytes, setup.comm_bytes
     resident = st.resident_bytes
-    kept = b * stage3_kept_numel(model, setup)
+    it = stage3_trace.simulate(model, setup)
+    kept = b * it.kept_after_forward_elements
     # A coalesced fetch allocates a flat buffer and a per-parameter copy: ≈ 2·b·(numel fetched at once).
     fetch = 2 * b * min(setup.prefetch_bucket_size or max(model.param_numels), part.gathered_shard * setup.dp)
     largest_module = max(sum(m) for m in model.module_numels)

@@ -38,17 +38,17 @@ class StateBytes:
         return total - self.cpu_bytes
 
 
-def _module_buffers_bytes(model: ModelSpec, setup: Setup) -> int:
-    # The engine casts module buffers to the training dtype with the parameters
-    # (`_cast_module_mixed_precision`, `runtime/engine.py`).
-    return sum(model.buffer_numels) * setup.param_bytes
+def _module_buffers_bytes(model: ModelSpec) -> int:
+    # Llama's rotary `inv_freq` buffers stay fp32 under bf16 training (measured on 2-rank CPU jobs;
+    # the engine's `_cast_module_mixed_precision` leaves them as they are).
+    return sum(model.buffer_numels) * 4
 
 
 def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
     numels = model.param_numels
     part = partition(numels, setup)
     p, b, k = part.num_params, setup.param_bytes, setup.optimizer.state_bytes_per_param
-    buffers = _module_buffers_bytes(model, setup)
+    buffers = _module_buffers_bytes(model)
     if setup.stage == Stage.DISABLED:
         # fp32: the bare optimizer steps the module's own parameters, no master copy.
         # fp16/bf16: FP16_Optimizer keeps a flat fp32 master of all P (`fp32_groups_flat`).

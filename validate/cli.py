@@ -1,0 +1,90 @@
+"""`python -m validate run|report|fit`."""
+import sys
+
+import click
+
+from zerocalc import arch as _arch
+
+
+def _ints(text):
+    try:
+        return [int(x) for x in str(text).split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give a comma-separated list of integers")
+
+
+def _strs(text):
+    return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Validate zerocalc against real DeepSpeed jobs.
+
+    \b
+      python -m validate run --backend cpu --nproc 2 --stages 0,1,2,3 --dtype bf16 \\
+          --hidden-size 64 --num-layers 2 --num-heads 4 --vocab-size 1000 --seq-len 16 --micro-batch 2 \\
+          --out data/cpu.csv
+      python -m validate report data/cpu.csv
+    """
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), required=True)
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks (GPUs or CPU processes).")
+@click.option("--matrix", type=click.Path(exists=True, dir_okay=False), help="A JSON matrix file instead of the flags.")
+@click.option("--family", type=click.Choice(list(_arch.FAMILIES)), default="seed-gpt", show_default=True)
+@click.option("--stages", default="0,1,2,3", show_default=True)
+@click.option("--dtype", "dtypes", default="bf16", show_default=True, help="Comma list of fp32, fp16, bf16.")
+@click.option("--hidden-size", type=int, default=64, show_default=True)
+@click.option("--num-layers", type=int, default=2, show_default=True)
+@click.option("--num-heads", type=int, default=4, show_default=True)
+@click.option("--num-kv-heads", type=int)
+@click.option("--ffn-hidden-size", type=int)
+@click.option("--vocab-size", type=int, default=1000, show_default=True)
+@click.option("--seq-len", "seq_lens", default="16", show_default=True, help="Comma list.")
+@click.option("--micro-batch", "micro_batches", default="2", show_default=True, help="Comma list.")
+@click.option("--gas", "gases", default="1", show_default=True, help="Comma list.")
+@click.option("--reduce-bucket-size", "rbs", default="500000000", show_default=True, help="Comma list, elements.")
+@click.option("--activation-checkpointing", "ckpt", default="0", show_default=True, help="Comma list of 0/1.")
+@click.option("--timeout", "timeout_s", type=float, default=600, show_default=True, help="Seconds a job may run.")
+@click.option("--include", help="DeepSpeed --include (e.g. localhost:1) instead of --num_gpus.")
+@click.option("--retry-failed", is_flag=True, help="Run again the jobs whose last row is not ok (a new row is added).")
+@click.option("--out", "out_csv", required=True, type=click.Path(dir_okay=False), help="CSV to append rows to.")
+def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers, num_heads, num_kv_heads,
+        ffn_hidden_size, vocab_size, seq_lens, micro_batches, gases, rbs, ckpt, timeout_s, include, retry_failed, out_csv):
+    """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows."""
+    from validate import jobs as J
+    from validate.runner import run as run_jobs
+    if matrix:
+        job_list = J.load_matrix(matrix)
+        for j in job_list:
+            if j["nproc"] != nproc:
+                raise click.UsageError(f"the matrix asks for nproc {j['nproc']} but --nproc is {nproc}")
+    else:
+        try:
+            a = _arch.Architecture(family, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads or num_heads,
+                                   ffn_hidden_size or 4 * hidden_size, False, max(_ints(seq_lens)) + 1)
+            _arch.validate_architecture(a)
+        except ValueError as err:
+            raise click.UsageError(str(err))
+        job_list = J.grid([a], nproc, stage=_ints(stages), dtype=_strs(dtypes), seq_len=_ints(seq_lens),
+                          micro_batch=_ints(micro_batches), gas=_ints(gases), reduce_bucket_size=_ints(rbs),
+                          activation_checkpointing=[bool(x) for x in _ints(ckpt)])
+    click.echo(f"{len(job_list)} jobs, backend {backend}, {nproc} ranks -> {out_csv}", err=True)
+    written = run_jobs(job_list, backend, nproc, out_csv, timeout_s, include,
+                       log=lambda m: click.echo(m, err=True), retry_failed=retry_failed)
+    bad = [r for r in written if r["outcome"] != "ok"]
+    click.echo(f"done: {len(written)} rows written, {len(bad)} not ok", err=True)
+
+
+@main.command()
+@click.argument("csv_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--strict", is_flag=True, help="Exit 1 unless state and comm bytes match exactly on every ok row.")
+def report(csv_paths, strict):
+    """Errors of zerocalc's current predictions against the measured rows, per stage."""
+    from validate.report import report as make_report
+    text, exact = make_report(csv_paths)
+    click.echo(text)
+    if strict and not exact:
+        sys.exit(1)

@@ -1,0 +1,80 @@
+"""Jobs: one training configuration each, as a flat dict of zerocalc Setup fields plus the
+architecture. The same dict drives the worker (torch side) and the prediction (zerocalc side)."""
+import hashlib
+import itertools
+import json
+from dataclasses import fields
+
+from zerocalc import arch as _arch
+from zerocalc.model import from_architecture
+from zerocalc.training import OPTIMIZERS, Setup, Stage
+
+SETUP_FIELDS = tuple(f.name for f in fields(Setup) if f.name not in ("extra", "optimizer", "stage", "dp"))
+ARCH_FIELDS = tuple(f.name for f in fields(_arch.Architecture))
+DS_OPTIMIZER = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD"}
+
+DEFAULTS = {f.name: f.default for f in fields(Setup) if f.name in SETUP_FIELDS}
+DEFAULTS.update(optimizer="adamw", stage=0, seq_len=128)
+
+
+def make_job(arch: _arch.Architecture, nproc: int, **setup) -> dict:
+    job = dict(DEFAULTS)
+    job.update(setup)
+    job["nproc"] = nproc
+    job["arch"] = arch.as_dict()
+    job["key"] = job_key(job)
+    return job
+
+
+def job_key(job: dict) -> str:
+    """A stable name for a configuration: what resume matches on."""
+    payload = {k: v for k, v in job.items() if k not in ("key",)}
+    digest = hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+    a = job["arch"]
+    return (f"{a['family']}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}"
+            f"-b{job['micro_batch']}x{job['seq_len']}-gas{job['gas']}-{digest}")
+
+
+def to_zerocalc(job: dict):
+    """(ModelSpec, Setup) zerocalc predicts for this job."""
+    spec = from_architecture(_arch.Architecture(**job["arch"]))
+    kwargs = {k: job[k] for k in SETUP_FIELDS if k in job}
+    setup = Setup(stage=Stage(job["stage"]), dp=job["nproc"], optimizer=OPTIMIZERS[job["optimizer"]], **kwargs)
+    return spec, setup
+
+
+def to_worker(job: dict) -> dict:
+    """What the worker needs: the job plus DeepSpeed's optimizer spelling."""
+    out = dict(job)
+    out["ds_optimizer"] = DS_OPTIMIZER[job["optimizer"]]
+    out["optimizer_params"] = {"momentum": 0.9} if job["optimizer"] == "sgd-momentum" else {}
+    return out
+
+
+def grid(arches: list[_arch.Architecture], nproc: int, **axes) -> list[dict]:
+    """Cartesian product of the axes (each a list) for every architecture."""
+    names = list(axes)
+    jobs = []
+    for a in arches:
+        for values in itertools.product(*(axes[n] for n in names)):
+            jobs.append(make_job(a, nproc, **dict(zip(names, values))))
+    return jobs
+
+
+def load_matrix(path: str) -> list[dict]:
+    """A matrix file: {"nproc": 2, "architectures": [{...}], "axes": {"stage": [0,1,2,3], ...},
+    "jobs": [{...}, ...]} — the product of the axes per architecture, plus explicit jobs."""
+    with open(path) as f:
+        spec = json.load(f)
+    nproc = spec.get("nproc", 1)
+    arches = [_arch.Architecture(**{**dict(family="seed-gpt", num_kv_heads=a.get("num_heads"),
+                                          ffn_hidden_size=4 * a["hidden_size"], tie_embeddings=False), **a})
+              for a in spec.get("architectures", [])]
+    jobs = grid(arches, nproc, **spec.get("axes", {})) if arches else []
+    for extra in spec.get("jobs", []):
+        extra = dict(extra)
+        a = extra.pop("arch")
+        arch = _arch.Architecture(**{**dict(family="seed-gpt", num_kv_heads=a.get("num_heads"),
+                                            ffn_hidden_size=4 * a["hidden_size"], tie_embeddings=False), **a})
+        jobs.append(make_job(arch, extra.pop("nproc", nproc), **extra))
+    return jobs

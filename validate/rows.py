@@ -1,0 +1,155 @@
+"""Tidy rows: one per configuration, the busiest rank's measurement beside zerocalc's prediction."""
+import json
+
+import zerocalc
+from zerocalc.estimate import estimate
+from validate.jobs import ARCH_FIELDS, SETUP_FIELDS, to_zerocalc
+
+PHASES = ("init", "forward", "backward", "step")
+CONFIG_COLUMNS = ("key", "backend", "nproc", "stage", "optimizer") + tuple(f for f in SETUP_FIELDS) + \
+    tuple(f for f in ARCH_FIELDS) + ("num_params",)
+
+
+PREDICTED_COLUMNS = ("predicted_state_bytes", "predicted_comm_bytes", "predicted_comm_by_op",
+                     "predicted_peak_allocated_bytes", "predicted_peak_phase", "zerocalc_version")
+MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_min_bytes", "measured_scalar_bytes",
+                    "measured_host_state_bytes", "measured_comm_bytes", "measured_comm_by_op", "loss_first", "loss_last",
+                    "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
+                    "measured_base_allocated_bytes", "measured_step_s") + tuple(
+    f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:]) for what in ("peak", "end"))
+ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "command",
+               "measured_comm_detail", "measured_state_detail")
+COLUMNS = CONFIG_COLUMNS + PREDICTED_COLUMNS + MEASURED_COLUMNS + ENV_COLUMNS
+
+
+def _config(job, backend):
+    row = {"key": job["key"], "backend": backend, "nproc": job["nproc"], "stage": job["stage"],
+           "optimizer": job["optimizer"]}
+    row.update({f: job.get(f) for f in SETUP_FIELDS})
+    row.update({f: job["arch"][f] for f in ARCH_FIELDS})
+    spec, setup = to_zerocalc(job)
+    row["num_params"] = spec.num_params
+    return row, spec, setup
+
+
+def _predicted(spec, setup):
+    e = estimate(spec, setup)
+    per_op = {}
+    for c in e.collectives:
+        per_op[c.op] = per_op.get(c.op, 0) + c.bytes
+    return {
+        "predicted_state_bytes": e.states.resident_bytes,
+        "predicted_comm_bytes": e.comm_bytes,
+        "predicted_comm_by_op": json.dumps(per_op, sort_keys=True),
+        "predicted_peak_allocated_bytes": e.peak_bytes,
+        "predicted_peak_phase": e.peak.name,
+        "zerocalc_version": zerocalc.__version__,
+    }
+
+
+def _comm_by_op(comm: dict) -> dict:
+    """{op: bytes} from the worker's {"op | [Caller Func: f]": [[size, count], ...]}."""
+    out = {}
+    for name, sizes in comm.items():
+        op = name.split(" |")[0]
+        out[op] = out.get(op, 0) + sum(size * count for size, count in sizes)
+    return out
+
+
+def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
+    row, spec, setup = _config(job, backend)
+    row.update(_predicted(spec, setup))
+    ranks = [r for r in result["ranks"] if r is not None]
+    outcomes = sorted({r["outcome"] for r in ranks})
+    row["outcome"] = "ok" if outcomes == ["ok"] else next(o for o in ("oom", "error", "crash") if o in outcomes)
+    row["error"] = next((r.get("error", "") for r in ranks if r["outcome"] != "ok"), "")
+    env = result.get("env", {})
+    row.update({"gpu": env.get("gpu", "cpu"), "driver": env.get("driver", ""), "cuda": env.get("cuda", ""),
+                "torch": env.get("torch"), "deepspeed": env.get("deepspeed"), "python": env.get("python"),
+                "date": env.get("date"), "host": env.get("host"), "command": command})
+    ok = [r for r in ranks if r["outcome"] == "ok"]
+    if not ok:
+        return row
+    device = "cuda" if backend == "cuda" else "cpu"
+    state = [r["state"]["by_device"].get(device, 0) for r in ok]
+    comm = [_comm_by_op(r["comm"]) for r in ok]
+    comm_total = [sum(c.values()) for c in comm]
+    busiest = max(range(len(ok)), key=lambda i: state[i])
+    row.update({
+        "measured_state_bytes": max(state),
+        "measured_state_min_bytes": min(state),
+        "measured_scalar_bytes": max(r["state"]["scalar_bytes"] for r in ok),
+        "measured_host_state_bytes": max(r["state"]["by_device"].get("cpu", 0) for r in ok) if device == "cuda" else "",
+        "measured_comm_bytes": max(comm_total),
+        "measured_comm_by_op": json.dumps(comm[busiest], sort_keys=True),
+        "measured_comm_detail": json.dumps(ok[busiest]["comm"], sort_keys=True),
+        "measured_state_detail": json.dumps(ok[busiest]["state"]["by_path"], sort_keys=True),
+        "loss_first": ok[0]["losses"][0],
+        "loss_last": ok[0]["losses"][-1],
+    })
+    mem = [r["memory"] for r in ok if r.get("memory")]
+    if mem:
+        row["measured_peak_allocated_bytes"] = max(m["peak_allocated"] for m in mem)
+        row["measured_peak_reserved_bytes"] = max(m["peak_reserved"] for m in mem)
+        row["measured_alloc_retries"] = max(m["alloc_retries"] for m in mem)
+        row["measured_base_allocated_bytes"] = max(m["base_allocated"] for m in mem)
+        for ph in PHASES + tuple("first_" + p for p in PHASES[1:]):
+            vals = [m["phases"][ph] for m in mem if ph in m["phases"]]
+            if vals:
+                row[f"measured_{ph}_peak_bytes"] = max(v["peak_allocated"] for v in vals)
+                row[f"measured_{ph}_end_bytes"] = max(v["end_allocated"] for v in vals)
+        row["measured_step_s"] = max(r["step_s"] for r in ok)
+    return row
+
+
+def failed_row(job: dict, outcome: str, log_tail: str, backend: str, command: str) -> dict:
+    row, spec, setup = _config(job, backend)
+    row.update(_predicted(spec, setup))
+    lines = [ln for ln in log_tail.splitlines() if ln.strip()]
+    row.update(outcome=outcome, error=" | ".join(lines[-3:])[:500], command=command)
+    return row
+
+
+def describe(row: dict) -> str:
+    if row["outcome"] != "ok":
+        return f"{row['outcome']}: {row.get('error', '')[:120]}"
+    s = f"state {row['measured_state_bytes']:,} vs {row['predicted_state_bytes']:,}, " \
+        f"comm {row['measured_comm_bytes']:,} vs {row['predicted_comm_bytes']:,}"
+    if row.get("measured_peak_allocated_bytes"):
+        s += f", peak {row['measured_peak_allocated_bytes'] / 2**30:.2f} vs " \
+             f"{row['predicted_peak_allocated_bytes'] / 2**30:.2f} GiB, {row['measured_step_s'] * 1e3:.0f} ms/step"
+    return s
+
+
+def _cast(value, like):
+    if value is None or value == "" or (isinstance(value, float) and value != value):
+        return None
+    if isinstance(like, bool) or like in ("bool",):
+        return value in (True, "True", "true", "1", 1)
+    if isinstance(like, int):
+        return int(float(value))
+    return value
+
+
+def job_from_row(row: dict) -> dict:
+    """The job a CSV row measured, to predict it again with the current zerocalc."""
+    from zerocalc.arch import Architecture
+    from dataclasses import fields
+    from validate.jobs import DEFAULTS
+    arch_types = {f.name: f.type for f in fields(Architecture)}
+    arch = {}
+    for f in ARCH_FIELDS:
+        t = arch_types[f]
+        arch[f] = _cast(row[f], True if t in (bool, "bool") else (1 if t in (int, "int") else ""))
+    job = {"key": row["key"], "nproc": int(row["nproc"]), "stage": int(row["stage"]), "optimizer": row["optimizer"],
+           "arch": arch}
+    bools = ("overlap_comm", "contiguous_gradients", "activation_checkpointing")
+    for f in SETUP_FIELDS:
+        like = True if f in bools else DEFAULTS.get(f)
+        if f in ("seq_len",):
+            like = 1
+        job[f] = _cast(row.get(f), like) if row.get(f) not in (None, "") else (None if f in ("overlap_comm",
+                                                                                            "grad_accum_dtype",
+                                                                                            "communication_data_type")
+                                                                             else DEFAULTS.get(f))
+    return job

@@ -1,0 +1,140 @@
+"""Launch jobs through DeepSpeed's own launcher and turn what the worker measured into tidy rows.
+
+Resumable and crash-proof: rows go to the CSV as each job finishes (appended, flushed, whole lines),
+jobs already in the CSV are skipped, and a job that crashes its launch or hangs past the timeout
+becomes a row with that outcome while the rest are relaunched.
+"""
+import csv
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from validate import rows
+from validate.jobs import to_worker
+
+
+def done_keys(csv_path: str, retry_failed: bool = False) -> set[str]:
+    """Keys with a row already; with retry_failed, only those whose last row is ok."""
+    if not os.path.exists(csv_path):
+        return set()
+    last = {}
+    with open(csv_path, newline="") as f:
+        for r in csv.DictReader(f):
+            last[r["key"]] = r["outcome"]
+    return {k for k, o in last.items() if o == "ok" or not retry_failed}
+
+
+def append_row(csv_path: str, row: dict) -> None:
+    """Append one row; the header is written with the first. Flushed and fsynced: a killed sweep
+    leaves whole lines only."""
+    new = not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
+    if not new:
+        with open(csv_path, newline="") as f:
+            header = next(csv.reader(f))
+    else:
+        header = list(rows.COLUMNS)
+    missing = [k for k in row if k not in header]
+    if missing:
+        raise ValueError(f"{csv_path} has no columns {missing}; write to a new file")
+    with open(csv_path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
+        if new:
+            w.writeheader()
+        w.writerow({k: row.get(k, "") for k in header})
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_lines(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.endswith("\n"):
+                out.append(json.loads(line))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, include: str | None = None) -> list[str]:
+    cmd = ["deepspeed", "--master_port", str(_free_port())]
+    cmd += ["--include", include] if include else ["--num_gpus", str(nproc)]
+    return cmd + ["--module", "validate.worker", jobs_path, out_dir]
+
+
+def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: float = 600,
+        include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False) -> list[dict]:
+    """Run every job not yet in csv_path; return the rows written."""
+    done = done_keys(csv_path, retry_failed)
+    pending = [j for j in jobs if j["key"] not in done]
+    skipped = len(jobs) - len(pending)
+    if skipped:
+        log(f"{skipped} of {len(jobs)} jobs already in {csv_path}; running the other {len(pending)}")
+    env = dict(os.environ)
+    if backend == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    command = command or " ".join(shlex.quote(a) for a in sys.argv)
+    written, total, t_start = [], len(pending), time.time()
+    while pending:
+        with tempfile.TemporaryDirectory(prefix="zerocalc-validate-") as tmp:
+            jobs_path = os.path.join(tmp, "jobs.json")
+            with open(jobs_path, "w") as f:
+                json.dump([to_worker(j) for j in pending], f)
+            cmd = launch_command(backend, nproc, jobs_path, tmp, include)
+            logf = open(os.path.join(tmp, "launch.log"), "w")
+            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            by_key = {j["key"]: j for j in pending}
+            finished, last_progress, hung = set(), time.time(), None
+            while True:
+                code = proc.poll()
+                for res in _read_lines(os.path.join(tmp, "results.jsonl")):
+                    if res["key"] in finished:
+                        continue
+                    finished.add(res["key"])
+                    row = rows.make_row(by_key[res["key"]], res, backend, command)
+                    append_row(csv_path, row)
+                    written.append(row)
+                    last_progress = time.time()
+                    log(f"[{len(written)}/{total}] {res['key']}: {rows.describe(row)}  ({time.time() - t_start:.0f} s)")
+                if code is not None:
+                    break
+                started = _read_lines(os.path.join(tmp, "started.jsonl"))
+                running = [s for s in started if s["key"] not in finished]
+                since = running[-1]["time"] if running else last_progress
+                if time.time() - max(since, last_progress) > timeout_s:
+                    hung = running[-1]["key"] if running else None
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    break
+                time.sleep(0.5)
+            logf.close()
+            started = [s["key"] for s in _read_lines(os.path.join(tmp, "started.jsonl"))]
+            lost = [k for k in started if k not in finished]
+            if not lost and len(finished) < len(pending):
+                # The launch died before starting the next job (e.g. at import): report the first pending.
+                lost = [next(j["key"] for j in pending if j["key"] not in finished)]
+            with open(os.path.join(tmp, "launch.log")) as f:
+                tail = f.read()[-2000:]
+            for key in lost[:1]:
+                outcome = "timeout" if key == hung else "crash"
+                row = rows.failed_row(by_key[key], outcome, tail, backend, command)
+                append_row(csv_path, row)
+                written.append(row)
+                finished.add(key)
+                log(f"[{len(written)}/{total}] {key}: {outcome} (launch exit {proc.returncode}); continuing")
+            pending = [j for j in pending if j["key"] not in finished]
+    return written

@@ -1,0 +1,106 @@
+"""One steady-state ZeRO-3 iteration, replayed module by module the way DeepSpeed 0.19.8's
+`PartitionedParameterCoordinator` (`runtime/zero/partitioned_param_coordinator.py`) runs it.
+
+What it decides, and what a closed form gets wrong:
+- `fetch_sub_module` all-gathers the module's unavailable parameters, pops the module's entries off
+  the parameter queue, then prefetches from the queue until `stage3_prefetch_bucket_size` numel of
+  *unavailable* parameters are in flight; parameters already gathered are popped for free and
+  marked as needed at their later step.
+- `release_sub_module` releases a module's non-persistent parameters unless that mark says they are
+  needed later, or they reappear within `stage3_max_reuse_distance` numel of the trace ahead.
+So with a prefetch bucket as large as the model the prefetcher runs through the whole trace and
+nothing is released: 2Ψ of traffic, not the paper's 3Ψ, and the whole model stays gathered from
+forward through backward. Checked against the comms logger on 2-rank CPU jobs
+(`tests/test_against_deepspeed.py`).
+"""
+from collections import deque
+from dataclasses import dataclass
+from math import ceil
+
+from zerocalc.model import ModelSpec
+from zerocalc.partition import persistent_mask
+from zerocalc.training import Setup
+
+
+@dataclass(frozen=True)
+class Stage3Iteration:
+    forward_gather_calls: int
+    forward_gather_elements: int      # per-rank shard elements all-gathered in forward
+    backward_gather_calls: int
+    backward_gather_elements: int     # ... and again in backward (released after forward)
+    max_gathered_elements: int        # most padded elements of non-persistent params gathered at once
+    kept_after_forward_elements: int  # padded elements still gathered when forward ends
+
+
+def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
+    n = setup.dp
+    modules = model.module_numels
+    flat = [x for m in modules for x in m]
+    pers = persistent_mask(tuple(flat), setup)
+    # Parameter ids per module, numel and per-rank shard by id.
+    ids, numel, it = [], [], iter(range(len(flat)))
+    for m in modules:
+        ids.append([next(it) for _ in m])
+    numel = flat
+    shard = [ceil(x / n) for x in flat]
+    padded = [s * n for s in shard]
+    # The trace: the root module (no parameters of its own) first, then forward, then backward.
+    trace = [[]] + ids + ids[::-1]
+    queue = deque((p, step) for step, mod in enumerate(trace) for p in mod)
+    marked = {}
+    available = {p for p in range(len(flat)) if pers[p]}
+    gathered = 0          # padded elements of non-persistent params available now
+    out = {"fwd_calls": 0, "fwd": 0, "bwd_calls": 0, "bwd": 0}
+    max_gathered, kept_after_forward = 0, 0
+    turn = len(ids)       # the last forward step
+
+    def gather(params, backward):
+        nonlocal gathered
+        todo = [p for p in params if p not in available]
+        if not todo:
+            return
+        out["bwd_calls" if backward else "fwd_calls"] += 1
+        out["bwd" if backward else "fwd"] += sum(shard[p] for p in todo)
+        available.update(todo)
+        gathered += sum(padded[p] for p in todo)
+
+    for step, mod in enumerate(trace):
+        backward = step > turn
+        gather(mod, backward)
+        # Pop this module's own entries off the queue.
+        mine = {p for p in mod if marked.get(p, -1) < step}
+        popped = set()
+        while queue and popped != mine:
+            p, s = queue.popleft()
+            marked[p] = s
+            popped.add(p)
+        # Prefetch.
+        if setup.prefetch_bucket_size > 0:
+            budget = min(setup.max_live_parameters, setup.prefetch_bucket_size)
+            batch, size = [], 0
+            while queue and size < budget:
+                p, s = queue.popleft()
+                fetch = p not in available and p not in batch
+                marked[p] = max(marked.get(p, -1), s)
+                if fetch:
+                    batch.append(p)
+                    size += numel[p]
+            gather(batch, backward)
+        max_gathered = max(max_gathered, gathered)
+        # Release after the module runs.
+        release = {p for p in mod if not pers[p] and marked.get(p, -1) <= step + 1}
+        traversed = 0
+        for later in trace[step + 1:]:
+            if traversed >= setup.max_reuse_distance or not release:
+                break
+            for p in later:
+                release.discard(p)
+                traversed += numel[p]
+        for p in release:
+            if p in available:
+                available.discard(p)
+                gathered -= padded[p]
+        if step == turn:
+            kept_after_forward = gathered
+    return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], max_gathered,
+                           kept_after_forward)
