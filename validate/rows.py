@@ -13,7 +13,8 @@ CONFIG_COLUMNS = ("key", "backend", "nproc", "stage", "optimizer") + tuple(f for
 PREDICTED_COLUMNS = ("predicted_state_bytes", "predicted_comm_bytes", "predicted_comm_by_op",
                      "predicted_peak_allocated_bytes", "predicted_peak_phase", "zerocalc_version")
 MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_min_bytes", "measured_scalar_bytes",
-                    "measured_host_state_bytes", "measured_comm_bytes", "measured_comm_by_op", "loss_first", "loss_last",
+                    "measured_host_state_bytes", "measured_comm_bytes", "measured_comm_by_op", "loss_first", "loss_last", "losses",
+                    "param_tensors", "sharded_param_tensors",
                     "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
                     "measured_base_allocated_bytes", "measured_step_s") + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:]) for what in ("peak", "end"))
@@ -86,6 +87,9 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         "measured_state_detail": json.dumps(ok[busiest]["state"]["by_path"], sort_keys=True),
         "loss_first": ok[0]["losses"][0],
         "loss_last": ok[0]["losses"][-1],
+        "losses": json.dumps([round(x, 4) for x in ok[0]["losses"]]),
+        "param_tensors": ok[0].get("param_tensors", ""),
+        "sharded_param_tensors": ok[0].get("sharded_param_tensors", ""),
     })
     mem = [r["memory"] for r in ok if r.get("memory")]
     if mem:

@@ -124,8 +124,11 @@ def run_job(job, device):
         optimizer_step(record=True)
         measure.synchronize(cuda)
         step_s.append(time.perf_counter() - t0)
+    params = list(engine.module.parameters())
     result = {"outcome": "ok", "losses": losses, "comm": comm, "state": state,
-              "step_s": statistics.median(step_s), "memory": rec.summary()}
+              "step_s": statistics.median(step_s), "memory": rec.summary(),
+              # The case study's sharding check: ZeRO-3 gives every parameter ds_id and ds_tensor.
+              "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params)}
     engine.destroy()
     del engine, model
     return result

@@ -68,19 +68,23 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
         # BF16_Optimizer), every micro-step at stage 2. Then each rank's updated slice is all-gathered.
         times = k if setup.stage == Stage.GRADIENTS and not setup.bf16_optimizer else 1
         grads = _coll("all_reduce", "backward", times * ceil(p / setup.reduce_bucket_size), times * p, c, n)
-        gather = _coll("all_gather_into_tensor", "step", 1, part.flat_shard, b, n)
+        # At N = 1 DeepSpeed skips the all-gather: the partition is the whole flat buffer.
+        gather = _coll("all_gather_into_tensor", "step", 1, part.flat_shard, b, n) if n > 1 else None
         if not setup.bf16_optimizer:
             # fp32 gradient norm (4 B, `get_grad_norm_direct`); fp16/bf16 also the overflow flag (1 B, `has_overflow`).
             small = [_coll("all_reduce", "step", 1, 1, 4, n)]
             if setup.mixed_precision:
                 small.append(_coll("all_reduce", "step", 1, 1, 1, n))
-        return (grads, gather, *small)
+        return tuple(c for c in (grads, gather, *small) if c is not None)
     # Stage 3. Forward: one coalesced all-gather of every non-persistent shard per micro-step.
     # Backward: again for the modules the reuse rule released. Gradients: reduce-scatter of the
     # padded N·S3 per micro-step. Step: the fp64 norm per sub-group (8 B), fp16's overflow flag, and
     # an all-gather of the persistent parameters' shards.
     it = stage3_trace.simulate(model, setup)
-    out = [_coll("all_gather_into_tensor", "forward", k * it.forward_gather_calls, k * it.forward_gather_elements, b, n)]
+    out = []
+    if it.forward_gather_elements:
+        out.append(_coll("all_gather_into_tensor", "forward", k * it.forward_gather_calls,
+                         k * it.forward_gather_elements, b, n))
     if it.backward_gather_elements:
         out.append(_coll("all_gather_into_tensor", "backward", k * it.backward_gather_calls,
                          k * it.backward_gather_elements, b, n))
@@ -89,7 +93,7 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     out.append(_coll("all_reduce", "step", part.num_sub_groups, part.num_sub_groups, 8, n))
     if setup.dtype == "fp16":
         out.append(_coll("all_reduce", "step", 1, 1, 1, n))
-    if part.persistent_shard:
+    if part.persistent_shard and n > 1:
         out.append(_coll("all_gather_into_tensor", "step", 1, part.persistent_shard, b, n))
     return tuple(out)
 

@@ -64,7 +64,8 @@ def partition(numels: tuple[int, ...], setup: Setup) -> Partition:
         padded_flat=padded,
         flat_shard=padded // n,
         stage3_shard=sum(shards),
-        persistent=sum(n * s for s, m in zip(shards, mask) if m),
+        # at N = 1 a parameter is a view of its partition: no separate whole copy
+        persistent=sum(n * s for s, m in zip(shards, mask) if m) if n > 1 else 0,
         persistent_shard=sum(s for s, m in zip(shards, mask) if m),
         gathered_shard=sum(s for s, m in zip(shards, mask) if not m),
         num_sub_groups=count_sub_groups(shards, setup.sub_group_size),

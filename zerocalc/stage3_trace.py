@@ -33,7 +33,10 @@ class Stage3Iteration:
 
 
 def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
+    """At N = 1 parameters are views of their partitions: nothing is gathered or sent."""
     n = setup.dp
+    if n == 1:
+        return Stage3Iteration(0, 0, 0, 0, 0, 0)
     modules = model.module_numels
     flat = [x for m in modules for x in m]
     pers = persistent_mask(tuple(flat), setup)
