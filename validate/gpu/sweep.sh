@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call: install DeepSpeed, build FusedAdam once, smoke-test, then run matrices, writing
+# rows to $OUT as each job finishes.
+#   usage: bash validate/gpu/sweep.sh SECONDS "NPROC:INCLUDE:MATRIX" ...
+#   e.g.   bash validate/gpu/sweep.sh 480 1:localhost:0:validate/matrices/h200-n1-gpt.json 1:localhost:1:...
+# Runs that share no GPU go in parallel; each stops at SECONDS (rows so far are kept, resumable).
+set -u
+budget=$1; shift
+source validate/gpu/setup.sh || exit 1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch, deepspeed, transformers; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__, "gpus", torch.cuda.device_count())'; } | tee $OUT/env.txt
+t0=$(date +%s)
+python3 -c 'from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()' > $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
+echo "FusedAdam built in $(( $(date +%s) - t0 )) s"
+mkdir -p data
+for f in data/*.csv; do [ -e "$f" ] && cp "$f" $OUT/; done   # resume: committed rows are skipped
+pids=()
+for spec in "$@"; do
+  nproc=${spec%%:*}; rest=${spec#*:}; include=${rest%:*}; matrix=${rest##*:}
+  name=$(basename "$matrix" .json)
+  timeout $budget python3 -m validate run --backend cuda --nproc $nproc --include $include --matrix $matrix \
+    --timeout 240 --out $OUT/$name.csv > $OUT/$name.log 2>&1 &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait $p; done
+for spec in "$@"; do matrix=${spec##*:}; name=$(basename "$matrix" .json); echo "== $name"; grep -E '^\[|done' $OUT/$name.log | cut -c1-220; done
