@@ -86,19 +86,33 @@ class MemoryRecorder:
     def __init__(self, cuda):
         self.cuda = cuda
         self.peaks = {}
+        self.seconds = {}
+        self._t = None
 
     def start(self):
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self.base_allocated = torch.cuda.memory_allocated()
+        self._t = time.perf_counter()
+
+    def mark(self):
+        """Start timing the next phase from now."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._t = time.perf_counter()
 
     def phase(self, name, record=True):
+        """Close phase `name`: its peaks, what is allocated at its end, and its duration (record=False
+        files it under first_<name>: the warm-up steps)."""
         if not self.cuda:
             return
         torch.cuda.synchronize()
-        stats = torch.cuda.memory_stats()
+        now = time.perf_counter()
         key = name if record or name == "init" else "first_" + name
+        self.seconds.setdefault(key, []).append(now - self._t)
+        self._t = now
+        stats = torch.cuda.memory_stats()
         cur = self.peaks.setdefault(key, {"peak_allocated": 0, "peak_reserved": 0, "end_allocated": 0})
         cur["peak_allocated"] = max(cur["peak_allocated"], stats["allocated_bytes.all.peak"])
         cur["peak_reserved"] = max(cur["peak_reserved"], stats["reserved_bytes.all.peak"])
@@ -109,7 +123,11 @@ class MemoryRecorder:
     def summary(self):
         if not self.cuda:
             return None
+        free, total = torch.cuda.mem_get_info()
         return {"phases": self.peaks,
+                "phase_seconds": {k: sorted(v)[len(v) // 2] for k, v in self.seconds.items()},
+                "device_used_bytes": total - free,
+                "reserved_now": torch.cuda.memory_reserved(),
                 "peak_allocated": max(p["peak_allocated"] for p in self.peaks.values()),
                 "peak_reserved": max(p["peak_reserved"] for p in self.peaks.values()),
                 "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0),

@@ -16,7 +16,8 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "measured_host_state_bytes", "measured_comm_bytes", "measured_comm_by_op", "loss_first", "loss_last", "losses",
                     "param_tensors", "sharded_param_tensors",
                     "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
-                    "measured_base_allocated_bytes", "measured_step_s") + tuple(
+                    "measured_base_allocated_bytes", "measured_step_s", "measured_forward_s", "measured_backward_s",
+                    "measured_step_phase_s", "measured_device_overhead_bytes") + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:]) for what in ("peak", "end"))
 ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "command",
                "measured_comm_detail", "measured_state_detail")
@@ -103,6 +104,11 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
                 row[f"measured_{ph}_peak_bytes"] = max(v["peak_allocated"] for v in vals)
                 row[f"measured_{ph}_end_bytes"] = max(v["end_allocated"] for v in vals)
         row["measured_step_s"] = max(r["step_s"] for r in ok)
+        for ph in ("forward", "backward", "step"):
+            col = "measured_step_phase_s" if ph == "step" else f"measured_{ph}_s"
+            row[col] = max(m["phase_seconds"].get(ph, 0) for m in mem)
+        # What the device holds beyond PyTorch's cache: CUDA context, NCCL, cuBLAS workspaces.
+        row["measured_device_overhead_bytes"] = max(m["device_used_bytes"] - m["reserved_now"] for m in mem)
     return row
 
 

@@ -97,6 +97,7 @@ def run_job(job, device):
 
     def optimizer_step(record):
         for _ in range(job["gas"]):
+            rec.mark()
             logits = engine(inputs)
             loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab), labels.view(-1))
             del logits
