@@ -21,5 +21,18 @@ for spec in "$@"; do
     --timeout 240 --out $OUT/$name.csv > $OUT/$name.log 2>&1 &
   pids+=($!)
 done
+# Fail fast: if the first job of a run is not ok, something systematic is wrong; stop and say why.
+while kill -0 "${pids[@]}" 2>/dev/null; do
+  sleep 10
+  bad=$(python3 - "$OUT" <<'PY'
+import csv, glob, sys
+for path in glob.glob(sys.argv[1] + "/h200-*.csv"):
+    rows = list(csv.DictReader(open(path)))
+    if rows and all(r["outcome"] == "error" for r in rows[:2]) and len(rows) >= 1:
+        print(path, rows[0]["error"][:400])
+PY
+)
+  if [ -n "$bad" ]; then echo "first job failed: $bad"; kill "${pids[@]}"; pkill -f validate.worker; break; fi
+done
 for p in "${pids[@]}"; do wait $p; done
 for spec in "$@"; do matrix=${spec##*:}; name=$(basename "$matrix" .json); echo "== $name"; grep -E '^\[|done' $OUT/$name.log | cut -c1-220; done
