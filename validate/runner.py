@@ -78,7 +78,8 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
         include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False) -> list[dict]:
     """Run every job not yet in csv_path; return the rows written."""
     done = done_keys(csv_path, retry_failed)
-    pending = [j for j in jobs if j["key"] not in done]
+    # Stage-3 engines are not freed by DeepSpeed (the worker restarts after one): run them last.
+    pending = sorted((j for j in jobs if j["key"] not in done), key=lambda j: j["stage"] == 3)
     skipped = len(jobs) - len(pending)
     if skipped:
         log(f"{skipped} of {len(jobs)} jobs already in {csv_path}; running the other {len(pending)}")
@@ -124,7 +125,11 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
             logf.close()
             started = [s["key"] for s in _read_lines(os.path.join(tmp, "started.jsonl"))]
             lost = [k for k in started if k not in finished]
-            if not lost and len(finished) < len(pending):
+            restarted = _read_lines(os.path.join(tmp, "restart.jsonl"))
+            if restarted and not lost:
+                log(f"fresh process for the remaining {len(pending) - len(finished)} jobs "
+                    "(the last engine left memory allocated)")
+            elif not lost and len(finished) < len(pending):
                 # The launch died before starting the next job (e.g. at import): report the first pending.
                 lost = [next(j["key"] for j in pending if j["key"] not in finished)]
             with open(os.path.join(tmp, "launch.log")) as f:
