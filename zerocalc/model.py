@@ -8,7 +8,7 @@ from zerocalc import arch as _arch
 class ModelSpec:
     name: str
     param_numels: tuple[int, ...]                # `module.parameters()` order
-    module_numels: tuple[tuple[int, ...], ...]   # leaf modules in forward order (the ZeRO-3 trace)
+    trace: tuple[tuple[int, ...], ...]           # modules in forward-hook order, as indices into param_numels
     buffer_numels: tuple[int, ...] = ()
     architecture: _arch.Architecture | None = None
 
@@ -16,14 +16,18 @@ class ModelSpec:
     def num_params(self) -> int:
         return sum(self.param_numels)
 
+    @property
+    def largest_module_numel(self) -> int:
+        return max(sum(self.param_numels[i] for i in m) for m in self.trace)
+
 
 def from_params(num_params: int) -> ModelSpec:
     if num_params < 1:
         raise ValueError(f"params must be a positive number of parameters, got {num_params}")
-    modules = _arch.uniform_modules(int(num_params))
-    return ModelSpec(f"{num_params:.3g} params", tuple(n for m in modules for n in m), modules)
+    params = _arch.uniform_params(int(num_params))
+    return ModelSpec(f"{num_params:.3g} params", params, ((),) + tuple((i,) for i in range(len(params))))
 
 
 def from_architecture(a: _arch.Architecture, name: str | None = None) -> ModelSpec:
     _arch.validate_architecture(a)
-    return ModelSpec(name or a.family, _arch.param_numels(a), _arch.module_numels(a), _arch.buffer_numels(a), a)
+    return ModelSpec(name or a.family, _arch.param_numels(a), _arch.trace(a), _arch.buffer_numels(a), a)

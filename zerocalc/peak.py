@@ -84,7 +84,7 @@ def _stage3(model, setup, st, act):
     kept = b * it.kept_after_forward_elements
     # A coalesced fetch allocates a flat buffer and a per-parameter copy: ≈ 2·b·(numel fetched at once).
     fetch = 2 * b * min(setup.prefetch_bucket_size or max(model.param_numels), part.gathered_shard * setup.dp)
-    largest_module = max(sum(m) for m in model.module_numels)
+    largest_module = model.largest_module_numel
     reduce_scatter = c * min(setup.reduce_bucket_size, setup.dp * part.stage3_shard)
     sub = min(setup.sub_group_size, part.stage3_shard)
     return (

@@ -37,28 +37,24 @@ def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     n = setup.dp
     if n == 1:
         return Stage3Iteration(0, 0, 0, 0, 0, 0)
-    modules = model.module_numels
-    flat = [x for m in modules for x in m]
-    pers = persistent_mask(tuple(flat), setup)
-    # Parameter ids per module, numel and per-rank shard by id.
-    ids, numel, it = [], [], iter(range(len(flat)))
-    for m in modules:
-        ids.append([next(it) for _ in m])
-    numel = flat
-    shard = [ceil(x / n) for x in flat]
+    numel = model.param_numels
+    pers = persistent_mask(numel, setup)
+    shard = [ceil(x / n) for x in numel]
     padded = [s * n for s in shard]
-    # The trace: the root module (no parameters of its own) first, then forward, then backward.
-    trace = [[]] + ids + ids[::-1]
+    # The trace: forward hooks in order, then backward in reverse.
+    ids = [list(m) for m in model.trace]
+    trace = ids + ids[::-1]
     queue = deque((p, step) for step, mod in enumerate(trace) for p in mod)
     marked = {}
-    available = {p for p in range(len(flat)) if pers[p]}
+    available = {p for p in range(len(numel)) if pers[p]}
     gathered = 0          # padded elements of non-persistent params available now
+    n_available = 0       # `__n_available_params`: ds_numel gathered this iteration, less releases
     out = {"fwd_calls": 0, "fwd": 0, "bwd_calls": 0, "bwd": 0}
     max_gathered, kept_after_forward = 0, 0
-    turn = len(ids)       # the last forward step
+    turn = len(ids) - 1   # the last forward step
 
     def gather(params, backward):
-        nonlocal gathered
+        nonlocal gathered, n_available
         todo = [p for p in params if p not in available]
         if not todo:
             return
@@ -66,6 +62,7 @@ def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
         out["bwd" if backward else "fwd"] += sum(shard[p] for p in todo)
         available.update(todo)
         gathered += sum(padded[p] for p in todo)
+        n_available += sum(numel[p] for p in todo)
 
     for step, mod in enumerate(trace):
         backward = step > turn
@@ -79,7 +76,7 @@ def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
             popped.add(p)
         # Prefetch.
         if setup.prefetch_bucket_size > 0:
-            budget = min(setup.max_live_parameters, setup.prefetch_bucket_size)
+            budget = min(setup.max_live_parameters - n_available, setup.prefetch_bucket_size)
             batch, size = [], 0
             while queue and size < budget:
                 p, s = queue.popleft()
@@ -103,6 +100,7 @@ def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
             if p in available:
                 available.discard(p)
                 gathered -= padded[p]
+                n_available -= numel[p]
         if step == turn:
             kept_after_forward = gathered
     return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], max_gathered,
