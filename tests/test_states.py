@@ -1,0 +1,85 @@
+"""Model-state bytes per rank, worked out by hand term by term.
+
+A toy model of three tensors, n = (10, 7, 5), P = 22, bf16 (b = 2), Adam (8 bytes/param of moments)."""
+from zerocalc.model import ModelSpec
+from zerocalc.states import model_states
+from zerocalc.training import OPTIMIZERS, Setup, Stage
+
+TOY = ModelSpec("toy", (10, 7, 5), ((), (0,), (1,), (2,)))
+
+
+def setup(stage, dp, **kw):
+    return Setup(stage=Stage(stage), dp=dp, **kw)
+
+
+def test_stage0_bf16_holds_params_master_and_adam_for_all_p():
+    st = model_states(TOY, setup(0, 4, dtype="bf16"))
+    assert st.params_bytes == 2 * 22          # bf16 parameters, all P
+    assert st.master_bytes == 4 * 22          # FP16_Optimizer's flat fp32 master, all P
+    assert st.moments_bytes == 8 * 22         # exp_avg + exp_avg_sq, fp32, all P
+    assert st.grads_bytes == 0                # gradients are freed after the step
+    assert st.resident_bytes == 44 + 88 + 176
+
+
+def test_stage0_fp32_has_no_master_copy():
+    st = model_states(TOY, setup(0, 4, dtype="fp32"))
+    assert st.params_bytes == 4 * 22          # the fp32 parameters are the master
+    assert st.master_bytes == 0
+    assert st.resident_bytes == 88 + 176      # 12 bytes/param
+
+
+def test_stage1_pads_the_flat_group_to_2n_and_shards_master_and_moments():
+    st = model_states(TOY, setup(1, 4))
+    # 2N = 8: Pp = ceil(22 / 8) * 8 = 24, S = Pp / N = 6
+    assert st.params_bytes == 2 * 24          # bit16_groups_flat, padding included
+    assert st.master_bytes == 4 * 6           # single_partition_of_fp32_groups
+    assert st.moments_bytes == 8 * 6
+    assert st.resident_bytes == 48 + 24 + 48
+
+
+def test_stage2_resident_equals_stage1():
+    assert model_states(TOY, setup(2, 4)).resident_bytes == model_states(TOY, setup(1, 4)).resident_bytes
+
+
+def test_stage1_fp32_still_clones_the_master():
+    st = model_states(TOY, setup(1, 4, dtype="fp32"))
+    assert st.params_bytes == 4 * 24
+    assert st.master_bytes == 4 * 6           # a copy even though params are fp32
+
+
+def test_bf16_optimizer_keeps_full_fp32_gradients():
+    st = model_states(TOY, setup(1, 4, grad_accum_dtype="fp32"))
+    assert st.params_bytes == 2 * 24
+    assert st.grads_bytes == 4 * 24           # persistent full fp32 gradient buffer of Pp
+    assert st.master_bytes == 4 * 6
+    assert st.moments_bytes == 8 * 6
+
+
+def test_stage3_pads_per_tensor_and_keeps_small_params_whole():
+    st = model_states(TOY, setup(3, 4))
+    # shards: ceil(10/4) = 3, ceil(7/4) = 2, ceil(5/4) = 2 -> S3 = 7
+    # every tensor is under the persistence threshold (1e5): whole copies, padded: 4*3 + 4*2 + 4*2 = 28
+    assert st.params_bytes == 2 * (7 + 28)
+    assert st.master_bytes == 4 * 7
+    assert st.moments_bytes == 8 * 7
+    assert st.grads_bytes == 2 * 7            # grad_partitions_flat_buffer
+    assert st.buffers_bytes == 2 * 500_000_000  # the ipg bucket: reduce_bucket_size elements, kept
+    assert st.resident_bytes == 70 + 28 + 56 + 14 + 1_000_000_000
+
+
+def test_stage3_with_threshold_zero_keeps_no_whole_copies():
+    st = model_states(TOY, setup(3, 4, param_persistence_threshold=0, reduce_bucket_size=100))
+    assert st.params_bytes == 2 * 7
+    assert st.buffers_bytes == 2 * 100
+
+
+def test_stage3_at_one_rank_has_no_separate_whole_copy():
+    st = model_states(TOY, setup(3, 1, reduce_bucket_size=100))
+    assert st.params_bytes == 2 * 22          # parameters are views of their partitions
+    assert st.master_bytes == 4 * 22
+
+
+def test_sgd_without_momentum_has_no_moments():
+    st = model_states(TOY, setup(2, 4, optimizer=OPTIMIZERS["sgd"]))
+    assert st.moments_bytes == 0
+    assert model_states(TOY, setup(2, 4, optimizer=OPTIMIZERS["sgd-momentum"])).moments_bytes == 4 * 6
