@@ -24,12 +24,14 @@ class SeedGPT(nn.Module):
     """`../shared/seeds/zero3-param-sharding-case.txt`: embedding, blocks, final LayerNorm, untied head
     without bias, no position embedding."""
 
-    def __init__(self, vocab, hidden, layers, heads, ffn, checkpointing=False):
+    def __init__(self, vocab, hidden, layers, heads, ffn, checkpointing=False, tie=False):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.blocks = nn.ModuleList([SeedBlock(hidden, heads, ffn) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)
+        if tie:
+            self.head.weight = self.embed.weight
         self.checkpointing = checkpointing
 
     def forward(self, input_ids):
@@ -74,7 +76,7 @@ def build_model(arch, checkpointing=False, attention="sdpa"):
     """An fp32 module on the CPU with random weights; `arch` is zerocalc's Architecture as a dict."""
     if arch["family"] == "seed-gpt":
         return SeedGPT(arch["vocab_size"], arch["hidden_size"], arch["num_layers"], arch["num_heads"],
-                       arch["ffn_hidden_size"], checkpointing)
+                       arch["ffn_hidden_size"], checkpointing, arch["tie_embeddings"])
     cls, cfg, attn = _hf_config(arch, attention)
     model = cls._from_config(cfg, attn_implementation=attn)
     if checkpointing:

@@ -93,7 +93,7 @@ def trace(arch: Architecture) -> tuple[tuple[int, ...], ...]:
             out += [(), ln1, ln1, ln1, (b + 2, b + 3, b + 4, b + 5), (b + 6, b + 7), (), (b + 8, b + 9), (),
                     (b + 10, b + 11)]
         end = 1 + 12 * n
-        return tuple(out + [(end, end + 1)] + ([] if arch.tie_embeddings else [(end + 2,)]))
+        return tuple(out + [(end, end + 1), (0,) if arch.tie_embeddings else (end + 2,)])
     if arch.family == "hf-gpt2":
         # wrapper, GPT2LMHeadModel, GPT2Model, wte, wpe, drop; per block: block, ln_1, attn, c_attn,
         # c_proj, resid_dropout, ln_2, mlp, c_fc, act, c_proj, dropout; ln_f; lm_head (wte when tied).

@@ -25,7 +25,7 @@ def from_params(num_params: int) -> ModelSpec:
     if num_params < 1:
         raise ValueError(f"params must be a positive number of parameters, got {num_params}")
     params = _arch.uniform_params(int(num_params))
-    return ModelSpec(f"{num_params:.3g} params", params, ((),) + tuple((i,) for i in range(len(params))))
+    return ModelSpec("P-only model", params, ((),) + tuple((i,) for i in range(len(params))))
 
 
 def from_architecture(a: _arch.Architecture, name: str | None = None) -> ModelSpec:

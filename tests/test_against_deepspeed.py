@@ -1,0 +1,77 @@
+"""Real DeepSpeed 0.19.8 jobs on CPU (gloo ranks through DeepSpeed's own launcher): every persistent
+tensor and every logged collective must equal zerocalc's prediction to the byte. The named residual
+is the scalars of <= 8 bytes (grad norm, overflow flag), reported apart by the validator.
+
+This is the test that keeps every formula honest; it takes a few minutes on two cores."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("deepspeed")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+if shutil.which("deepspeed") is None:
+    pytest.skip("DeepSpeed's launcher is not on PATH", allow_module_level=True)
+
+from validate.report import repredict  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_validate(tmp_path, *args):
+    out = tmp_path / "rows.csv"
+    proc = subprocess.run([sys.executable, "-m", "validate", "run", "--backend", "cpu", *args, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_csv(out)
+    assert (df["outcome"] == "ok").all(), df.loc[df["outcome"] != "ok", ["key", "error"]].to_string()
+    return df
+
+
+def assert_exact(df):
+    # the prediction written at run time, and the current one, both to the byte
+    now = repredict(df)
+    for col_pred, col_meas in (("predicted_state_bytes", "measured_state_bytes"),
+                               ("predicted_comm_bytes", "measured_comm_bytes"),
+                               ("now_state_bytes", "measured_state_bytes"),
+                               ("now_comm_bytes", "measured_comm_bytes")):
+        bad = now[now[col_pred] != now[col_meas]]
+        assert bad.empty, bad[["key", col_pred, col_meas]].to_string()
+    assert (now["measured_scalar_bytes"] <= 13).all()   # grad norm (4 or 8) + overflow buf (4) + nan flag (1)
+
+
+def test_contract_command_all_stages_bf16(tmp_path):
+    """The issue's contract: stages 0-3, bf16, 2 ranks, a model given by its shape."""
+    df = run_validate(tmp_path, "--nproc", "2", "--stages", "0,1,2,3", "--dtype", "bf16", "--hidden-size", "48",
+                      "--num-layers", "2", "--num-heads", "4", "--vocab-size", "997", "--seq-len", "16",
+                      "--micro-batch", "2")
+    assert sorted(df["stage"]) == [0, 1, 2, 3]
+    for col in ("stage", "dtype", "nproc", "outcome", "predicted_state_bytes", "measured_state_bytes",
+                "predicted_comm_bytes", "measured_comm_bytes"):
+        assert col in df.columns
+    assert_exact(df)
+
+
+def test_matrix_two_ranks(tmp_path):
+    """Odd sizes (padding), fp32 and bf16, GAS 1 and 2, bucket sizes, the stage-3 knobs, BF16_Optimizer,
+    SGD with momentum, GPT-2 and Llama from transformers."""
+    df = run_validate(tmp_path, "--nproc", "2", "--matrix", "validate/matrices/cpu-exact.json")
+    assert len(df) == 28
+    assert_exact(df)
+
+
+def test_one_rank(tmp_path):
+    df = run_validate(tmp_path, "--nproc", "1", "--stages", "0,1,2,3", "--dtype", "bf16,fp32", "--hidden-size", "33",
+                      "--num-layers", "2", "--num-heads", "3", "--vocab-size", "1001")
+    assert_exact(df)
+
+
+@pytest.mark.parametrize("nproc", [4, 8])
+def test_four_and_eight_ranks(tmp_path, nproc):
+    """Padding to multiples of 2N (stages 1/2) and N (stage 3) shows at N = 4 and 8."""
+    df = run_validate(tmp_path, "--nproc", str(nproc), "--matrix", f"validate/matrices/cpu-exact-n{nproc}.json")
+    assert_exact(df)

@@ -1,0 +1,150 @@
+"""`zerocalc estimate` through click's CliRunner: output, the JSON contract, and bad input."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from zerocalc.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["estimate", *args])
+
+
+def test_main_job_prints_all_four_stages():
+    r = run("--params", "7e9", "--dp", "8")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    table = lines[lines.index(next(ln for ln in lines if ln.startswith("-----"))) + 1:]
+    rows = [ln.split() for ln in table if ln.strip()[:1].isdigit()]
+    assert [row[0] for row in rows] == ["0", "1", "2", "3"]
+    assert "P = 7,000,000,000" in r.output
+
+
+def test_json_follows_the_contract():
+    r = run("--params", "7e9", "--dp", "8", "--format", "json", "--gpu-memory", "80GiB")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert isinstance(doc["zerocalc_version"], str) and doc["inputs"]["num_params"] == 7 * 10**9
+    for e in doc["estimates"]:
+        assert set(e["per_rank_bytes"]) >= {"params", "gradients", "optimizer_states", "buffers", "activations", "total"}
+        assert all(isinstance(e["per_rank_bytes"][k], int) for k in ("params", "gradients", "optimizer_states",
+                                                                      "buffers", "total"))
+        assert e["per_rank_bytes"]["activations"] is None          # no architecture given
+        assert isinstance(e["peak_bytes"], int) and isinstance(e["cpu_bytes"], int)
+        assert isinstance(e["fits"], bool)
+        c = e["comm"]
+        assert isinstance(c["bytes_per_rank_per_step"], int) and isinstance(c["volume_over_params"], float)
+        assert sum(x["bytes"] for x in c["collectives"]) == c["bytes_per_rank_per_step"]
+        assert all(set(x) >= {"op", "calls", "elements", "bytes"} for x in c["collectives"])
+        assert e["offload_optimizer"] == "none" and e["offload_param"] == "none"
+
+
+def test_json_stage_2_bf16_numbers_by_hand():
+    # P = 7e9 in 100 tensors of 7e7, N = 8: Pp = 7e9 (a multiple of 16), S = 8.75e8
+    doc = json.loads(run("--params", "7e9", "--dp", "8", "--stage", "2", "--format", "json").output)
+    e = doc["estimates"][0]
+    assert e["per_rank_bytes"]["params"] == 2 * 7 * 10**9                 # bf16, all of P
+    assert e["per_rank_bytes"]["optimizer_states"] == 12 * 875_000_000   # fp32 master + Adam, one shard
+    assert e["resident_state_bytes"] == 2 * 7 * 10**9 + 12 * 875_000_000
+    # all_reduce 2P + all_gather 2S + norm 4 B + overflow 1 B
+    assert e["comm"]["bytes_per_rank_per_step"] == 2 * 7 * 10**9 + 2 * 875_000_000 + 5
+    # ring wire volume: 2·7/8 (all-reduce) + 7/8 (all-gather) = 2.625 × P·2 bytes, plus the tiny ones
+    assert e["comm"]["volume_over_params"] == pytest.approx(2.625, abs=1e-6)
+
+
+def test_csv_has_one_row_per_stage():
+    r = run("--params", "1e9", "--dp", "4", "--format", "csv")
+    assert r.exit_code == 0
+    assert len(r.output.strip().splitlines()) == 5
+
+
+def test_gpu_memory_decides_fits():
+    small = json.loads(run("--params", "7e9", "--dp", "8", "--gpu-memory", "1GiB", "--format", "json").output)
+    assert [e["fits"] for e in small["estimates"]] == [False] * 4
+    huge = json.loads(run("--params", "7e9", "--dp", "8", "--gpu-memory", "10TiB", "--format", "json").output)
+    assert [e["fits"] for e in huge["estimates"]] == [True] * 4
+
+
+def test_model_preset_and_overrides():
+    r = run("--model", "llama-2-7b", "--dp", "8", "--format", "json")
+    assert json.loads(r.output)["inputs"]["num_params"] == 6_738_415_616   # Llama-2-7B's published count
+    r = run("--model", "llama-2-7b", "--num-layers", "2", "--dp", "8", "--format", "json")
+    # embed 32000·4096 + 2 layers × (4·4096² + 3·4096·11008 + 2·4096) + norm 4096 + lm_head 32000·4096
+    layer = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
+    assert json.loads(r.output)["inputs"]["num_params"] == 2 * 32000 * 4096 + 2 * layer + 4096
+
+
+def test_ds_config_is_read(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": True},
+                               "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
+                                                     "offload_optimizer": {"device": "cpu"}}}))
+    doc = json.loads(run("--params", "1e9", "--dp", "8", "--ds-config", str(cfg), "--format", "json").output)
+    assert doc["inputs"]["dtype"] == "fp16" and doc["inputs"]["gas"] == 2 and doc["inputs"]["micro_batch"] == 4
+    assert [e["stage"] for e in doc["estimates"]] == [3]
+    assert doc["estimates"][0]["offload_optimizer"] == "cpu"
+    assert doc["inputs"]["reduce_bucket_size"] == 1000
+
+
+def test_hf_auto_values_resolve_from_the_hidden_size(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {
+        "stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto"}}))
+    r = run("--model", "llama-2-7b", "--dp", "8", "--micro-batch", "1", "--ds-config", str(cfg), "--format", "json")
+    inputs = json.loads(r.output)["inputs"]
+    assert inputs["reduce_bucket_size"] == 4096 * 4096                 # h²
+    assert inputs["prefetch_bucket_size"] == int(0.9 * 4096 * 4096)    # 0.9·h²
+    assert inputs["param_persistence_threshold"] == 10 * 4096          # 10·h
+
+
+def test_unknown_ds_config_keys_warn_and_go_on(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"zero_optimization": {"stage": 2, "frobnicate": 1}, "fancy": True}))
+    r = CliRunner().invoke(main, ["estimate", "--params", "1e9", "--dp", "2", "--ds-config", str(cfg)])
+    assert r.exit_code == 0
+    assert "unknown key zero_optimization.frobnicate" in r.output and "unknown key fancy" in r.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--params", "abc", "--dp", "8"], "cannot read 'abc'"),
+    (["--params", "0", "--dp", "8"], "must be positive"),
+    (["--params", "-7e9", "--dp", "8"], "cannot read"),
+    (["--params", "7e9", "--dp", "0"], "at least 1"),
+    (["--params", "7e9", "--dp", "8", "--stage", "4"], "stage 4 does not exist"),
+    (["--params", "7e9", "--dp", "8", "--stage", "two"], "give 0, 1, 2, 3"),
+    (["--params", "7e9", "--dp", "8", "--stage", "2", "--offload-param", "cpu"], "needs ZeRO stage 3"),
+    (["--params", "7e9", "--dp", "8", "--dtype", "fp8"], "'fp8' is not one of"),
+    (["--params", "7e9", "--dp", "8", "--optimizer", "lamb"], "'lamb' is not one of"),
+    (["--params", "7e9", "--dp", "8", "--gpu-memory", "lots"], "cannot read 'lots' as a memory size"),
+    (["--dp", "8"], "say what is trained"),
+    (["--model", "llama-2-7b", "--num-heads", "7"], "not divisible by num-heads 7"),
+])
+def test_bad_input_exits_2_with_a_message(args, says):
+    r = run(*args)
+    assert r.exit_code == 2
+    assert says in r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("content, says", [
+    ("{not json", "is not valid JSON"),
+    ('{"zero_optimization": {"stage": "two"}}', "zero_optimization.stage must be a number"),
+    ('{"zero_optimization": {"overlap_comm": 1}}', "must be true or false"),
+    ('{"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4}', "not divisible"),
+    ('{"train_micro_batch_size_per_gpu": "auto"}', "give --micro-batch"),
+    ('[1, 2]', "must be a JSON object"),
+])
+def test_bad_ds_config_exits_2(tmp_path, content, says):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(content)
+    r = run("--params", "7e9", "--dp", "8", "--ds-config", str(cfg))
+    assert r.exit_code == 2, r.output
+    assert says in r.output
+    assert "Traceback" not in r.output
+
+
+def test_missing_ds_config_file_exits_2():
+    r = run("--params", "7e9", "--dp", "8", "--ds-config", "/nonexistent/ds.json")
+    assert r.exit_code == 2 and "cannot read" in r.output
