@@ -58,9 +58,9 @@ def test_contract_command_all_stages_bf16(tmp_path):
 
 def test_matrix_two_ranks(tmp_path):
     """Odd sizes (padding), fp32 and bf16, GAS 1 and 2, bucket sizes, the stage-3 knobs, BF16_Optimizer,
-    SGD with momentum, GPT-2 and Llama from transformers."""
+    SGD with momentum, zero.Init, GPT-2 and Llama from transformers."""
     df = run_validate(tmp_path, "--nproc", "2", "--matrix", "validate/matrices/cpu-exact.json")
-    assert len(df) == 28
+    assert len(df) == 29
     assert_exact(df)
 
 

@@ -2,6 +2,7 @@
 each job of JOBS (a JSON list) with a fresh engine and appends one JSON line per job to
 OUT_DIR/results.jsonl from rank 0 holding every rank's measurements. Rank 0 writes
 OUT_DIR/started.jsonl before each job, so the driver can tell a crash or hang from a finished job."""
+import contextlib
 import gc
 import json
 import os
@@ -85,9 +86,13 @@ def run_job(job, device):
     rec = measure.MemoryRecorder(cuda)
     rec.start()
     torch.manual_seed(job.get("seed", 0))
-    model = build_model(job["arch"], job["activation_checkpointing"], job["attention"])
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=ds_config(job))
+    cfg = ds_config(job)
+    # zero_init: parameters born partitioned (deepspeed.zero.Init), as HF Trainer builds stage-3 models.
+    init = deepspeed.zero.Init(config_dict_or_path=cfg) if job.get("zero_init") and job["stage"] == 3 \
+        else contextlib.nullcontext()
+    with init:
+        model = build_model(job["arch"], job["activation_checkpointing"], job["attention"])
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     rec.phase("init")
     vocab = job["arch"]["vocab_size"]
     gen = torch.Generator().manual_seed(1234 + dist.get_rank())

@@ -88,7 +88,10 @@ def _stage3(model, setup, st, act):
     reduce_scatter = c * min(setup.reduce_bucket_size, setup.dp * part.stage3_shard)
     sub = min(setup.sub_group_size, part.stage3_shard)
     return (
-        Phase("init", resident - st.moments_bytes, 0, b * p, 0,
+        # Built outside deepspeed.zero.Init (as the case study does), the engine moves the whole cast
+        # module to the device before partitioning it; under zero.Init parameters are born partitioned.
+        Phase("init", resident - st.moments_bytes, 0, 0 if setup.zero_init else b * p, 0,
+              "partitions only (zero.Init)" if setup.zero_init else
               "the whole module on the device before partitioning (Adam state comes at the first step)"),
         Phase("forward", resident, 0, kept + fetch, act.forward_peak_bytes,
               "parameters kept gathered for backward (reuse rule) + the coalesced fetch"),

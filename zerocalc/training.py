@@ -60,6 +60,7 @@ class Setup:
     micro_batch: int = 1                         # train_micro_batch_size_per_gpu
     seq_len: int | None = None
     activation_checkpointing: bool = False
+    zero_init: bool = False                      # model built under deepspeed.zero.Init (stage 3)
     attention: str = "sdpa"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
