@@ -1,21 +1,68 @@
-"""Activations kept for backward, from the architecture and batch shape. Filled in by the peak-memory
-work; None when the architecture or sequence length is unknown."""
+"""Activations kept for backward, from the architecture and the batch shape.
+
+Units: bytes. Per token (B·s tokens per micro-batch) and per layer, in units of the training dtype's b:
+- seed-gpt (nn.MultiheadAttention with need_weights=True, the eager path), counted by hand and
+  matching the H200 measurements within 0.5% (`data/h200-n1-gpt.csv`):
+    residual input h + three ln1 outputs 3h + q, k, v 3h + the contiguous attention output h
+    + residual h + ln2 output h = 10h; fc1 output f and GELU output f = 2f; softmax probabilities
+    a·s (one B·a·s·s tensor per layer).
+- hf-llama (sdpa): MLP gate, SiLU, up and product 4f by hand; the attention and RMSNorm part
+  (fp32 upcasts inside LlamaRMSNorm, rotary copies) fitted as c_h·h + c_kv·kv on the H200 runs
+  (`zerocalc/calibration/h200.json`, `python -m validate fit`).
+- hf-gpt2: the seed's count without the a·s term (sdpa) and with HF's gelu_new saving about 4f;
+  not yet measured on a GPU.
+- Activation checkpointing keeps each block's input, b·h per layer per token, and recomputes one
+  layer at a time in backward.
+The loss path on `logits.float()`: fp32 log-softmax output 4·V per token kept to the end of forward;
+at the loss the fp16/bf16 logits (2V) and their fp32 copy (4V) are alive too; backward starts with
+the fp32 gradient of the log-probs and of the logits (8V).
+"""
 from dataclasses import dataclass
 
+from zerocalc import calibration
 from zerocalc.model import ModelSpec
 from zerocalc.training import Setup
 
 
 @dataclass(frozen=True)
 class Activations:
-    forward_peak_bytes: int
-    backward_peak_bytes: int
+    kept_bytes: int               # alive at the end of forward, freed during backward (layers + loss)
+    loss_forward_bytes: int       # extra at the loss, end of forward
+    loss_backward_bytes: int      # extra at the start of backward
+    recompute_bytes: int          # one layer's activations rebuilt in backward (checkpointing)
+
+    @property
+    def forward_peak_bytes(self) -> int:
+        return self.kept_bytes + self.loss_forward_bytes
+
+    @property
+    def backward_peak_bytes(self) -> int:
+        return self.kept_bytes + self.loss_backward_bytes + self.recompute_bytes
 
 
-NONE = Activations(0, 0)
+NONE = Activations(0, 0, 0, 0)
 
 
-def breakdown(model: ModelSpec, setup: Setup) -> Activations | None:
-    if model.architecture is None or setup.seq_len is None:
+def layer_units_per_token(arch, setup: Setup, coef: dict) -> float:
+    """Elements of the training dtype one layer keeps per token (no checkpointing)."""
+    h, f, a = arch.hidden_size, arch.ffn_hidden_size, arch.num_heads
+    kv = arch.num_kv_heads * arch.head_dim
+    units = coef["h"] * h + coef["f"] * f + coef.get("kv", 0.0) * kv
+    if setup.attention == "eager" or arch.family == "seed-gpt":
+        units += coef.get("attn", 1.0) * a * setup.seq_len
+    return units
+
+
+def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activations | None:
+    arch = model.architecture
+    if arch is None or setup.seq_len is None:
         return None
-    return None
+    coef = (cal or calibration.default())["activations"][arch.family]
+    b, tokens, v = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.vocab_size
+    layer = b * tokens * layer_units_per_token(arch, setup, coef)
+    if setup.activation_checkpointing:
+        kept_layers = arch.num_layers * b * tokens * coef.get("checkpoint_h", 1.0) * arch.hidden_size
+        recompute = layer
+    else:
+        kept_layers, recompute = arch.num_layers * layer, 0
+    return Activations(int(kept_layers + 4 * tokens * v), 6 * tokens * v, 8 * tokens * v, int(recompute))

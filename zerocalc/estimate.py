@@ -1,7 +1,7 @@
 """One estimate: model states, peak and communication for a model and a setup."""
 from dataclasses import dataclass
 
-from zerocalc import comm, peak, reference, states
+from zerocalc import activations, comm, peak, reference, states
 from zerocalc.model import ModelSpec
 from zerocalc.training import Setup, validate_setup
 
@@ -16,6 +16,7 @@ class Estimate:
     phases: tuple[peak.Phase, ...]
     collectives: tuple[comm.Collective, ...]
     gpu_memory_bytes: int | None = None
+    calibration: dict | None = None
 
     @property
     def peak(self) -> peak.Phase:
@@ -27,8 +28,9 @@ class Estimate:
 
     @property
     def activation_bytes(self) -> int | None:
-        acts = [ph.activation_bytes for ph in self.phases]
-        return max(acts) if self.model.architecture is not None and self.setup.seq_len else None
+        """Activations at their largest (the start of backward), None without an architecture."""
+        act = activations.breakdown(self.model, self.setup, self.calibration)
+        return None if act is None else act.backward_peak_bytes
 
     @property
     def comm_bytes(self) -> int:
@@ -86,7 +88,9 @@ class Estimate:
         }
 
 
-def estimate(model: ModelSpec, setup: Setup, gpu_memory_bytes: int | None = None) -> Estimate:
+def estimate(model: ModelSpec, setup: Setup, gpu_memory_bytes: int | None = None,
+             cal: dict | None = None) -> Estimate:
     validate_setup(setup)
     st = states.model_states(model, setup)
-    return Estimate(model, setup, st, peak.phases(model, setup, st), comm.collectives(model, setup), gpu_memory_bytes)
+    return Estimate(model, setup, st, peak.phases(model, setup, st, cal), comm.collectives(model, setup),
+                    gpu_memory_bytes, cal)

@@ -2,13 +2,13 @@
 
 Each phase is the model states resident on the device (`zerocalc.states`), the gradients alive then,
 the buffers DeepSpeed 0.19.8 allocates then (`../shared/reference/deepspeed-zero-facts.md`,
-"Transients that set the peak") and, when an architecture and batch shape are known, activations
-(`zerocalc.activations`). `peak_bytes` predicts `torch.cuda.max_memory_allocated()`.
+"Transients that set the peak", corrected where the H200 runs disagreed) and, when an architecture
+and batch shape are known, activations (`zerocalc.activations`). A phase's number is its worst
+moment; `peak_bytes` (the largest) predicts `torch.cuda.max_memory_allocated()`.
 """
 from dataclasses import dataclass
 
-from zerocalc import activations
-from zerocalc import stage3_trace
+from zerocalc import activations, stage3_trace
 from zerocalc.comm import MEMORY_OPT_ALLREDUCE_SIZE
 from zerocalc.model import ModelSpec
 from zerocalc.partition import max_grads_in_partition, partition
@@ -30,20 +30,39 @@ class Phase:
         return self.states_bytes + self.grads_bytes + self.buffers_bytes + self.activation_bytes
 
 
+def _worst(*candidates: Phase) -> Phase:
+    return max(candidates, key=lambda ph: ph.total_bytes)
+
+
+def _forward(resident, gathered, act, why="activations and the loss on top of model states"):
+    return Phase("forward", resident, 0, gathered, act.forward_peak_bytes, why)
+
+
+def _backward(resident, gathered, act, end_grads, end_buffers, end_why):
+    """Backward's worst moment: its start (activations + the loss gradients, and with checkpointing a
+    recomputed layer) or its end (gradients and DeepSpeed's reduction buffers)."""
+    start = Phase("backward", resident, 0, gathered, act.backward_peak_bytes,
+                  "activations + the loss gradients at the start of backward")
+    end = Phase("backward", resident, end_grads, end_buffers, 0, end_why)
+    return _worst(start, end)
+
+
 def _stage0(model, setup, st, act):
-    p, b = sum(model.param_numels), setup.param_bytes
+    p, b = model.num_params, setup.param_bytes
     resident, grads = st.resident_bytes, setup.grad_accum_bytes * p
     # The gradient all-reduce flattens each bucket (MEMORY_OPT_ALLREDUCE_SIZE elements) into a copy.
     flatten = b * min(p, MEMORY_OPT_ALLREDUCE_SIZE)
     # FP16_Optimizer's step: an fp32 copy of each gradient, then a flat fp32 copy of all of them.
     step_copies = 8 * p if setup.mixed_precision else 0
-    # FP16_Optimizer makes Adam state at init with a dummy step; the bare fp32 optimizer at the first step.
-    init_states = resident if setup.mixed_precision else resident - st.moments_bytes
+    # FP16_Optimizer makes Adam state at init with a dummy step on fp32 zero gradients (4P, measured);
+    # the bare fp32 optimizer makes it at the first step.
+    init = Phase("init", resident, 4 * p, 0, 0, "parameters, fp32 master, Adam state and the dummy step's "
+                 "fp32 gradients") if setup.mixed_precision else \
+        Phase("init", resident - st.moments_bytes, 0, 0, 0, "parameters")
     return (
-        Phase("init", init_states, 0, 0, 0, "parameters and optimizer states"),
-        Phase("forward", resident, 0, 0, act.forward_peak_bytes, "activations on top of model states"),
-        Phase("backward", resident, grads, flatten, act.backward_peak_bytes,
-              "full gradients + the all-reduce flatten copy"),
+        init,
+        _forward(resident, 0, act),
+        _backward(resident, 0, act, grads, flatten, "full gradients + the all-reduce flatten copy"),
         Phase("step", resident, grads + step_copies, 0, 0,
               "gradients + per-parameter fp32 copies + a flat fp32 copy (FP16_Optimizer)"
               if setup.mixed_precision else "gradients"),
@@ -52,7 +71,8 @@ def _stage0(model, setup, st, act):
 
 def _stage12(model, setup, st, act):
     part = partition(model.param_numels, setup)
-    p, b, c = part.num_params, setup.param_bytes, setup.comm_bytes
+    p, b, c, n = part.num_params, setup.param_bytes, setup.comm_bytes, setup.dp
+    s = part.flat_shard
     resident = st.resident_bytes
     g_in = max_grads_in_partition(model.param_numels, setup)
     bucket = min(setup.reduce_bucket_size, p)
@@ -63,46 +83,66 @@ def _stage12(model, setup, st, act):
         bwd_grads, why = b * p + in_partition, "full autograd gradients (reduced at the boundary) + partition gradients"
     else:
         bwd_grads, why = b * bucket + in_partition, "one bucket of autograd gradients + partition gradients"
-    cast = 4 * part.flat_shard if setup.mixed_precision else 0
-    # Step: partition gradients, their flat copy b·S, its fp32 cast 4S, and the fp64 norm of one slice.
-    step_buffers = b * part.flat_shard + cast + 8 * min(max(model.param_numels), part.flat_shard)
+    cast = 4 * s if setup.mixed_precision else 0
+    # Init (measured): module parameters b·P beside the flat copy b·Pp and the fp32 shard 4S; at N = 1
+    # the shard is first cloned in the low precision (b·S more).
+    init_extra = b * p + (b * s if n == 1 else 0)
     return (
-        Phase("init", resident - st.moments_bytes, 0, b * p, 0,
+        Phase("init", resident - st.moments_bytes, 0, init_extra, 0,
               "module parameters beside the flat buffer they are copied into (Adam state comes at the first step)"),
-        Phase("forward", resident, 0, 0, act.forward_peak_bytes, "activations on top of model states"),
-        Phase("backward", resident, bwd_grads, ipg + c * bucket, act.backward_peak_bytes,
-              why + " + ipg bucket(s) + flatten copy"),
-        Phase("step", resident, b * g_in, step_buffers, 0, "partition gradients + flatten + fp32 cast + fp64 norm"),
+        _forward(resident, 0, act),
+        _backward(resident, 0, act, bwd_grads, ipg + c * bucket, why + " + ipg bucket(s) + flatten copy"),
+        # Step: partition gradients, their flat copy b·S and its fp32 cast 4S (measured to the 0.1%).
+        Phase("step", resident, b * g_in, b * s + cast, 0, "partition gradients + flatten + fp32 cast"),
     )
+
+
+def _largest_sub_group(model, setup) -> int:
+    """Elements of the largest stage-3 optimizer sub-group (`_create_fp16_sub_groups`)."""
+    from math import ceil
+    shards = [ceil(x / setup.dp) for x in model.param_numels]
+    if setup.sub_group_size >= sum(shards):
+        return sum(shards)
+    largest = size = 0
+    for i, x in enumerate(shards):
+        size += x
+        if size >= setup.sub_group_size or i == len(shards) - 1:
+            largest, size = max(largest, size), 0
+    return largest
 
 
 def _stage3(model, setup, st, act):
     part = partition(model.param_numels, setup)
-    p, b, c = part.num_params, setup.param_bytes, setup.comm_bytes
+    b, c = setup.param_bytes, setup.comm_bytes
     resident = st.resident_bytes
     it = stage3_trace.simulate(model, setup)
     kept = b * it.kept_after_forward_elements
     # A coalesced fetch allocates a flat buffer and a per-parameter copy: ≈ 2·b·(numel fetched at once).
-    fetch = 2 * b * min(setup.prefetch_bucket_size or max(model.param_numels), part.gathered_shard * setup.dp)
-    largest_module = model.largest_module_numel
+    # The big early prefetch comes while activations are small; at the end of forward, where the peak
+    # is, a fetch is at most one module (measured at prefetch 5e7 and 5e8).
+    fetch = 2 * b * min(setup.prefetch_bucket_size or max(model.param_numels), model.largest_module_numel) \
+        if setup.dp > 1 else 0
     reduce_scatter = c * min(setup.reduce_bucket_size, setup.dp * part.stage3_shard)
-    sub = min(setup.sub_group_size, part.stage3_shard)
+    sub = _largest_sub_group(model, setup)
+    # Init (measured on H200 at N = 1 and 2): the engine partitions parameter by parameter; it never
+    # holds the whole module (the case study's "whole model first" does not happen). One tensor is
+    # whole at a time, twice over when gathered from N > 1 ranks.
+    init_extra = 0 if setup.zero_init else b * max(model.param_numels) * min(setup.dp, 2)
     return (
-        # Built outside deepspeed.zero.Init (as the case study does), the engine moves the whole cast
-        # module to the device before partitioning it; under zero.Init parameters are born partitioned.
-        Phase("init", resident - st.moments_bytes, 0, 0 if setup.zero_init else b * p, 0,
-              "partitions only (zero.Init)" if setup.zero_init else
-              "the whole module on the device before partitioning (Adam state comes at the first step)"),
-        Phase("forward", resident, 0, kept + fetch, act.forward_peak_bytes,
-              "parameters kept gathered for backward (reuse rule) + the coalesced fetch"),
-        Phase("backward", resident, b * largest_module, kept + reduce_scatter, act.backward_peak_bytes,
-              "gathered parameters + one module's gradients + the reduce-scatter buffer"),
-        Phase("step", resident, 0, b * sub + 4 * sub, 0, "per sub-group flatten + fp32 cast"),
+        Phase("init", resident - st.moments_bytes, 0, init_extra, 0,
+              "partitions, fp32 master and gradient buffers (Adam state comes at the first step)"),
+        _forward(resident, kept + fetch, act,
+                 "activations + parameters kept gathered for backward (reuse rule) + the coalesced fetch"),
+        _backward(resident, kept, act, b * model.largest_module_numel, kept + reduce_scatter,
+                  "gathered parameters + one module's gradients + the reduce-scatter buffer"),
+        # Per sub-group: flatten b·sub + fp32 cast 4·sub (the largest sub-group; measured to 0.1% with
+        # one and two sub-groups, 4% low with three).
+        Phase("step", resident, 0, (b + 4) * sub, 0, "per sub-group flatten + fp32 cast"),
     )
 
 
-def phases(model: ModelSpec, setup: Setup, st: StateBytes) -> tuple[Phase, ...]:
-    act = activations.breakdown(model, setup) or activations.NONE
+def phases(model: ModelSpec, setup: Setup, st: StateBytes, cal: dict | None = None) -> tuple[Phase, ...]:
+    act = activations.breakdown(model, setup, cal) or activations.NONE
     if setup.stage == Stage.DISABLED:
         return _stage0(model, setup, st, act)
     if setup.stage == Stage.PARAMETERS:
