@@ -88,3 +88,19 @@ def report(csv_paths, strict):
     click.echo(text)
     if strict and not exact:
         sys.exit(1)
+
+
+@main.command("fit")
+@click.argument("csv_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_path", default="zerocalc/calibration/h200.json", show_default=True,
+              help="Calibration file to write.")
+def fit_cmd(csv_paths, out_path):
+    """Fit the calibrated constants on a training split of GPU rows; report the held-out split."""
+    from validate.fit import fit
+    from validate.report import report as make_report
+    _, text = fit(list(csv_paths), out_path)
+    click.echo(text)
+    from zerocalc import calibration
+    calibration._cache.clear()
+    click.echo("")
+    click.echo(make_report(list(csv_paths))[0])

@@ -17,14 +17,17 @@ def load(paths) -> pd.DataFrame:
 def repredict(df: pd.DataFrame) -> pd.DataFrame:
     """Add now_* columns: the current zerocalc's prediction for each row."""
     out = df.copy()
-    state, comm, peak = [], [], []
+    cols = {"now_state_bytes": [], "now_comm_bytes": [], "now_peak_allocated_bytes": [],
+            "now_peak_reserved_bytes": [], "now_peak_phase": []}
     for _, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
         e = estimate(spec, setup)
-        state.append(e.states.resident_bytes)
-        comm.append(e.comm_bytes)
-        peak.append(e.peak_bytes)
-    out["now_state_bytes"], out["now_comm_bytes"], out["now_peak_allocated_bytes"] = state, comm, peak
+        for k, v in (("now_state_bytes", e.states.resident_bytes), ("now_comm_bytes", e.comm_bytes),
+                     ("now_peak_allocated_bytes", e.peak_bytes), ("now_peak_reserved_bytes", e.peak_reserved_bytes),
+                     ("now_peak_phase", e.peak.name)):
+            cols[k].append(v)
+    for k, v in cols.items():
+        out[k] = v
     return out
 
 
@@ -58,9 +61,20 @@ def report(paths) -> tuple[str, bool]:
                            "Logged communication bytes per optimizer step (all collectives)", True)
     exact = bool((ok["now_state_bytes"] == ok["measured_state_bytes"].astype("int64")).all()
                  and (ok["now_comm_bytes"] == ok["measured_comm_bytes"].astype("int64")).all())
-    if "measured_peak_allocated_bytes" in ok and ok["measured_peak_allocated_bytes"].notna().any():
-        lines += [""] + _table(ok, "now_peak_allocated_bytes", "measured_peak_allocated_bytes",
-                               "Peak allocated (torch.cuda.max_memory_allocated), predicted vs measured", False)
+    gpu = ok[ok["measured_peak_allocated_bytes"].notna()] if "measured_peak_allocated_bytes" in ok else ok.iloc[0:0]
+    if not gpu.empty:
+        from validate.fit import CLEAN_BASE_BYTES, held_out
+        gpu = gpu.assign(own_peak=gpu["measured_peak_allocated_bytes"] - gpu["measured_base_allocated_bytes"],
+                         split=gpu["key"].map(lambda k: "held-out" if held_out(k) else "train"))
+        for split, g in [("all", gpu)] + list(gpu.groupby("split")):
+            lines += [""] + _table(g, "now_peak_allocated_bytes", "own_peak",
+                                   f"Peak allocated (max_memory_allocated less what an earlier engine left), {split}"
+                                   f" rows; target 5%", False)
+        clean = gpu[gpu["measured_base_allocated_bytes"] < CLEAN_BASE_BYTES]
+        lines += [""] + _table(clean, "now_peak_reserved_bytes", "measured_peak_reserved_bytes",
+                               "Peak reserved (max_memory_reserved), rows that started clean; target 10%", False)
+        if "measured_step_s" in gpu and "now_step_s" in gpu:
+            lines += [""] + _table(gpu, "now_step_s", "measured_step_s", "Step time; target 15%", False)
     scal = ok["measured_scalar_bytes"].max() if "measured_scalar_bytes" in ok else 0
     lines += ["", f"Residual not modelled: scalar tensors of <= 8 bytes (grad norm, overflow flag), at most {scal:.0f} B/rank."]
     return "\n".join(lines), exact

@@ -6,7 +6,7 @@ import click
 
 from zerocalc import __version__, DEEPSPEED_VERSION
 from zerocalc import arch as _arch
-from zerocalc import dsconfig, render
+from zerocalc import calibration, dsconfig, render
 from zerocalc.estimate import estimate
 from zerocalc.model import from_architecture, from_params
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
@@ -176,9 +176,11 @@ def main():
               help="Stage 3: the model is built under deepspeed.zero.Init (as HF Trainer does) [default: no].")
 @click.option("--ds-config", type=click.Path(dir_okay=False), help="Read a DeepSpeed ds_config.json.")
 @click.option("--gpu-memory", type=SIZE, help="Per-GPU memory for the fits column: 80GiB, 32GB.")
+@click.option("--calibration", "calibration_name", default="h200", show_default=True,
+              help="Calibrated constants: a shipped name or a JSON file written by `python -m validate fit`.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                 ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, ds_config, fmt, **opts):
+                 ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, calibration_name, ds_config, fmt, **opts):
     """Per-rank bytes and communication per step for ZeRO stages 0–3.
 
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
@@ -207,7 +209,11 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
         setups = _setups(opts, ds, stages, spec.architecture)
     except ValueError as err:
         raise click.UsageError(str(err))
-    estimates = [estimate(spec, s, gpu_memory) for s in setups]
+    try:
+        cal = calibration.load(calibration_name)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--calibration")
+    estimates = [estimate(spec, s, gpu_memory, cal) for s in setups]
     click.echo(render.render(estimates, fmt))
 
 

@@ -1,7 +1,7 @@
 """One estimate: model states, peak and communication for a model and a setup."""
 from dataclasses import dataclass
 
-from zerocalc import activations, comm, peak, reference, states
+from zerocalc import activations, calibration, comm, peak, reference, states
 from zerocalc.model import ModelSpec
 from zerocalc.training import Setup, validate_setup
 
@@ -41,8 +41,24 @@ class Estimate:
         return comm.total_wire_bytes(self.collectives)
 
     @property
+    def cal(self) -> dict:
+        return self.calibration or calibration.default()
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        """Predicted `torch.cuda.max_memory_reserved()`: the caching allocator's blocks around the peak
+        (calibrated ratio and offset, `python -m validate fit`)."""
+        a = self.cal.get("allocator", {"reserved_over_allocated": 1.0, "reserved_extra_bytes": 0})
+        return int(self.peak_bytes * a["reserved_over_allocated"] + a["reserved_extra_bytes"])
+
+    @property
+    def device_bytes(self) -> int:
+        """What the GPU must hold: reserved peak + CUDA context, NCCL and library workspaces."""
+        return self.peak_reserved_bytes + self.cal.get("device", {}).get("context_bytes", 0)
+
+    @property
     def fits(self) -> bool | None:
-        return None if self.gpu_memory_bytes is None else self.peak_bytes <= self.gpu_memory_bytes
+        return None if self.gpu_memory_bytes is None else self.device_bytes <= self.gpu_memory_bytes
 
     def per_rank_bytes(self) -> dict:
         st = self.states
@@ -66,6 +82,8 @@ class Estimate:
             "moments_bytes": self.states.moments_bytes,
             "resident_state_bytes": self.states.resident_bytes,
             "peak_bytes": self.peak_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "device_bytes": self.device_bytes,
             "peak_phase": self.peak.name,
             "peak_why": self.peak.why,
             "phases": {ph.name: {"states_bytes": ph.states_bytes, "grads_bytes": ph.grads_bytes,

@@ -6,7 +6,7 @@ import json
 from zerocalc import __version__, DEEPSPEED_VERSION
 from zerocalc.units import gb, gib
 
-COLUMNS = ("stage", "offload", "params", "grads", "optim", "buffers", "activ", "total", "peak", "peak phase",
+COLUMNS = ("stage", "offload", "params", "grads", "optim", "buffers", "activ", "peak", "peak phase", "reserved",
            "paper", "comm GB", "×P", "fits")
 
 
@@ -34,8 +34,9 @@ def _row(e) -> list[str]:
     fits = {None: "", True: "yes", False: "NO"}[d["fits"]]
     act = "" if pr["activations"] is None else f"{gib(pr['activations']):.2f}"
     return [str(d["stage"]), offload, f"{gib(pr['params']):.2f}", f"{gib(pr['gradients']):.2f}",
-            f"{gib(pr['optimizer_states']):.2f}", f"{gib(pr['buffers']):.2f}", act, f"{gib(pr['total']):.2f}",
-            f"{gib(d['peak_bytes']):.2f}", d["peak_phase"], f"{gib(d['paper']['model_states_bytes']):.2f}",
+            f"{gib(pr['optimizer_states']):.2f}", f"{gib(pr['buffers']):.2f}", act,
+            f"{gib(d['peak_bytes']):.2f}", d["peak_phase"], f"{gib(d['peak_reserved_bytes']):.2f}",
+            f"{gib(d['paper']['model_states_bytes']):.2f}",
             f"{gb(d['comm']['bytes_per_rank_per_step']):.2f}", f"{d['comm']['volume_over_params']:.2f}", fits]
 
 
@@ -54,8 +55,12 @@ def as_table(estimates) -> str:
             lines.append("  ".join("-" * w for w in widths))
     lines += ["",
               "GiB per rank: params, grads and buffers at their largest in a step, optim = fp32 master + moments;",
-              "peak = predicted max_memory_allocated and the phase that sets it; paper = ZeRO paper figure 1 (2+2+12",
-              "bytes/param); comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
+              "peak = predicted max_memory_allocated and the phase that sets it; reserved = max_memory_reserved;",
+              "fits = reserved + CUDA context/NCCL <= --gpu-memory; paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
+              "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
+    why = {e.peak.why for e in estimates}
+    lines += [f"Peak set by: stage {e.setup.stage:d} {e.peak.name}: {e.peak.why}" for e in estimates] if len(why) > 1 \
+        else [f"Peak set by {e0.peak.name}: {e0.peak.why}"]
     if e0.activation_bytes is None:
         lines.append("Activations are not counted: give --model/--hf-config with --seq-len and --micro-batch.")
     return "\n".join(lines)
@@ -66,13 +71,15 @@ def as_csv(estimates) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["stage", "offload_optimizer", "offload_param", "params_bytes", "gradients_bytes",
                 "optimizer_states_bytes", "buffers_bytes", "activations_bytes", "total_bytes", "peak_bytes",
-                "peak_phase", "paper_model_states_bytes", "comm_bytes_per_step", "comm_volume_over_params", "fits"])
+                "peak_phase", "peak_reserved_bytes", "paper_model_states_bytes", "comm_bytes_per_step",
+                "comm_volume_over_params", "fits"])
     for e in estimates:
         d = e.as_dict()
         pr = d["per_rank_bytes"]
         w.writerow([d["stage"], d["offload_optimizer"], d["offload_param"], pr["params"], pr["gradients"],
                     pr["optimizer_states"], pr["buffers"], "" if pr["activations"] is None else pr["activations"],
-                    pr["total"], d["peak_bytes"], d["peak_phase"], int(d["paper"]["model_states_bytes"]),
+                    pr["total"], d["peak_bytes"], d["peak_phase"], d["peak_reserved_bytes"],
+                    int(d["paper"]["model_states_bytes"]),
                     d["comm"]["bytes_per_rank_per_step"], round(d["comm"]["volume_over_params"], 6),
                     "" if d["fits"] is None else d["fits"]])
     return buf.getvalue().rstrip("\n")
