@@ -1,0 +1,103 @@
+"""Writes predicted_vs_measured.ipynb (kept as code here so that diffs stay readable)."""
+import nbformat as nbf
+
+cells = [
+    ("md", "# Predicted vs measured peak memory\n\nzerocalc's current predictions against every H200 "
+           "configuration in `data/` (`python -m validate report` prints the same errors as a table). "
+           "Beside them, the ZeRO paper's formula and DeepSpeed's own estimator, which count model states "
+           "only. Figures are written to `docs/figures/`."),
+    ("code", """import os, sys
+ROOT = os.path.abspath(os.path.join(os.getcwd(), "..")) if os.path.basename(os.getcwd()) == "notebooks" else os.getcwd()
+sys.path.insert(0, ROOT)
+import glob
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+from validate.report import load, repredict
+from validate.rows import job_from_row
+from validate.jobs import to_zerocalc
+from validate.fit import held_out
+from zerocalc import reference
+from zerocalc.estimate import estimate
+GiB = 2**30
+FIG = os.path.join(ROOT, "docs", "figures")
+os.makedirs(FIG, exist_ok=True)
+paths = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
+df = repredict(load(paths))
+df = df[df["outcome"] == "ok"].copy()
+df["measured"] = (df["measured_peak_allocated_bytes"] - df["measured_base_allocated_bytes"]) / GiB
+df["predicted"] = df["now_peak_allocated_bytes"] / GiB
+df["held_out"] = df["key"].map(held_out)
+df["paper"] = [reference.paper_model_states_bytes(r.num_params, r.nproc, r.stage) / GiB for r in df.itertuples()]
+df["ds_estimator"] = [(reference.deepspeed_estimator_gpu_bytes(r.num_params, max(to_zerocalc(job_from_row(r._asdict()))[0].param_numels), r.nproc, r.stage) or float("nan")) / GiB for r in df.itertuples()]
+print(len(df), "configurations from", [os.path.basename(p) for p in paths])"""),
+    ("code", """fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+lim = max(df["measured"].max(), df["predicted"].max()) * 1.08
+for stage, g in df.groupby("stage"):
+    axes[0].scatter(g["measured"], g["predicted"], label=f"stage {stage}", s=30)
+    axes[0].scatter(g["measured"], g["paper"], marker="x", s=18, color="gray", alpha=0.6)
+axes[0].plot([0, lim], [0, lim], "k--", lw=1, label="identity")
+axes[0].plot([0, lim], [0, 1.05 * lim], "k:", lw=0.7)
+axes[0].plot([0, lim], [0, 0.95 * lim], "k:", lw=0.7, label="±5%")
+axes[0].scatter([], [], marker="x", color="gray", label="ZeRO paper formula")
+axes[0].set(xlim=(0, lim), ylim=(0, lim), xlabel="measured peak allocated (GiB)", ylabel="predicted (GiB)",
+            title="zerocalc vs H200 (x: the paper's model states)")
+axes[0].legend(fontsize=8)
+clean = df[df["measured_base_allocated_bytes"] < 2**28]
+axes[1].scatter(clean["measured_peak_reserved_bytes"] / GiB, clean["now_peak_reserved_bytes"] / GiB, c=clean["stage"], s=30)
+lim2 = clean["measured_peak_reserved_bytes"].max() / GiB * 1.08
+axes[1].plot([0, lim2], [0, lim2], "k--", lw=1)
+axes[1].set(xlim=(0, lim2), ylim=(0, lim2), xlabel="measured peak reserved (GiB)", ylabel="predicted (GiB)",
+            title="reserved (rows that started clean)")
+fig.tight_layout()
+fig.savefig(os.path.join(FIG, "predicted_vs_measured.png"), dpi=110)"""),
+    ("code", """df["err_pct"] = 100 * (df["predicted"] - df["measured"]) / df["measured"]
+df["paper_err_pct"] = 100 * (df["paper"] - df["measured"]) / df["measured"]
+df["ds_err_pct"] = 100 * (df["ds_estimator"] - df["measured"]) / df["measured"]
+d = df.sort_values(["stage", "num_params"]).reset_index(drop=True)
+fig, ax = plt.subplots(figsize=(12, 4.5))
+ax.bar(d.index - 0.25, d["err_pct"], width=0.25, label="zerocalc")
+ax.bar(d.index, d["paper_err_pct"], width=0.25, label="ZeRO paper (model states)")
+ax.bar(d.index + 0.25, d["ds_err_pct"], width=0.25, label="DeepSpeed estimator (stages 2, 3)")
+ax.axhspan(-5, 5, color="green", alpha=0.1)
+ax.set(ylabel="error vs measured peak (%)", xlabel="configuration (sorted by stage, then size)", ylim=(-100, 60))
+ax.set_xticks(d.index, [f"s{s}" for s in d["stage"]], fontsize=7)
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(os.path.join(FIG, "error_per_configuration.png"), dpi=110)
+print(d.groupby("stage")[["err_pct", "paper_err_pct", "ds_err_pct"]].agg(lambda x: x.abs().mean()).round(1))
+print("held-out mean |error| %:", d.loc[d.held_out, "err_pct"].abs().mean().round(2))"""),
+    ("code", """# Phase breakdown of a few configurations: the case study (1.4B GPT, N = 2) at stages 0 and 3, and a 7B.
+picks = df[(df["hidden_size"].isin([2048, 4096])) & (df["nproc"] == 2)].sort_values(["hidden_size", "stage"])
+fig, axes = plt.subplots(1, len(picks), figsize=(3.2 * len(picks), 4.5), sharey=False)
+for ax, (_, r) in zip(axes, picks.iterrows()):
+    spec, setup = to_zerocalc(job_from_row(r.to_dict()))
+    e = estimate(spec, setup)
+    names = [p.name for p in e.phases]
+    parts = {"states": [p.states_bytes for p in e.phases], "gradients": [p.grads_bytes for p in e.phases],
+             "buffers": [p.buffers_bytes for p in e.phases], "activations": [p.activation_bytes for p in e.phases]}
+    bottom = [0] * len(names)
+    for label, vals in parts.items():
+        ax.bar(names, [v / GiB for v in vals], bottom=bottom, label=label)
+        bottom = [b + v / GiB for b, v in zip(bottom, vals)]
+    measured = [(r[f"measured_{n}_peak_bytes"] - r["measured_base_allocated_bytes"]) / GiB for n in names]
+    ax.plot(names, measured, "k_", markersize=25, mew=2, label="measured")
+    ax.set_title(f"{r['family']} {r['num_params']/1e9:.1f}B s{r['stage']} N={r['nproc']}", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+axes[0].set_ylabel("GiB")
+axes[0].legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(os.path.join(FIG, "phase_breakdown.png"), dpi=110)"""),
+    ("code", """# The case study's configuration: zerocalc estimate --model seed-gpt --dp 2 --stage 3 --seq-len 1024 --micro-batch 2 --dtype fp16
+from zerocalc.model import from_architecture
+from zerocalc.arch import preset
+from zerocalc.training import Setup, Stage
+e = estimate(from_architecture(preset("seed-gpt"), "seed-gpt"), Setup(stage=Stage(3), dp=2, seq_len=1024, micro_batch=2, dtype="fp16"))
+case = df[(df["hidden_size"] == 2048) & (df["family"] == "seed-gpt") & (df["nproc"] == 2) & (df["stage"] == 3)].iloc[0]
+print(f"case study, stage 3, N = 2: predicted {e.peak_bytes / GiB:.2f} GiB, measured {case['measured']:.2f} GiB")"""),
+]
+nb = nbf.v4.new_notebook()
+nb.cells = [nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src) for kind, src in cells]
+nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+nbf.write(nb, "notebooks/predicted_vs_measured.ipynb")
