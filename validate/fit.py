@@ -8,6 +8,9 @@ Constants (all named in the calibration JSON):
   keeps freed blocks; reserved peak ≈ ratio · allocated peak + extra (fitted on rows that start clean).
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
+- time.*: the step-time model's constants (`zerocalc/timing.py`): efficiency η and the per-layer
+  launch floor by a grid search, the rest by non-negative least squares on what remains, minimising
+  the mean relative error of the training split.
 """
 import hashlib
 import json
@@ -54,6 +57,48 @@ def _llama_activation_rows(df, cal):
     return rows
 
 
+def _nonneg_lstsq(x, y):
+    """Least squares with coefficients >= 0: drop the columns that come out negative and refit."""
+    keep = list(range(x.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if (coef >= 0).all() or not keep:
+            out = np.zeros(x.shape[1])
+            out[keep] = coef
+            return out
+        keep = [k for k, c in zip(keep, coef) if c >= 0]
+
+
+def time_features(df):
+    from zerocalc.hardware import gpu
+    from zerocalc.timing import features
+    rows = []
+    for _, r in df.iterrows():
+        spec, setup = to_zerocalc(job_from_row(r.to_dict()))
+        e = estimate(spec, setup)
+        rows.append(features(spec, setup, e.collectives, gpu("h200")) | {"dp": setup.dp})
+    return pd.DataFrame(rows, index=df.index)
+
+
+def fit_time(train: pd.DataFrame) -> dict:
+    f = time_features(train)
+    y = train["measured_step_s"].to_numpy(float)
+    best = None
+    for eta in np.linspace(0.15, 0.9, 31):
+        for launch in np.linspace(0.1e-3, 3e-3, 30):
+            compute = f["gas"] * np.maximum(f["flops_over_peak"] / eta, f["launch_layers"] * launch)
+            x = np.vstack([f["gas"] * f["modules"], f["optimizer_elements"], np.ones(len(f)),
+                           np.where(f["dp"] > 1, f["wire_over_bandwidth"], 0.0)]).T
+            coef = _nonneg_lstsq(x / y[:, None], (y - compute) / y)   # relative residuals
+            err = np.abs((compute + x @ coef - y) / y).mean()
+            if best is None or err < best[0]:
+                best = (err, eta, launch, coef)
+    _, eta, launch, (module, per_element, step0, inv_eff) = best
+    return {"efficiency": round(float(eta), 4), "launch_s_per_layer": float(launch), "module_hook_s": float(module),
+            "optimizer_s_per_element": float(per_element), "step_overhead_s": float(step0),
+            "link_efficiency": round(1 / float(inv_eff), 4) if inv_eff > 0 else 1.0, "rows": int(len(train))}
+
+
 def fit(paths, out_path=None) -> tuple[dict, str]:
     cal = json.loads(json.dumps(calibration.default()))
     df = gpu_rows(paths)
@@ -74,6 +119,14 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
         cal["allocator"] = {"reserved_over_allocated": round(float(ratio), 4), "reserved_extra_bytes": int(extra),
                             "rows": int(len(clean))}
         lines.append(f"allocator: reserved = {ratio:.3f} × allocated + {extra / 2**30:.2f} GiB ({len(clean)} clean rows)")
+    timed = train[train["measured_step_s"].notna()]
+    if len(timed) >= 6:
+        cal["time"] = fit_time(timed)
+        t = cal["time"]
+        lines.append(f"time: efficiency {t['efficiency']:.3f} of peak, launch floor {t['launch_s_per_layer'] * 1e3:.2f} "
+                     f"ms/layer-pass, stage-3 hook {t['module_hook_s'] * 1e3:.3f} ms/module, optimizer "
+                     f"{t['optimizer_s_per_element'] * 1e12:.1f} ps/element + {t['step_overhead_s'] * 1e3:.1f} ms, "
+                     f"link efficiency {t['link_efficiency']:.3f} ({len(timed)} rows)")
     cal["device"] = {"context_bytes": int(df["measured_device_overhead_bytes"].median()),
                      "gpu": str(df["gpu"].iloc[0])}
     lines.append(f"device.context_bytes: {cal['device']['context_bytes'] / 2**30:.2f} GiB (median of {len(df)} rows)")

@@ -6,7 +6,7 @@ import click
 
 from zerocalc import __version__, DEEPSPEED_VERSION
 from zerocalc import arch as _arch
-from zerocalc import calibration, dsconfig, render
+from zerocalc import calibration, dsconfig, hardware, render
 from zerocalc.estimate import estimate
 from zerocalc.model import from_architecture, from_params
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
@@ -176,11 +176,17 @@ def main():
               help="Stage 3: the model is built under deepspeed.zero.Init (as HF Trainer does) [default: no].")
 @click.option("--ds-config", type=click.Path(dir_okay=False), help="Read a DeepSpeed ds_config.json.")
 @click.option("--gpu-memory", type=SIZE, help="Per-GPU memory for the fits column: 80GiB, 32GB.")
+@click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)),
+              help="Hardware for step time (and --gpu-memory's default): adds time to each estimate.")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), help="Override the GPU's peak TFLOP/s.")
+@click.option("--intra-node-gbps", type=click.FloatRange(min=0, min_open=True), help="GB/s per GPU inside a node.")
+@click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), help="GB/s per GPU between nodes.")
 @click.option("--calibration", "calibration_name", default="h200", show_default=True,
               help="Calibrated constants: a shipped name or a JSON file written by `python -m validate fit`.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                 ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, calibration_name, ds_config, fmt, **opts):
+                 ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, gpu_name, peak_tflops, intra_node_gbps,
+                 inter_node_gbps, calibration_name, ds_config, fmt, **opts):
     """Per-rank bytes and communication per step for ZeRO stages 0–3.
 
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
@@ -213,7 +219,16 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
         cal = calibration.load(calibration_name)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--calibration")
-    estimates = [estimate(spec, s, gpu_memory, cal) for s in setups]
+    hw = None
+    if gpu_name is not None:
+        hw = hardware.gpu(gpu_name, peak_flops_per_s=peak_tflops and peak_tflops * 1e12,
+                          intra_node_bytes_per_s=intra_node_gbps and intra_node_gbps * 1e9,
+                          inter_node_bytes_per_s=inter_node_gbps and inter_node_gbps * 1e9,
+                          gpus_per_node=opts["gpus_per_node"] if opts["nodes"] > 1 else None)
+        gpu_memory = gpu_memory or hw.memory_bytes
+    elif any(x is not None for x in (peak_tflops, intra_node_gbps, inter_node_gbps)):
+        raise click.UsageError("--peak-tflops and the bandwidth flags need --gpu")
+    estimates = [estimate(spec, s, gpu_memory, cal, hw) for s in setups]
     click.echo(render.render(estimates, fmt))
 
 

@@ -1,7 +1,8 @@
 """One estimate: model states, peak and communication for a model and a setup."""
 from dataclasses import dataclass
 
-from zerocalc import activations, calibration, comm, peak, reference, states
+from zerocalc import activations, calibration, comm, peak, reference, states, timing
+from zerocalc.hardware import Hardware
 from zerocalc.model import ModelSpec
 from zerocalc.training import Setup, validate_setup
 
@@ -17,6 +18,7 @@ class Estimate:
     collectives: tuple[comm.Collective, ...]
     gpu_memory_bytes: int | None = None
     calibration: dict | None = None
+    hardware: "Hardware | None" = None
 
     @property
     def peak(self) -> peak.Phase:
@@ -59,6 +61,12 @@ class Estimate:
     @property
     def fits(self) -> bool | None:
         return None if self.gpu_memory_bytes is None else self.device_bytes <= self.gpu_memory_bytes
+
+    @property
+    def time(self) -> "timing.StepTime | None":
+        if self.hardware is None:
+            return None
+        return timing.step_time(self.model, self.setup, self.collectives, self.hardware, self.cal)
 
     def per_rank_bytes(self) -> dict:
         st = self.states
@@ -103,12 +111,13 @@ class Estimate:
                 "comm_volume_over_params": reference.paper_comm_volume_over_params(s),
             },
             "fits": self.fits,
+            "time": None if self.time is None else self.time.as_dict(),
         }
 
 
 def estimate(model: ModelSpec, setup: Setup, gpu_memory_bytes: int | None = None,
-             cal: dict | None = None) -> Estimate:
+             cal: dict | None = None, hardware: Hardware | None = None) -> Estimate:
     validate_setup(setup)
     st = states.model_states(model, setup)
     return Estimate(model, setup, st, peak.phases(model, setup, st, cal), comm.collectives(model, setup),
-                    gpu_memory_bytes, cal)
+                    gpu_memory_bytes, cal, hardware)

@@ -61,6 +61,15 @@ def as_table(estimates) -> str:
     why = {e.peak.why for e in estimates}
     lines += [f"Peak set by: stage {e.setup.stage:d} {e.peak.name}: {e.peak.why}" for e in estimates] if len(why) > 1 \
         else [f"Peak set by {e0.peak.name}: {e0.peak.why}"]
+    if e0.hardware is not None and e0.time is not None:
+        lines.append("")
+        lines.append(f"Step time on {e0.hardware.name} (calibrated on H200 runs):")
+        for e in estimates:
+            t = e.time
+            lines.append(f"  stage {e.setup.stage:d}: {t.step_s * 1e3:8.1f} ms/step, {t.tokens_per_s:10,.0f} tokens/s, "
+                         f"MFU {t.mfu:5.1%}, exposed communication {t.comm_share:5.1%} of the step")
+    elif e0.hardware is not None:
+        lines.append("Step time needs an architecture and --seq-len.")
     if e0.activation_bytes is None:
         lines.append("Activations are not counted: give --model/--hf-config with --seq-len and --micro-batch.")
     return "\n".join(lines)
