@@ -86,14 +86,16 @@ def fit_time(train: pd.DataFrame) -> dict:
     best = None
     for eta in np.linspace(0.15, 0.9, 31):
         for launch in np.linspace(0.1e-3, 3e-3, 30):
-            compute = f["gas"] * np.maximum(f["flops_over_peak"] / eta, f["launch_layers"] * launch)
-            x = np.vstack([f["gas"] * f["modules"], f["optimizer_elements"], np.ones(len(f)),
-                           np.where(f["dp"] > 1, f["wire_over_bandwidth"], 0.0)]).T
-            coef = _nonneg_lstsq(x / y[:, None], (y - compute) / y)   # relative residuals
-            err = np.abs((compute + x @ coef - y) / y).mean()
-            if best is None or err < best[0]:
-                best = (err, eta, launch, coef)
-    _, eta, launch, (module, per_element, step0, inv_eff) = best
+            for module in np.linspace(0.0, 1.5e-3, 16):
+                cpu = f["launch_layers"] * launch + f["modules"] * module
+                compute = f["gas"] * np.maximum(f["flops_over_peak"] / eta, cpu)
+                x = np.vstack([f["optimizer_elements"], np.ones(len(f)),
+                               np.where(f["dp"] > 1, f["wire_over_bandwidth"], 0.0)]).T
+                coef = _nonneg_lstsq(x / y[:, None], (y - compute) / y)   # relative residuals
+                err = np.abs((compute + x @ coef - y) / y).mean()
+                if best is None or err < best[0]:
+                    best = (err, eta, launch, module, coef)
+    _, eta, launch, module, (per_element, step0, inv_eff) = best
     return {"efficiency": round(float(eta), 4), "launch_s_per_layer": float(launch), "module_hook_s": float(module),
             "optimizer_s_per_element": float(per_element), "step_overhead_s": float(step0),
             "link_efficiency": round(1 / float(inv_eff), 4) if inv_eff > 0 else 1.0, "rows": int(len(train))}

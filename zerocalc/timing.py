@@ -2,12 +2,13 @@
 ZeRO-3's per-module hooks, the optimizer, and the communication an α–β ring model gives for the
 logged collectives (`zerocalc.comm`), hidden by overlap where DeepSpeed overlaps it.
 
-    compute   = GAS · max(FLOPs / (η · peak), L · t_launch · (3 + ckpt))
+    compute   = GAS · max(FLOPs / (η · peak), L · t_launch · (3 + ckpt) + 2 · modules · t_module)
+                the GPU's time, or the CPU's when launching kernels (and, at stage 3, running the
+                fetch/release hooks of every module) cannot keep ahead of it
                 FLOPs per micro-step = (6 + 2·ckpt) · P · T + 12 · L · h · s · T · (1 + ckpt/3)
                 (6PT for forward + backward, the attention scores and values 12·L·h·s per token,
                 recomputation with activation checkpointing; Kaplan et al. 2020, Korthikanti et al.
                 2022 Table 2 for the attention term)
-    hooks     = GAS · t_module · 2 · modules              (stage 3 fetch/release bookkeeping)
     optimizer = t_element · optimizer elements per rank + t_step
     comm      = Σ wire_bytes / (ε · link bandwidth) + calls · α
     exposed   = comm at stages 1/2 (overlap_comm off by default); at stage 3 what backward compute
@@ -80,12 +81,13 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
         return None
     k = (cal or calibration.default())["time"]
     f = features(model, setup, collectives, hw)
-    compute = f["gas"] * max(f["flops_over_peak"] / k["efficiency"], f["launch_layers"] * k["launch_s_per_layer"])
-    hooks = f["gas"] * f["modules"] * k["module_hook_s"]
+    cpu = f["launch_layers"] * k["launch_s_per_layer"] + f["modules"] * k["module_hook_s"]
+    compute = f["gas"] * max(f["flops_over_peak"] / k["efficiency"], cpu)
+    hooks = f["gas"] * f["modules"] * k["module_hook_s"]   # part of compute's CPU side, reported apart
     optimizer = f["optimizer_elements"] * k["optimizer_s_per_element"] + k["step_overhead_s"]
     comm = f["wire_over_bandwidth"] / k["link_efficiency"] + f["calls"] * ALPHA_S if setup.dp > 1 else 0.0
     exposed = max(0.0, comm - 2 / 3 * compute) if setup.overlap else comm
-    step = compute + hooks + optimizer + exposed
+    step = compute + optimizer + exposed
     tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
     mfu = 6 * model.num_params * tokens / (step * setup.dp * hw.peak_flops_per_s)
     return StepTime(compute, hooks, optimizer, comm, exposed, step, tokens / step, mfu, exposed / step)
