@@ -172,3 +172,13 @@ def from_hf_config(cfg: dict) -> Architecture:
                             cfg.get("num_key_value_heads") or heads, cfg["intermediate_size"],
                             cfg.get("tie_word_embeddings", False), cfg.get("max_position_embeddings", 2048))
     raise ValueError(f"config.json has model_type {kind!r}; zerocalc reads gpt2, llama and mistral configs")
+
+
+def generic(num_params: int, vocab_size: int = 32000) -> Architecture:
+    """A Llama-shaped decoder of about `num_params`, for step time when only P is known. Shapes follow
+    the GPT-3/Llama habit h ≈ 128·L (P ≈ 12·L·h² = 196608·L³), h a multiple of 128, ffn 8/3·h."""
+    layers = max(2, round((num_params / 196608) ** (1 / 3)))
+    hidden = max(128, 128 * round((num_params / (12 * layers)) ** 0.5 / 128))
+    heads = max(1, hidden // 128)
+    ffn = 256 * round(8 * hidden / 3 / 256)
+    return Architecture("hf-llama", vocab_size, hidden, layers, heads, heads, ffn, False)

@@ -125,6 +125,31 @@ def _setups(opts, ds, stages, hidden_size):
     return out
 
 
+def model_options(f):
+    """What is trained: --params, --model, --hf-config and the architecture overrides."""
+    for opt in reversed([
+        click.option("--params", type=COUNT, help="Parameter count P: 7e9, 7B, 350M."),
+        click.option("--model", "model_name", type=click.Choice(sorted(_arch.PRESETS)), help="A shipped architecture."),
+        click.option("--hf-config", type=click.Path(dir_okay=False), help="A local Hugging Face config.json."),
+        click.option("--vocab-size", type=click.IntRange(min=1)),
+        click.option("--hidden-size", type=click.IntRange(min=1)),
+        click.option("--num-layers", type=click.IntRange(min=1)),
+        click.option("--num-heads", type=click.IntRange(min=1)),
+        click.option("--num-kv-heads", type=click.IntRange(min=1)),
+        click.option("--ffn-hidden-size", type=click.IntRange(min=1)),
+        click.option("--tie-embeddings/--untie-embeddings", default=None),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+          ffn_hidden_size, tie_embeddings):
+    overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                     num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, tie_embeddings=tie_embeddings)
+    return _model(params, model_name, hf_config, overrides)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, message=f"zerocalc %(version)s (models DeepSpeed {DEEPSPEED_VERSION})")
 def main():
@@ -139,16 +164,7 @@ def main():
 
 
 @main.command("estimate")
-@click.option("--params", type=COUNT, help="Parameter count P: 7e9, 7B, 350M.")
-@click.option("--model", "model_name", type=click.Choice(sorted(_arch.PRESETS)), help="A shipped architecture.")
-@click.option("--hf-config", type=click.Path(dir_okay=False), help="A local Hugging Face config.json.")
-@click.option("--vocab-size", type=click.IntRange(min=1))
-@click.option("--hidden-size", type=click.IntRange(min=1))
-@click.option("--num-layers", type=click.IntRange(min=1))
-@click.option("--num-heads", type=click.IntRange(min=1))
-@click.option("--num-kv-heads", type=click.IntRange(min=1))
-@click.option("--ffn-hidden-size", type=click.IntRange(min=1))
-@click.option("--tie-embeddings/--untie-embeddings", default=None)
+@model_options
 @click.option("--dp", type=int, help="Data-parallel ranks N (default: nodes × GPUs per node).")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True)
@@ -192,9 +208,8 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
     states (2+2+12 bytes/param), shown for comparison; the other columns follow DeepSpeed 0.19.8's code.
     """
-    overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-                     num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, tie_embeddings=tie_embeddings)
-    spec = _model(params, model_name, hf_config, overrides)
+    spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+                 ffn_hidden_size, tie_embeddings)
     if opts["dp"] is not None and opts["dp"] < 1:
         raise click.BadParameter(f"data-parallel size must be at least 1, got {opts['dp']}", param_hint="--dp")
     stages = _stages(stage_text)
@@ -231,6 +246,59 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     estimates = [estimate(spec, s, gpu_memory, cal, hw) for s in setups]
     click.echo(render.render(estimates, fmt))
 
+
+
+@main.command("plan")
+@model_options
+@click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)), required=True)
+@click.option("--gpu-memory", type=SIZE, help="Per-GPU memory [default: the GPU preset's].")
+@click.option("--max-gpus", type=click.IntRange(min=1), default=8, show_default=True, help="The GPU budget.")
+@click.option("--seq-len", type=click.IntRange(min=1), required=True)
+@click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences per optimizer step.")
+@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="bf16", show_default=True)
+@click.option("--min-gpus", "fewest", is_flag=True, help="Answer the fewest GPUs that can train this.")
+@click.option("--price-per-gpu-hour", type=click.FloatRange(min=0, min_open=True), help="Rank by cost per token.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--explain", is_flag=True, help="Also list the rejected candidates and why.")
+@click.option("--calibration", "calibration_name", default="h200", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+             ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, max_gpus, seq_len, global_batch, dtype, fewest,
+             price_per_gpu_hour, top, explain, calibration_name, fmt):
+    """Rank every ZeRO setup that fits by predicted throughput (or cost).
+
+    Enumerates stage × offload × GPU count (powers of two, whole nodes past one) × micro-batch ×
+    gradient accumulation (global batch / micro-batch / GPUs) × activation checkpointing.
+
+    \b
+      zerocalc plan --params 70e9 --gpu h100 --gpu-memory 80GiB --max-gpus 64 --seq-len 4096 --global-batch 1024
+    """
+    from zerocalc import plan
+    from zerocalc.model import from_architecture
+    spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+                 ffn_hidden_size, tie_embeddings)
+    note = None
+    if spec.architecture is None:   # step time needs a shape: a Llama-like one of the same size
+        spec = from_architecture(_arch.generic(spec.num_params), "P-only model")
+        a = spec.architecture
+        note = (f"--params gives no shape; step time assumes a Llama-like {a.num_layers} layers × {a.hidden_size} "
+                f"hidden ({spec.num_params / 1e9:.3g}B parameters)")
+    try:
+        cal = calibration.load(calibration_name)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--calibration")
+    hw = hardware.gpu(gpu_name)
+    memory = gpu_memory or hw.memory_bytes
+    base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa")
+    cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal)
+    ranked = plan.rank(cands, price_per_gpu_hour)
+    if fewest:
+        best = plan.fewest_gpus(cands)
+        ranked = [best] if best else []
+    click.echo(render.plan(spec, hw, memory, ranked[:top], cands if explain else None, price_per_gpu_hour, fmt,
+                           note, fewest))
+    if not ranked:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

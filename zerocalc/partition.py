@@ -3,6 +3,7 @@
 Notation (the ZeRO paper's where it has one): Ψ = P = Σ nᵢ parameters, N = data-parallel ranks.
 """
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil
 
 from zerocalc.training import Setup
@@ -53,7 +54,14 @@ def count_sub_groups(shards: list[int], sub_group_size: int) -> int:
 
 
 def partition(numels: tuple[int, ...], setup: Setup) -> Partition:
-    n = setup.dp
+    return _partition(numels, setup.dp, setup.param_persistence_threshold, setup.model_persistence_threshold,
+                      setup.sub_group_size)
+
+
+@lru_cache(maxsize=256)
+def _partition(numels, n, param_threshold, model_threshold, sub_group_size) -> Partition:
+    setup = Setup(dp=n, param_persistence_threshold=param_threshold, model_persistence_threshold=model_threshold,
+                  sub_group_size=sub_group_size)
     p = sum(numels)
     align = NCCL_START_ALIGNMENT_FACTOR * n
     padded = ceil(p / align) * align
@@ -73,11 +81,15 @@ def partition(numels: tuple[int, ...], setup: Setup) -> Partition:
 
 
 def max_grads_in_partition(numels: tuple[int, ...], setup: Setup) -> int:
+    return _max_grads_in_partition(numels, setup.dp)
+
+
+@lru_cache(maxsize=256)
+def _max_grads_in_partition(numels: tuple[int, ...], n: int) -> int:
     """G_in: the most elements any rank's `grads_in_partition` spans at stages 1/2. Each rank keeps the
     gradient of every parameter that overlaps its flat slice, whole (`stage_1_and_2.py`,
     `copy_grads_in_partition`), so a rank whose slice cuts through a large tensor holds all of it."""
-    n = setup.dp
-    shard = partition(numels, setup).flat_shard
+    shard = _partition(numels, n, 0, 0, 1).flat_shard
     per_rank = [0] * n
     start = 0
     for x in numels:

@@ -14,6 +14,7 @@ forward through backward. Checked against the comms logger on 2-rank CPU jobs
 (`tests/test_against_deepspeed.py`).
 """
 from collections import deque
+from functools import lru_cache
 from dataclasses import dataclass
 from math import ceil
 
@@ -34,6 +35,15 @@ class Stage3Iteration:
 
 def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     """At N = 1 parameters are views of their partitions: nothing is gathered or sent."""
+    return _simulate(model, Setup(dp=setup.dp, prefetch_bucket_size=setup.prefetch_bucket_size,
+                                  max_live_parameters=setup.max_live_parameters,
+                                  max_reuse_distance=setup.max_reuse_distance,
+                                  param_persistence_threshold=setup.param_persistence_threshold,
+                                  model_persistence_threshold=setup.model_persistence_threshold))
+
+
+@lru_cache(maxsize=256)
+def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     n = setup.dp
     if n == 1:
         return Stage3Iteration(0, 0, 0, 0, 0, 0)

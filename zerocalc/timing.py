@@ -13,6 +13,10 @@ logged collectives (`zerocalc.comm`), hidden by overlap where DeepSpeed overlaps
     comm      = Σ wire_bytes / (ε · link bandwidth) + calls · α
     exposed   = comm at stages 1/2 (overlap_comm off by default); at stage 3 what backward compute
                 (2/3 of compute) does not hide
+    offload   = optimizer offload: fp32 gradients down and parameters up over PCIe (4 + b bytes per
+                optimizer element) plus DeepSpeedCPUAdam on the host; parameter offload: the
+                parameters cross PCIe again in forward and backward (2·b per shard element per
+                micro-step). From data sheets and an assumed CPU Adam rate: not measured yet.
 T = micro-batch × sequence length tokens per micro-step per rank. The constants η, t_launch,
 t_module, t_element, t_step, ε are fitted on H200 runs (`python -m validate fit`); on another GPU they
 are assumed to carry over, which is a guess until it is measured.
@@ -34,6 +38,7 @@ class StepTime:
     optimizer_s: float
     comm_s: float
     exposed_comm_s: float
+    offload_s: float
     step_s: float
     tokens_per_s: float
     mfu: float
@@ -42,7 +47,8 @@ class StepTime:
     def as_dict(self) -> dict:
         return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
                 "comm_share": self.comm_share, "compute_s": self.compute_s, "hooks_s": self.hooks_s,
-                "optimizer_s": self.optimizer_s, "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s}
+                "optimizer_s": self.optimizer_s, "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s,
+                "offload_s": self.offload_s}
 
 
 def flops_per_micro_step(model, setup) -> float:
@@ -87,7 +93,14 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
     optimizer = f["optimizer_elements"] * k["optimizer_s_per_element"] + k["step_overhead_s"]
     comm = f["wire_over_bandwidth"] / k["link_efficiency"] + f["calls"] * ALPHA_S if setup.dp > 1 else 0.0
     exposed = max(0.0, comm - 2 / 3 * compute) if setup.overlap else comm
-    step = compute + optimizer + exposed
+    offload = 0.0
+    if setup.offload_optimizer != "none":
+        elements = f["optimizer_elements"]
+        offload += (4 + setup.param_bytes) * elements / hw.pcie_bytes_per_s + elements / hw.cpu_adam_elements_per_s
+        optimizer = 0.0   # the step runs on the host instead
+    if setup.offload_param != "none":
+        offload += f["gas"] * 2 * setup.param_bytes * f["optimizer_elements"] / hw.pcie_bytes_per_s
+    step = compute + optimizer + exposed + offload
     tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
     mfu = 6 * model.num_params * tokens / (step * setup.dp * hw.peak_flops_per_s)
-    return StepTime(compute, hooks, optimizer, comm, exposed, step, tokens / step, mfu, exposed / step)
+    return StepTime(compute, hooks, optimizer, comm, exposed, offload, step, tokens / step, mfu, exposed / step)

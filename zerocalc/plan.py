@@ -1,0 +1,78 @@
+"""`zerocalc plan`: every stage × offload × GPU count × micro-batch × accumulation × checkpointing that
+fits the GPU, ranked by predicted throughput (or cost). Built on `estimate` (memory, communication)
+and `timing` (step time); nothing new is modelled here."""
+from dataclasses import dataclass, replace
+
+from zerocalc.estimate import Estimate, estimate
+from zerocalc.hardware import Hardware
+from zerocalc.model import ModelSpec
+from zerocalc.training import Setup, Stage
+
+OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    setup: Setup
+    estimate: Estimate | None
+    rejected: str | None           # why it cannot run, None if it fits
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.estimate.time.tokens_per_s if self.estimate and self.estimate.time else 0.0
+
+    def cost_per_mtoken(self, price_per_gpu_hour: float) -> float:
+        return price_per_gpu_hour * self.setup.dp / 3600 / self.tokens_per_s * 1e6 if self.tokens_per_s else float("inf")
+
+
+def gpu_counts(min_gpus: int, max_gpus: int, gpus_per_node: int) -> list[int]:
+    """Powers of two up to a node, then whole nodes in powers of two."""
+    counts, n = [], 1
+    while n <= max_gpus:
+        if n >= min_gpus and (n <= gpus_per_node or n % gpus_per_node == 0):
+            counts.append(n)
+        n *= 2
+    return counts
+
+
+def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int, gpu_memory_bytes: int,
+               min_gpus: int = 1, max_gpus: int = 8, cal: dict | None = None) -> list[Candidate]:
+    out = []
+    for n in gpu_counts(min_gpus, max_gpus, hw.gpus_per_node):
+        for stage in Stage:
+            for offload_optimizer, offload_param in OFFLOADS:
+                if (offload_optimizer != "none" and stage == Stage.DISABLED) or \
+                        (offload_param != "none" and stage != Stage.PARAMETERS):
+                    continue
+                for micro in MICRO_BATCHES:
+                    for ckpt in (False, True):
+                        setup = replace(base, stage=stage, dp=n, micro_batch=micro, activation_checkpointing=ckpt,
+                                        offload_optimizer=offload_optimizer, offload_param=offload_param)
+                        if global_batch % (micro * n):
+                            out.append(Candidate(setup, None, f"global batch {global_batch} is not a multiple of "
+                                                              f"micro-batch {micro} × {n} GPUs"))
+                            continue
+                        setup = replace(setup, gas=global_batch // (micro * n))
+                        e = estimate(model, setup, gpu_memory_bytes, cal, hw)
+                        reason = None if e.fits else \
+                            f"needs {e.device_bytes / 2**30:.1f} GiB per GPU ({e.peak.name} peak), has " \
+                            f"{gpu_memory_bytes / 2**30:.1f}"
+                        out.append(Candidate(setup, e, reason))
+    return out
+
+
+def rank(cands: list[Candidate], price_per_gpu_hour: float | None = None) -> list[Candidate]:
+    ok = [c for c in cands if c.rejected is None]
+    if price_per_gpu_hour:
+        return sorted(ok, key=lambda c: c.cost_per_mtoken(price_per_gpu_hour))
+    return sorted(ok, key=lambda c: -c.tokens_per_s)
+
+
+def fewest_gpus(cands: list[Candidate]) -> Candidate | None:
+    """The fastest fitting candidate on the fewest GPUs."""
+    ok = [c for c in cands if c.rejected is None]
+    if not ok:
+        return None
+    least = min(c.setup.dp for c in ok)
+    return max((c for c in ok if c.setup.dp == least), key=lambda c: c.tokens_per_s)
