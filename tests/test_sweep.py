@@ -1,0 +1,53 @@
+"""The vectorized sweep agrees with `estimate` (the scalar model) on P-only models."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+pytest.importorskip("pandas")
+
+from zerocalc.estimate import estimate  # noqa: E402
+from zerocalc.model import from_params  # noqa: E402
+from zerocalc.sweep import evaluate, grid, sweep  # noqa: E402
+from zerocalc.training import Setup, Stage  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(10**8, 2 * 10**11), st.sampled_from([1, 2, 3, 8, 16, 64, 512]), st.sampled_from([0, 1, 2, 3]),
+       st.sampled_from([2, 4]), st.sampled_from([1, 4]))
+def test_sweep_matches_estimate(p, n, stage, b, gas):
+    out = evaluate(grid(num_params=[p], dp=[n], stage=[stage], param_bytes=[b], gas=[gas]))
+    e = estimate(from_params(p), Setup(stage=Stage(stage), dp=n, dtype="bf16" if b == 2 else "fp32", gas=gas))
+    assert out["resident_bytes"][0] == pytest.approx(e.states.resident_bytes, rel=1e-2)
+    assert out["peak_bytes"][0] == pytest.approx(e.peak_bytes, rel=1e-2)
+    assert out["comm_bytes"][0] == pytest.approx(e.comm_bytes, rel=1e-2)
+    assert out["wire_bytes"][0] == pytest.approx(e.comm_wire_bytes, rel=1e-2, abs=64)
+
+
+def test_sweep_returns_one_row_per_grid_point():
+    df = sweep(num_params=[1e9, 7e9], dp=[1, 8, 64], stage=[0, 1, 2, 3])
+    assert len(df) == 2 * 3 * 4
+    assert list(df.columns[:5]) == ["num_params", "dp", "stage", "param_bytes", "gas"]
+    seven_b_stage2 = df[(df.num_params == 7e9) & (df.dp == 8) & (df.stage == 2)].iloc[0]
+    # 2·P bf16 params + 12·P/8 fp32 master and Adam
+    assert seven_b_stage2.resident_bytes == 2 * 7e9 + 12 * 7e9 / 8
+
+
+def test_unknown_axis_is_refused():
+    with pytest.raises(ValueError, match="unknown sweep axes"):
+        grid(num_param=[1e9])
+
+
+def test_sweep_cli_writes_csv(tmp_path):
+    from click.testing import CliRunner
+    from zerocalc.cli import main
+    out = tmp_path / "s.csv"
+    r = CliRunner().invoke(main, ["sweep", "--params", "1e9,7B", "--dp", "1,8", "--stage", "2,3", "--dtype", "bf16,fp32",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("num_params,dp,stage,param_bytes,gas,resident_bytes")
+    assert len(lines) == 1 + 2 * 2 * 2 * 2
+    bad = CliRunner().invoke(main, ["sweep", "--params", "1e9", "--stage", "5"])
+    assert bad.exit_code == 2 and "stages are 0-3" in bad.output
+    bad = CliRunner().invoke(main, ["sweep", "--params", "lots"])
+    assert bad.exit_code == 2 and "comma-separated" in bad.output
