@@ -1,0 +1,58 @@
+"""The committed H200 rows against the current zerocalc: what the README claims, checked in CI
+(the GPU jobs never run here; their data do)."""
+import glob
+import os
+
+import pytest
+
+pytest.importorskip("pandas")
+
+from validate.fit import CLEAN_BASE_BYTES  # noqa: E402
+from validate.report import load, report, repredict  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATHS = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
+
+
+@pytest.fixture(scope="module")
+def rows():
+    df = load(PATHS)
+    assert (df["outcome"] == "ok").all()
+    return repredict(df)
+
+
+def test_at_least_40_gpu_configurations_with_provenance(rows):
+    assert len(rows) >= 40
+    for col in ("gpu", "driver", "torch", "deepspeed", "date", "command"):
+        assert rows[col].notna().all(), col
+    assert set(rows["deepspeed"]) == {"0.19.8"} and all("H200" in g for g in rows["gpu"])
+    assert set(rows["nproc"]) >= {1, 2}
+
+
+def test_state_and_communication_are_exact_on_every_gpu_row(rows):
+    assert (rows["now_state_bytes"] == rows["measured_state_bytes"].astype("int64")).all()
+    assert (rows["now_comm_bytes"] == rows["measured_comm_bytes"].astype("int64")).all()
+
+
+def test_peak_allocated_within_the_stated_error(rows):
+    own = rows["measured_peak_allocated_bytes"] - rows["measured_base_allocated_bytes"]
+    err = ((rows["now_peak_allocated_bytes"] - own) / own).abs()
+    # README: mean 1.0%, worst 7.6%, 43 of 46 within 5% (the issue's target is 5% everywhere: not yet)
+    assert err.mean() < 0.015
+    assert err.max() < 0.08
+    assert (err <= 0.05).mean() >= 0.9
+
+
+def test_reserved_within_the_stated_error(rows):
+    clean = rows[rows["measured_base_allocated_bytes"] < CLEAN_BASE_BYTES]
+    err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
+           / clean["measured_peak_reserved_bytes"]).abs()
+    assert err.mean() < 0.07 and err.max() < 0.25
+
+
+def test_report_prints_every_table():
+    text, exact = report(PATHS)
+    assert exact
+    for title in ("Resident state bytes", "Logged communication bytes", "Peak allocated", "held-out rows",
+                  "Peak reserved", "Step time"):
+        assert title in text
