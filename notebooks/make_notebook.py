@@ -13,7 +13,6 @@ import glob
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import pandas as pd
 from validate.report import load, repredict
 from validate.rows import job_from_row
 from validate.jobs import to_zerocalc

@@ -1,5 +1,4 @@
 """The vectorized sweep agrees with `estimate` (the scalar model) on P-only models."""
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 

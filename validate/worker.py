@@ -135,8 +135,7 @@ def run_job(job, device):
               "step_s": statistics.median(step_s), "memory": rec.summary(),
               # The case study's sharding check: ZeRO-3 gives every parameter ds_id and ds_tensor.
               "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params)}
-    engine.destroy()
-    del engine, model
+    engine.destroy()   # the engine and model go with this frame; the caller collects garbage
     return result
 
 

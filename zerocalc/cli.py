@@ -13,27 +13,20 @@ from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
 from zerocalc.units import parse_bytes, parse_count
 
 
-class _Count(click.ParamType):
-    name = "COUNT"
+class _Parsed(click.ParamType):
+    """A click type from one of zerocalc.units' parsers, whose ValueError becomes a usage error."""
+
+    def __init__(self, name, parse):
+        self.name, self.parse = name, parse
 
     def convert(self, value, param, ctx):
         try:
-            return value if isinstance(value, int) else parse_count(value)
+            return value if isinstance(value, int) else self.parse(value)
         except ValueError as err:
             self.fail(str(err), param, ctx)
 
 
-class _Bytes(click.ParamType):
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        try:
-            return value if isinstance(value, int) else parse_bytes(value)
-        except ValueError as err:
-            self.fail(str(err), param, ctx)
-
-
-COUNT, SIZE = _Count(), _Bytes()
+COUNT, SIZE = _Parsed("COUNT", parse_count), _Parsed("SIZE", parse_bytes)
 
 
 def _stages(text):
