@@ -25,6 +25,7 @@ class Partition:
     persistent_shard: int      # Σ ⌈nᵢ / N⌉ over those parameters
     gathered_shard: int        # Σ ⌈nᵢ / N⌉ over the others: what the forward all-gather fetches per rank
     num_sub_groups: int        # stage-3 optimizer sub-groups (`_create_fp16_sub_groups`)
+    largest_sub_group: int     # elements of the largest one: its flatten and fp32 cast set the step peak
 
 
 def persistent_mask(numels: tuple[int, ...], setup: Setup) -> tuple[bool, ...]:
@@ -40,16 +41,18 @@ def persistent_mask(numels: tuple[int, ...], setup: Setup) -> tuple[bool, ...]:
     return tuple(mask)
 
 
-def count_sub_groups(shards: list[int], sub_group_size: int) -> int:
-    """`_create_fp16_sub_groups` (`runtime/zero/stage3.py`): parameters in order, a group closes once
-    its partition numel reaches `sub_group_size`; one group if the whole partition fits."""
+def sub_groups(shards: list[int], sub_group_size: int) -> list[int]:
+    """Elements of each stage-3 optimizer sub-group, from `_create_fp16_sub_groups`
+    (`runtime/zero/stage3.py`): parameters in order, a group closes once its partition numel reaches
+    `sub_group_size`; one group if the whole partition fits."""
     if sub_group_size >= sum(shards):
-        return 1
-    groups, size = 0, 0
+        return [sum(shards)]
+    groups, size = [], 0
     for i, s in enumerate(shards):
         size += s
         if size >= sub_group_size or i == len(shards) - 1:
-            groups, size = groups + 1, 0
+            groups.append(size)
+            size = 0
     return groups
 
 
@@ -67,6 +70,7 @@ def _partition(numels, n, param_threshold, model_threshold, sub_group_size) -> P
     padded = ceil(p / align) * align
     shards = [ceil(x / n) for x in numels]
     mask = persistent_mask(numels, setup)
+    groups = sub_groups(shards, setup.sub_group_size)
     return Partition(
         num_params=p,
         padded_flat=padded,
@@ -76,7 +80,8 @@ def _partition(numels, n, param_threshold, model_threshold, sub_group_size) -> P
         persistent=sum(n * s for s, m in zip(shards, mask) if m) if n > 1 else 0,
         persistent_shard=sum(s for s, m in zip(shards, mask) if m),
         gathered_shard=sum(s for s, m in zip(shards, mask) if not m),
-        num_sub_groups=count_sub_groups(shards, setup.sub_group_size),
+        num_sub_groups=len(groups),
+        largest_sub_group=max(groups),
     )
 
 

@@ -97,20 +97,6 @@ def _stage12(model, setup, st, act):
     )
 
 
-def _largest_sub_group(model, setup) -> int:
-    """Elements of the largest stage-3 optimizer sub-group (`_create_fp16_sub_groups`)."""
-    from math import ceil
-    shards = [ceil(x / setup.dp) for x in model.param_numels]
-    if setup.sub_group_size >= sum(shards):
-        return sum(shards)
-    largest = size = 0
-    for i, x in enumerate(shards):
-        size += x
-        if size >= setup.sub_group_size or i == len(shards) - 1:
-            largest, size = max(largest, size), 0
-    return largest
-
-
 def _stage3(model, setup, st, act):
     part = partition(model.param_numels, setup)
     b, c = setup.param_bytes, setup.comm_bytes
@@ -123,7 +109,7 @@ def _stage3(model, setup, st, act):
     fetch = 2 * b * min(setup.prefetch_bucket_size or max(model.param_numels), model.largest_module_numel) \
         if setup.dp > 1 else 0
     reduce_scatter = c * min(setup.reduce_bucket_size, setup.dp * part.stage3_shard)
-    sub = _largest_sub_group(model, setup)
+    sub = part.largest_sub_group
     # Init (measured on H200 at N = 1 and 2): the engine partitions parameter by parameter; it never
     # holds the whole module (the case study's "whole model first" does not happen). One tensor is
     # whole at a time, twice over when gathered from N > 1 ranks.
