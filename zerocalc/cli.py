@@ -153,6 +153,8 @@ def main():
       zerocalc estimate --params 7e9 --dp 8
       zerocalc estimate --params 7e9 --dp 8 --gpu-memory 32GB --stage 2
       zerocalc estimate --model llama-2-7b --dp 8 --ds-config ds_config.json --format json
+      zerocalc plan --params 70e9 --gpu h100 --max-gpus 64 --seq-len 4096 --global-batch 1024
+      zerocalc sweep --params 1e9,7e9,70e9 --dp 1,8,64 --out sweep.csv
     """
 
 
@@ -200,6 +202,15 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
     states (2+2+12 bytes/param), shown for comparison; the other columns follow DeepSpeed 0.19.8's code.
+    Activations need an architecture and --seq-len; step time needs --gpu too. Offload is modelled
+    from DeepSpeed's source but not yet measured.
+
+    \b
+    Examples:
+      zerocalc estimate --params 7e9 --dp 8 --gpu-memory 32GB
+      zerocalc estimate --model llama-2-7b --dp 8 --seq-len 4096 --micro-batch 1 --gpu h100
+      zerocalc estimate --model seed-gpt --dp 2 --stage 3 --seq-len 1024 --micro-batch 2 --dtype fp16 --format json
+      zerocalc estimate --hf-config config.json --nodes 4 --gpus-per-node 8 --ds-config ds_config.json
     """
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings)
