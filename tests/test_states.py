@@ -83,3 +83,19 @@ def test_sgd_without_momentum_has_no_moments():
     st = model_states(TOY, setup(2, 4, optimizer=OPTIMIZERS["sgd"]))
     assert st.moments_bytes == 0
     assert model_states(TOY, setup(2, 4, optimizer=OPTIMIZERS["sgd-momentum"])).moments_bytes == 4 * 6
+
+
+def test_stage2_optimizer_offload_moves_master_moments_and_fp32_grads_to_the_host():
+    st = model_states(TOY, setup(2, 4, offload_optimizer="cpu"))
+    # Pp = 24, S = 6; the largest tensor has 10 elements
+    assert st.resident_bytes == 2 * 24 + 2 * 10           # bf16 flat params + device gradient staging
+    assert st.cpu_bytes == 4 * 6 + 8 * 6 + 4 * 6 + 2 * 6 + 2 * 10   # master, Adam, fp32 grads, bf16 copy, staging
+    assert st.total_bytes == st.resident_bytes + st.cpu_bytes
+
+
+def test_stage3_offload_keeps_the_same_tensors_on_other_sides():
+    on_gpu = model_states(TOY, setup(3, 4, param_persistence_threshold=0, reduce_bucket_size=100))
+    off = model_states(TOY, setup(3, 4, param_persistence_threshold=0, reduce_bucket_size=100,
+                                  offload_optimizer="cpu", offload_param="cpu"))
+    assert off.total_bytes == on_gpu.total_bytes
+    assert off.cpu_bytes == 4 * 7 + 8 * 7 + 2 * 7         # master, Adam, bf16 partitions (S3 = 7)

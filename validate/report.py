@@ -3,7 +3,7 @@ import pandas as pd
 
 from zerocalc.estimate import estimate
 from validate.jobs import to_zerocalc
-from validate.rows import job_from_row
+from validate.rows import job_from_row, predicted_state_bytes
 
 GiB = 2**30
 
@@ -24,7 +24,7 @@ def repredict(df: pd.DataFrame) -> pd.DataFrame:
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
         e = estimate(spec, setup, hardware=gpu("h200"))
         cols["now_step_s"].append(e.time.step_s if e.time else float("nan"))
-        for k, v in (("now_state_bytes", e.states.resident_bytes), ("now_comm_bytes", e.comm_bytes),
+        for k, v in (("now_state_bytes", predicted_state_bytes(e, r["backend"])), ("now_comm_bytes", e.comm_bytes),
                      ("now_peak_allocated_bytes", e.peak_bytes), ("now_peak_reserved_bytes", e.peak_reserved_bytes),
                      ("now_peak_phase", e.peak.name)):
             cols[k].append(v)

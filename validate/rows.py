@@ -34,13 +34,19 @@ def _config(job, backend):
     return row, spec, setup
 
 
-def _predicted(spec, setup):
+def predicted_state_bytes(e, backend: str) -> int:
+    """What the worker's `measured_state_bytes` holds: the device's tensors; on the CPU backend the
+    device is the host, so offloaded state counts too."""
+    return e.states.total_bytes if backend == "cpu" else e.states.resident_bytes
+
+
+def _predicted(spec, setup, backend):
     e = estimate(spec, setup)
     per_op = {}
     for c in e.collectives:
         per_op[c.op] = per_op.get(c.op, 0) + c.bytes
     return {
-        "predicted_state_bytes": e.states.resident_bytes,
+        "predicted_state_bytes": predicted_state_bytes(e, backend),
         "predicted_comm_bytes": e.comm_bytes,
         "predicted_comm_by_op": json.dumps(per_op, sort_keys=True),
         "predicted_peak_allocated_bytes": e.peak_bytes,
@@ -60,7 +66,7 @@ def _comm_by_op(comm: dict) -> dict:
 
 def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
     row, spec, setup = _config(job, backend)
-    row.update(_predicted(spec, setup))
+    row.update(_predicted(spec, setup, backend))
     ranks = [r for r in result["ranks"] if r is not None]
     outcomes = sorted({r["outcome"] for r in ranks})
     row["outcome"] = "ok" if outcomes == ["ok"] else next(o for o in ("oom", "error", "crash") if o in outcomes)
@@ -114,7 +120,7 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
 
 def failed_row(job: dict, outcome: str, log_tail: str, backend: str, command: str) -> dict:
     row, spec, setup = _config(job, backend)
-    row.update(_predicted(spec, setup))
+    row.update(_predicted(spec, setup, backend))
     lines = [ln for ln in log_tail.splitlines() if ln.strip()]
     row.update(outcome=outcome, error=" | ".join(lines[-3:])[:500], command=command)
     return row

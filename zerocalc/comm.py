@@ -90,7 +90,9 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
                          k * it.backward_gather_elements, b, n))
     out.append(_coll("reduce_scatter_tensor", "backward", k * ceil(n * part.stage3_shard / setup.reduce_bucket_size),
                      k * n * part.stage3_shard, c, n))
-    out.append(_coll("all_reduce", "step", part.num_sub_groups, part.num_sub_groups, 8, n))
+    # The gradient norm per sub-group: fp64 (8 B) on the device, fp32 (4 B) when the optimizer is offloaded.
+    norm_bytes = 4 if setup.offload_optimizer != "none" else 8
+    out.append(_coll("all_reduce", "step", part.num_sub_groups, part.num_sub_groups, norm_bytes, n))
     if setup.dtype == "fp16":
         out.append(_coll("all_reduce", "step", 1, 1, 1, n))
     if part.persistent_shard and n > 1:

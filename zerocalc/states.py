@@ -32,10 +32,14 @@ class StateBytes:
         return self.master_bytes + self.moments_bytes
 
     @property
+    def total_bytes(self) -> int:
+        """Device and host together, after the step."""
+        return self.params_bytes + self.master_bytes + self.moments_bytes + self.grads_bytes + self.buffers_bytes
+
+    @property
     def resident_bytes(self) -> int:
-        """On the device, after the step: what `validate` compares exactly."""
-        total = self.params_bytes + self.master_bytes + self.moments_bytes + self.grads_bytes + self.buffers_bytes
-        return total - self.cpu_bytes
+        """On the device, after the step: what `validate` compares exactly on GPUs."""
+        return self.total_bytes - self.cpu_bytes
 
 
 def _module_buffers_bytes(model: ModelSpec) -> int:
@@ -68,8 +72,17 @@ def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
         grads_in_partition = b * g_in
         largest = b * p + grads_in_partition if setup.stage == Stage.OPTIMIZER_STATES else \
             grads_in_partition * (2 if setup.gas > 1 else 1)
-        cpu = (MASTER_BYTES + k) * s + 4 * s if setup.offload_optimizer != "none" else 0
-        return StateBytes(b * part.padded_flat, MASTER_BYTES * s, k * s, 4 * s if cpu else 0, buffers, largest, cpu)
+        if setup.offload_optimizer == "none":
+            return StateBytes(b * part.padded_flat, MASTER_BYTES * s, k * s, 0, buffers, largest, 0)
+        # Optimizer offload (measured on 2-rank CPU jobs): master and moments on the host, fp32 gradient
+        # partitions there too (`offload_gradient_dict`, 4S), a host copy of the low-precision shard for
+        # the upload (b·S), and a gradient staging buffer of the largest tensor on each side.
+        # Stage 2 under GAS > 1 also accumulates the shard's gradients on the host (`accumulated_grads_in_cpu`, b·S).
+        staging = b * max(model.param_numels)
+        accumulate = b * s if setup.stage == Stage.GRADIENTS and setup.gas > 1 else 0
+        host = MASTER_BYTES * s + k * s + 4 * s + b * s + staging + accumulate
+        return StateBytes(b * part.padded_flat, MASTER_BYTES * s, k * s, 4 * s + accumulate,
+                          buffers + b * s + 2 * staging, largest, host)
     # Stage 3: partitions ⌈nᵢ/N⌉ defragmented into `lp_param_buffer` (b·S3), a separate fp32 master 4·S3
     # (a copy even in fp32), Adam K·S3, `grad_partitions_flat_buffer` g·S3, the ipg bucket c·RBS allocated
     # at init and kept (with contiguous_gradients), and persistent parameters whole, b·Σ_pers nᵢ.
@@ -77,10 +90,8 @@ def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
     params = b * (s3 + part.persistent)
     grads = setup.grad_accum_bytes * s3
     ipg = setup.comm_bytes * setup.reduce_bucket_size if setup.contiguous_gradients else 0
-    cpu = 0
-    if setup.offload_optimizer != "none":
-        cpu += (MASTER_BYTES + k) * s3 + 4 * s3      # master, moments and fp32 gradient partitions on host
-    if setup.offload_param != "none":
-        cpu += b * s3
-    return StateBytes(params, MASTER_BYTES * s3, k * s3, grads + (4 * s3 if setup.offload_optimizer != "none" else 0),
-                      ipg + buffers, grads, cpu)
+    # Offload (measured on 2-rank CPU jobs): the same tensors, master and moments on the host, and with
+    # parameter offload the low-precision partitions too (`fp16_partitioned_groups_flat`).
+    host = (MASTER_BYTES + k) * s3 if setup.offload_optimizer != "none" else 0
+    host += b * s3 if setup.offload_param != "none" else 0
+    return StateBytes(params, MASTER_BYTES * s3, k * s3, grads, ipg + buffers, grads, host)
