@@ -202,8 +202,8 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
     states (2+2+12 bytes/param), shown for comparison; the other columns follow DeepSpeed 0.19.8's code.
-    Activations need an architecture and --seq-len; step time needs --gpu too. Offload is modelled
-    from DeepSpeed's source but not yet measured.
+    Activations need an architecture and --seq-len; step time needs --gpu too. Offload bytes are
+    checked on CPU jobs (host and device as one total), not yet on GPUs.
 
     \b
     Examples:
