@@ -13,7 +13,7 @@ import glob
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from validate.report import load, repredict
+from validate.report import load, own_peak_allocated, repredict, started_clean
 from validate.rows import job_from_row
 from validate.jobs import to_zerocalc
 from validate.fit import held_out
@@ -25,7 +25,7 @@ os.makedirs(FIG, exist_ok=True)
 paths = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
 df = repredict(load(paths))
 df = df[df["outcome"] == "ok"].copy()
-df["measured"] = (df["measured_peak_allocated_bytes"] - df["measured_base_allocated_bytes"]) / GiB
+df["measured"] = own_peak_allocated(df) / GiB
 df["predicted"] = df["now_peak_allocated_bytes"] / GiB
 df["held_out"] = df["key"].map(held_out)
 df["paper"] = [reference.paper_model_states_bytes(r.num_params, r.nproc, r.stage) / GiB for r in df.itertuples()]
@@ -43,7 +43,7 @@ axes[0].scatter([], [], marker="x", color="gray", label="ZeRO paper formula")
 axes[0].set(xlim=(0, lim), ylim=(0, lim), xlabel="measured peak allocated (GiB)", ylabel="predicted (GiB)",
             title="zerocalc vs H200 (x: the paper's model states)")
 axes[0].legend(fontsize=8)
-clean = df[df["measured_base_allocated_bytes"] < 2**28]
+clean = df[started_clean(df)]
 axes[1].scatter(clean["measured_peak_reserved_bytes"] / GiB, clean["now_peak_reserved_bytes"] / GiB, c=clean["stage"], s=30)
 lim2 = clean["measured_peak_reserved_bytes"].max() / GiB * 1.08
 axes[1].plot([0, lim2], [0, lim2], "k--", lw=1)

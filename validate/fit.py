@@ -19,13 +19,10 @@ import numpy as np
 import pandas as pd
 
 from validate.jobs import to_zerocalc
-from validate.report import load
+from validate.report import load, started_clean
 from validate.rows import job_from_row
 from zerocalc import calibration
 from zerocalc.estimate import estimate
-
-CLEAN_BASE_BYTES = 2**28   # rows whose job started with less than this left over from an earlier engine
-
 
 def held_out(key: str) -> bool:
     """A fixed 25% of configurations, chosen by a hash of the key: never used for fitting."""
@@ -36,8 +33,6 @@ def gpu_rows(paths) -> pd.DataFrame:
     df = load(paths)
     df = df[(df["outcome"] == "ok") & df["measured_peak_allocated_bytes"].notna()].copy()
     df["held_out"] = df["key"].map(held_out)
-    # the job's own peak: less what an earlier engine left allocated (see data/README.md)
-    df["own_peak_allocated_bytes"] = df["measured_peak_allocated_bytes"] - df["measured_base_allocated_bytes"]
     return df
 
 
@@ -114,7 +109,7 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
         cal["activations"]["hf-llama"].update(h=round(float(ch), 3), kv=round(float(ckv), 3))
         lines.append(f"activations.hf-llama: h {ch:.3f}, kv {ckv:.3f} (units of b per token per layer; "
                      f"{len(act)} rows)")
-    clean = train[train["measured_base_allocated_bytes"] < CLEAN_BASE_BYTES]
+    clean = train[started_clean(train)]
     if len(clean) >= 2:
         x = np.vstack([clean["measured_peak_allocated_bytes"].astype(float), np.ones(len(clean))]).T
         (ratio, extra), *_ = np.linalg.lstsq(x, clean["measured_peak_reserved_bytes"].astype(float), rcond=None)

@@ -137,35 +137,37 @@ def describe(row: dict) -> str:
     return s
 
 
-def _cast(value, like):
+def _field_kind(f):
+    """The plain type of a dataclass field: bool, int, float or str (`int | None` -> int)."""
+    from typing import get_args
+    kinds = [t for t in (get_args(f.type) or (f.type,)) if t is not type(None)]
+    return kinds[0]
+
+
+def _cast(value, kind):
     if value is None or value == "" or (isinstance(value, float) and value != value):
         return None
-    if isinstance(like, bool) or like in ("bool",):
-        return value in (True, "True", "true", "1", 1)
-    if isinstance(like, int):
-        return int(float(value))
-    return value
+    if kind is bool:
+        return str(value) in ("True", "true", "1")
+    if kind is int:
+        try:
+            return int(value)            # exact, also for 2**63 - 1
+        except ValueError:
+            return int(float(value))     # "5e8"
+    return kind(value)
 
 
 def job_from_row(row: dict) -> dict:
-    """The job a CSV row measured, to predict it again with the current zerocalc."""
-    from zerocalc.arch import Architecture
+    """The job a CSV row measured, to predict it again with the current zerocalc. Columns a row lacks
+    (written before a Setup field existed) take the field's default."""
     from dataclasses import fields
-    from validate.jobs import DEFAULTS
-    arch_types = {f.name: f.type for f in fields(Architecture)}
-    arch = {}
-    for f in ARCH_FIELDS:
-        t = arch_types[f]
-        arch[f] = _cast(row[f], True if t in (bool, "bool") else (1 if t in (int, "int") else ""))
+    from zerocalc.arch import Architecture
+    from zerocalc.training import Setup
+    arch = {f.name: _cast(row[f.name], _field_kind(f)) for f in fields(Architecture)}
     job = {"key": row["key"], "nproc": int(row["nproc"]), "stage": int(row["stage"]), "optimizer": row["optimizer"],
            "arch": arch}
-    bools = ("overlap_comm", "contiguous_gradients", "activation_checkpointing")
-    for f in SETUP_FIELDS:
-        like = True if f in bools else DEFAULTS.get(f)
-        if f in ("seq_len",):
-            like = 1
-        job[f] = _cast(row.get(f), like) if row.get(f) not in (None, "") else (None if f in ("overlap_comm",
-                                                                                            "grad_accum_dtype",
-                                                                                            "communication_data_type")
-                                                                             else DEFAULTS.get(f))
+    for f in fields(Setup):
+        if f.name in SETUP_FIELDS:
+            value = _cast(row.get(f.name), _field_kind(f))
+            job[f.name] = f.default if value is None else value
     return job

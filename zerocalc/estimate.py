@@ -1,5 +1,6 @@
 """One estimate: model states, peak and communication for a model and a setup."""
 from dataclasses import dataclass
+from functools import cached_property
 
 from zerocalc import activations, calibration, comm, peak, reference, states, timing
 from zerocalc.hardware import Hardware
@@ -62,7 +63,7 @@ class Estimate:
     def fits(self) -> bool | None:
         return None if self.gpu_memory_bytes is None else self.device_bytes <= self.gpu_memory_bytes
 
-    @property
+    @cached_property
     def time(self) -> "timing.StepTime | None":
         if self.hardware is None:
             return None
