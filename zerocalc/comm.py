@@ -76,8 +76,8 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
             if setup.mixed_precision:
                 small.append(_coll("all_reduce", "step", 1, 1, 1, n))
         return tuple(c for c in (grads, gather, *small) if c is not None)
-    # Stage 3. Forward: one coalesced all-gather of every non-persistent shard per micro-step.
-    # Backward: again for the modules the reuse rule released. Gradients: reduce-scatter of the
+    # Stage 3. All-gathers of the non-persistent shards as the trace replay fetches them (every one in
+    # forward, again what the reuse and prefetch rules released). Gradients: reduce-scatter of the
     # padded N·S3 per micro-step. Step: the fp64 norm per sub-group (8 B), fp16's overflow flag, and
     # an all-gather of the persistent parameters' shards.
     it = stage3_trace.simulate(model, setup)

@@ -26,10 +26,10 @@ from zerocalc.training import Setup
 @dataclass(frozen=True)
 class Stage3Iteration:
     forward_gather_calls: int
-    forward_gather_elements: int      # per-rank shard elements all-gathered in forward
+    forward_gather_elements: int      # per-rank shard elements all-gathered during forward
     backward_gather_calls: int
-    backward_gather_elements: int     # ... and again in backward (released after forward)
-    max_gathered_elements: int        # most padded elements of non-persistent params gathered at once
+    backward_gather_elements: int     # ... and during backward. A parameter released in forward can be
+                                      # prefetched again before forward ends: only the sum is a phase-free fact
     kept_after_forward_elements: int  # padded elements still gathered when forward ends
 
 
@@ -46,7 +46,7 @@ def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
 def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     n = setup.dp
     if n == 1:
-        return Stage3Iteration(0, 0, 0, 0, 0, 0)
+        return Stage3Iteration(0, 0, 0, 0, 0)
     numel = model.param_numels
     pers = persistent_mask(numel, setup)
     shard = [ceil(x / n) for x in numel]
@@ -60,7 +60,7 @@ def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     gathered = 0          # padded elements of non-persistent params available now
     n_available = 0       # `__n_available_params`: ds_numel gathered this iteration, less releases
     out = {"fwd_calls": 0, "fwd": 0, "bwd_calls": 0, "bwd": 0}
-    max_gathered, kept_after_forward = 0, 0
+    kept_after_forward = 0
     turn = len(ids) - 1   # the last forward step
 
     def gather(params, backward):
@@ -96,7 +96,6 @@ def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
                     batch.append(p)
                     size += numel[p]
             gather(batch, backward)
-        max_gathered = max(max_gathered, gathered)
         # Release after the module runs.
         release = {p for p in mod if not pers[p] and marked.get(p, -1) <= step + 1}
         traversed = 0
@@ -113,5 +112,4 @@ def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
                 n_available -= numel[p]
         if step == turn:
             kept_after_forward = gathered
-    return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], max_gathered,
-                           kept_after_forward)
+    return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], kept_after_forward)
