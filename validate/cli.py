@@ -1,4 +1,4 @@
-"""`python -m validate run|report|fit`."""
+"""`python -m validate run|report|fit|snapshot`."""
 import sys
 
 import click
@@ -104,3 +104,14 @@ def fit_cmd(csv_paths, out_path):
     calibration._cache.clear()
     click.echo("")
     click.echo(make_report(list(csv_paths))[0])
+
+
+@main.command("snapshot")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--top", type=int, default=15, show_default=True, help="Groups of tensors to list per file.")
+def snapshot_cmd(paths, top):
+    """What was alive at a step's allocated and reserved peaks, from the allocator history the worker
+    dumps when VALIDATE_SNAPSHOT_DIR is set (one optimizer step, rank 0)."""
+    from validate.snapshot import summarize
+    for path in paths:
+        click.echo(summarize(path, top))

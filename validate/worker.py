@@ -77,6 +77,32 @@ def _tolerate_unknown_comm_ops():
     comms_logging.calc_bw_log = calc_bw_log
 
 
+SNAPSHOT_DIR = os.environ.get("VALIDATE_SNAPSHOT_DIR")   # diagnostics: rank 0's allocator history
+
+
+@contextlib.contextmanager
+def _memory_history(key, cuda):
+    """With VALIDATE_SNAPSHOT_DIR set, record every allocation and free of rank 0 during the block and
+    dump torch's memory snapshot to DIR/KEY.pickle (read by `python -m validate snapshot`)."""
+    if not (SNAPSHOT_DIR and cuda and int(os.environ.get("RANK", 0)) == 0):
+        yield
+        return
+    torch.cuda.synchronize()
+    base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+        snap["zerocalc_base_allocated"], snap["zerocalc_base_reserved"] = base, base_reserved
+        torch.cuda.memory._record_memory_history(enabled=None)
+        os.makedirs(SNAPSHOT_DIR, exist_ok=True)
+        import pickle
+        with open(os.path.join(SNAPSHOT_DIR, key + ".pickle"), "wb") as f:
+            pickle.dump(snap, f)
+
+
 def run_job(job, device):
     import deepspeed
     import deepspeed.comm as dist
@@ -120,7 +146,8 @@ def run_job(job, device):
     # One steady-state step with the comms logger on (it synchronizes after every op).
     comms_logger.reset_data()
     comms_logger.enabled = True
-    optimizer_step(record=True)
+    with _memory_history(job["key"], cuda):
+        optimizer_step(record=True)
     comms_logger.enabled = False
     comm = measure.comm_summary(dist.log_summary(return_dict=True))
     state = measure.resident_state(engine)

@@ -4,6 +4,8 @@
 #   usage: bash validate/gpu/sweep.sh SECONDS "NPROC:INCLUDE:MATRIX" ...
 #   e.g.   bash validate/gpu/sweep.sh 480 1:localhost:0:validate/matrices/h200-n1-gpt.json 1:localhost:1:...
 # Runs that share no GPU go in parallel; each stops at SECONDS (rows so far are kept, resumable).
+# With VALIDATE_SNAPSHOT_DIR set, rank 0 dumps its allocator history for one step of each job there.
+# The device returns at most 8 files from $OUT: pack logs before the command ends.
 set -u
 budget=$1; shift
 source validate/gpu/setup.sh || exit 1
@@ -12,7 +14,9 @@ t0=$(date +%s)
 python3 -c 'from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()' > $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
 echo "FusedAdam built in $(( $(date +%s) - t0 )) s"
 mkdir -p data
-for f in data/*.csv; do [ -e "$f" ] && cp "$f" $OUT/; done   # resume: committed rows are skipped
+for spec in "$@"; do   # resume: rows committed under the matrix's name are skipped
+  f=data/$(basename "${spec##*:}" .json).csv; [ -e "$f" ] && cp "$f" $OUT/
+done
 pids=()
 for spec in "$@"; do
   nproc=${spec%%:*}; rest=${spec#*:}; include=${rest%:*}; matrix=${rest##*:}

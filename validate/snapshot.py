@@ -1,0 +1,81 @@
+"""What was alive at a step's peak: reads the allocator history that the worker dumps with
+VALIDATE_SNAPSHOT_DIR set (`torch.cuda.memory._snapshot()` over one optimizer step on rank 0) and
+names the tensors allocated during the step that were still alive at its allocated peak, and the
+segments (cudaMalloc'd blocks) alive at its reserved peak. A diagnostic for the peak model: pure
+Python over the pickle, no GPU needed to read one.
+
+    python -m validate snapshot data/snapshots/KEY.pickle
+
+Allocated falls when a block is freed (`free_requested`: the allocator's stats drop there, the block
+is reused once its stream events complete, `free_completed`)."""
+import pickle
+from collections import defaultdict
+
+_OWN = ("deepspeed", "transformers", "validate", "torch/nn/", "torch/autograd", "torch/utils/checkpoint",
+        "torch/_tensor", "torch/distributed")
+_SKIP = ("_contextlib", "_compile", "eval_frame", "external_utils", "hooks.py", "_dynamo")
+
+
+def where(frames, depth=3) -> str:
+    """The innermost few frames of the project or its libraries, innermost first."""
+    picked = [f for f in frames if any(o in f["filename"] for o in _OWN) and not any(s in f["filename"] for s in _SKIP)]
+    return " < ".join(f"{f['filename'].split('site-packages/')[-1]}:{f['line']}:{f['name']}" for f in picked[:depth])
+
+
+def replay(trace):
+    """(peak_delta_bytes, index, live transient blocks at the peak) from one device's trace."""
+    live, delta, best = {}, 0, (0, -1, {})
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            delta += e["size"]
+        elif e["action"] == "free_requested":
+            live.pop(e["addr"], None)
+            delta -= e["size"]   # also for blocks from before the recording: they are in the base
+        else:
+            continue
+        if delta > best[0]:
+            best = (delta, i, dict(live))
+    return best
+
+
+def reserved_replay(trace):
+    """(peak_delta_bytes, index, segments allocated during the trace alive at the reserved peak)."""
+    live, delta, best = {}, 0, (0, -1, {})
+    for i, e in enumerate(trace):
+        if e["action"] == "segment_alloc":
+            live[e["addr"]] = e
+            delta += e["size"]
+        elif e["action"] == "segment_free":
+            live.pop(e["addr"], None)
+            delta -= e["size"]
+        else:
+            continue
+        if delta > best[0]:
+            best = (delta, i, dict(live))
+    return best
+
+
+def summarize(path: str, top: int = 15) -> str:
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    base = snap.get("zerocalc_base_allocated", 0)
+    base_reserved = snap.get("zerocalc_base_reserved", 0)
+    trace = next(t for t in snap["device_traces"] if t)
+    peak, at, blocks = replay(trace)
+    lines = [f"{path}: {len(trace)} events; allocated at start {base / 2**30:.3f} GiB, "
+             f"peak {(base + peak) / 2**30:.3f} GiB (+{peak / 2**30:.3f}) at event {at}",
+             f"  at the peak: {where(trace[at].get('frames', []), 5)}",
+             "  transient tensors alive at the peak (allocated during the step), by where they were made:"]
+    groups = defaultdict(lambda: [0, 0])
+    for e in blocks.values():
+        g = groups[where(e.get("frames", []))]
+        g[0] += e["size"]
+        g[1] += 1
+    for name, (size, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"    {size / 2**20:10.1f} MiB  {count:4d}  {name}")
+    r_peak, r_at, segments = reserved_replay(trace)
+    lines.append(f"  reserved at start {base_reserved / 2**30:.3f} GiB, peak +{r_peak / 2**30:.3f} GiB at event {r_at}; "
+                 f"segments made during the step alive then: {len(segments)}, "
+                 f"sizes (MiB): {sorted(round(s['size'] / 2**20, 1) for s in segments.values())[-12:]}")
+    return "\n".join(lines)
