@@ -76,3 +76,30 @@ def test_four_and_eight_ranks(tmp_path, nproc):
     """Padding to multiples of 2N (stages 1/2) and N (stage 3) shows at N = 4 and 8."""
     df = run_validate(tmp_path, "--nproc", str(nproc), "--matrix", f"validate/matrices/cpu-exact-n{nproc}.json")
     assert_exact(df)
+
+
+def test_stage3_trace_matches_deepspeed(tmp_path):
+    """The module order zerocalc replays (forward, backward, and backward with checkpointing, which
+    runs each layer forward again inside backward) against the trace DeepSpeed records, for the three
+    families: the all-gather volume and what stays gathered follow from this order."""
+    import json
+
+    from zerocalc import arch as A
+    out = tmp_path / "trace.json"
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "tests/scripts/ds_trace.py", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    cases = json.loads(out.read_text())
+    assert len(cases) == 6
+    for case in cases:
+        a = A.Architecture(**case["arch"])
+        expected = [list(m) for m in A.trace(a) + A.backward_trace(a, case["checkpointing"])]
+        if a.family == "hf-gpt2" and case["checkpointing"]:
+            # Known difference, not understood: under checkpointing DeepSpeed records no backward step
+            # for GPT-2's parameter-less `mlp.act` (NewGELU) after the recomputation (it does for
+            # Llama's SiLU, and for GPT-2 without checkpointing). Steps with parameters must agree.
+            assert [m for m in case["trace"] if m] == [m for m in expected if m]
+            assert len(case["trace"]) == len(expected) - a.num_layers
+        else:
+            assert case["trace"] == expected, (a.family, case["checkpointing"])

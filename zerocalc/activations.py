@@ -15,7 +15,9 @@ Units: bytes. Per token (B·s tokens per micro-batch) and per layer, in units of
   layer at a time in backward.
 The loss path on `logits.float()`: fp32 log-softmax output 4·V per token kept to the end of forward;
 at the loss the fp16/bf16 logits (2V) and their fp32 copy (4V) are alive too; backward starts with
-the fp32 gradient of the log-probs and of the logits (8V).
+the fp32 gradient of the log-probs and of the logits (8V). Those are freed before the first layer's
+backward: a recomputed layer (checkpointing) is never alive beside them (H200 allocator histories,
+`data/snapshots/`: 12·V·T bytes at the loss, nothing of the loss path at a layer's recomputation).
 """
 from dataclasses import dataclass
 
@@ -26,21 +28,37 @@ from zerocalc.training import Setup
 
 @dataclass(frozen=True)
 class Activations:
-    kept_bytes: int               # alive at the end of forward, freed during backward (layers + loss)
+    layers_bytes: int             # kept by the layers for backward (with checkpointing: their inputs)
+    logprobs_bytes: int           # the fp32 log-softmax output, kept from the loss to its backward
     loss_forward_bytes: int       # extra at the loss, end of forward
     loss_backward_bytes: int      # extra at the start of backward
     recompute_bytes: int          # one layer's activations rebuilt in backward (checkpointing)
+
+    @property
+    def kept_bytes(self) -> int:
+        return self.layers_bytes + self.logprobs_bytes
 
     @property
     def forward_peak_bytes(self) -> int:
         return self.kept_bytes + self.loss_forward_bytes
 
     @property
+    def loss_backward_peak_bytes(self) -> int:
+        """At the loss's backward: everything kept and the fp32 gradients of the loss path."""
+        return self.kept_bytes + self.loss_backward_bytes
+
+    @property
+    def first_layer_backward_bytes(self) -> int:
+        """At the last layer's backward: the loss path is gone; the layers' activations (and with
+        checkpointing the layer rebuilt) are all still alive."""
+        return self.layers_bytes + self.recompute_bytes
+
+    @property
     def backward_peak_bytes(self) -> int:
-        return self.kept_bytes + self.loss_backward_bytes + self.recompute_bytes
+        return max(self.loss_backward_peak_bytes, self.first_layer_backward_bytes)
 
 
-NONE = Activations(0, 0, 0, 0)
+NONE = Activations(0, 0, 0, 0, 0)
 
 
 def layer_units_per_token(arch, setup: Setup, coef: dict) -> float:
@@ -65,4 +83,4 @@ def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activa
         recompute = layer
     else:
         kept_layers, recompute = arch.num_layers * layer, 0
-    return Activations(int(kept_layers + 4 * tokens * v), 6 * tokens * v, 8 * tokens * v, int(recompute))
+    return Activations(int(kept_layers), 4 * tokens * v, 6 * tokens * v, 8 * tokens * v, int(recompute))

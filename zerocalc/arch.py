@@ -76,43 +76,97 @@ def param_numels(arch: Architecture) -> tuple[int, ...]:
     return tuple([v * h] + _llama_layer(h, f, kv) * n + [h] + head)
 
 
-def trace(arch: Architecture) -> tuple[tuple[int, ...], ...]:
-    """The ZeRO-3 trace: every module whose forward runs, in the order DeepSpeed's pre-forward hooks
-    see them (containers and parameter-less modules included: each one is a prefetch opportunity),
-    as indices into `param_numels`. Checked against the comms logger: with these containers the
-    stage-3 all-gather volume matches to the byte on H200 runs that a trace of leaf modules alone
-    missed by 1%."""
-    n = arch.num_layers
+@dataclass(frozen=True)
+class Call:
+    """One module call in forward: its own parameters (indices into `param_numels`), the calls it
+    makes, whether its output requires grad (else no backward hook fires for it) and whether it is a
+    transformer layer (the unit activation checkpointing recomputes)."""
+    params: tuple[int, ...] = ()
+    children: tuple["Call", ...] = ()
+    grad: bool = True
+    layer: bool = False
+
+
+def calls(arch: Architecture) -> Call:
+    """The module calls of one forward, as DeepSpeed's hooks see them: containers and parameter-less
+    modules included, since each is a step of the stage-3 trace and a prefetch opportunity.
+    Checked against the trace DeepSpeed 0.19.8 records (`tests/test_against_deepspeed.py`)."""
+    n, leaf = arch.num_layers, lambda *p: Call(tuple(p))
     if arch.family == "seed-gpt":
-        # root, embed; per block: block, ln1 three times (the seed calls it for q, k and v), attn
-        # (in_proj and out_proj), ln2, mlp, Linear, GELU, Linear; then ln_f and the head.
-        out = [(), (0,)]
+        # root: embed; per block: ln1 three times (the seed calls it for q, k and v), attn (in_proj and
+        # out_proj), ln2, mlp = Sequential(Linear, GELU, Linear); then ln_f and the head.
+        blocks = []
         for i in range(n):
             b = 1 + 12 * i
-            ln1 = (b, b + 1)
-            out += [(), ln1, ln1, ln1, (b + 2, b + 3, b + 4, b + 5), (b + 6, b + 7), (), (b + 8, b + 9), (),
-                    (b + 10, b + 11)]
+            ln1 = leaf(b, b + 1)
+            mlp = Call((), (leaf(b + 8, b + 9), leaf(), leaf(b + 10, b + 11)))
+            blocks.append(Call((), (ln1, ln1, ln1, leaf(b + 2, b + 3, b + 4, b + 5), leaf(b + 6, b + 7), mlp), layer=True))
         end = 1 + 12 * n
-        return tuple(out + [(end, end + 1), (0,) if arch.tie_embeddings else (end + 2,)])
+        head = leaf(0) if arch.tie_embeddings else leaf(end + 2)
+        return Call((), (leaf(0), *blocks, leaf(end, end + 1), head))
     if arch.family == "hf-gpt2":
-        # wrapper, GPT2LMHeadModel, GPT2Model, wte, wpe, drop; per block: block, ln_1, attn, c_attn,
-        # c_proj, resid_dropout, ln_2, mlp, c_fc, act, c_proj, dropout; ln_f; lm_head (wte when tied).
-        out = [(), (), (), (0,), (1,), ()]
+        # wrapper > GPT2LMHeadModel > (GPT2Model > wte, wpe, drop, blocks, ln_f), lm_head (wte when tied);
+        # block: ln_1, attn (c_attn, c_proj, resid_dropout), ln_2, mlp (c_fc, act, c_proj, dropout).
+        blocks = []
         for i in range(n):
             b = 2 + 12 * i
-            out += [(), (b, b + 1), (), (b + 2, b + 3), (b + 4, b + 5), (), (b + 6, b + 7), (), (b + 8, b + 9), (),
-                    (b + 10, b + 11), ()]
+            attn = Call((), (leaf(b + 2, b + 3), leaf(b + 4, b + 5), leaf()))
+            mlp = Call((), (leaf(b + 8, b + 9), leaf(), leaf(b + 10, b + 11), leaf()))
+            blocks.append(Call((), (leaf(b, b + 1), attn, leaf(b + 6, b + 7), mlp), layer=True))
         end = 2 + 12 * n
-        return tuple(out + [(end, end + 1), (0,) if arch.tie_embeddings else (end + 2,)])
-    # wrapper, LlamaForCausalLM, LlamaModel, embed_tokens, rotary_emb; per layer: layer,
-    # input_layernorm, self_attn, q, k, v, o, post_attention_layernorm, mlp, gate, act_fn, up, down;
-    # norm; lm_head (embed_tokens when tied).
-    out = [(), (), (), (0,), ()]
+        body = Call((), (leaf(0), leaf(1), leaf(), *blocks, leaf(end, end + 1)))
+        head = leaf(0) if arch.tie_embeddings else leaf(end + 2)
+        return Call((), (Call((), (body, head)),))
+    # wrapper > LlamaForCausalLM > (LlamaModel > embed_tokens, rotary_emb, layers, norm), lm_head
+    # (embed_tokens when tied); layer: input_layernorm, self_attn (q, k, v, o), post_attention_layernorm,
+    # mlp (gate, act_fn, up, down). rotary_emb's output needs no grad: it has no backward hook.
+    layers = []
     for i in range(n):
         b = 1 + 9 * i
-        out += [(), (b + 7,), (), (b,), (b + 1,), (b + 2,), (b + 3,), (b + 8,), (), (b + 4,), (), (b + 5,), (b + 6,)]
+        attn = Call((), (leaf(b), leaf(b + 1), leaf(b + 2), leaf(b + 3)))
+        mlp = Call((), (leaf(b + 4), leaf(), leaf(b + 5), leaf(b + 6)))
+        layers.append(Call((), (leaf(b + 7), attn, leaf(b + 8), mlp), layer=True))
     end = 1 + 9 * n
-    return tuple(out + [(end,), (0,) if arch.tie_embeddings else (end + 1,)])
+    body = Call((), (leaf(0), Call(grad=False), *layers, leaf(end)))
+    head = leaf(0) if arch.tie_embeddings else leaf(end + 1)
+    return Call((), (Call((), (body, head)),))
+
+
+def _forward(c: Call):
+    """Forward pre-hook order: a call, then the calls it makes."""
+    yield c.params
+    for child in c.children:
+        yield from _forward(child)
+
+
+def _backward(c: Call, checkpointing: bool = False, recompute_container: bool = False):
+    """Backward pre-hook order: the reverse of the order calls finish in forward (a container's hook
+    fires when the gradient reaches its output, before its children's). With activation
+    checkpointing a layer is run forward again right after the hook of its first module that saved
+    tensors (the first with parameters, walking backward), and its remaining hooks follow."""
+    if not c.grad:
+        return
+    if checkpointing and c.layer:
+        plain = list(_backward(c))
+        first = next(i for i, params in enumerate(plain) if params)
+        rebuilt = list(_forward(c))[0 if recompute_container else 1:]
+        yield from plain[:first + 1] + rebuilt + plain[first + 1:]
+        return
+    yield c.params
+    for child in reversed(c.children):
+        yield from _backward(child, checkpointing, recompute_container)
+
+
+def trace(arch: Architecture) -> tuple[tuple[int, ...], ...]:
+    """Forward's modules in hook order, as indices into `param_numels`."""
+    return tuple(_forward(calls(arch)))
+
+
+def backward_trace(arch: Architecture, checkpointing: bool = False) -> tuple[tuple[int, ...], ...]:
+    """Backward's modules in hook order, recomputed layers included when checkpointing. The seed's
+    `checkpoint(block, x)` calls the block itself again; Hugging Face's checkpointing layers re-enter
+    below the layer's own hooks, so there the layer container is not called again."""
+    return tuple(_backward(calls(arch), checkpointing, recompute_container=arch.family == "seed-gpt"))
 
 
 def uniform_params(num_params: int, count: int = 100) -> tuple[int, ...]:

@@ -11,10 +11,22 @@ class ModelSpec:
     trace: tuple[tuple[int, ...], ...]           # modules in forward-hook order, as indices into param_numels
     buffer_numels: tuple[int, ...] = ()
     architecture: _arch.Architecture | None = None
+    backward_trace: tuple[tuple[int, ...], ...] | None = None              # None: forward's, reversed
+    checkpointed_backward_trace: tuple[tuple[int, ...], ...] | None = None  # None: as without checkpointing
+
+    def backward(self, checkpointing: bool) -> tuple[tuple[int, ...], ...]:
+        """Backward's modules in hook order (recomputed layers included when checkpointing)."""
+        plain = self.backward_trace if self.backward_trace is not None else self.trace[::-1]
+        return (self.checkpointed_backward_trace or plain) if checkpointing else plain
 
     @property
     def num_params(self) -> int:
         return sum(self.param_numels)
+
+    @property
+    def head_numel(self) -> int:
+        """Parameters of the last module in forward, whose gradient backward makes first."""
+        return sum(self.param_numels[i] for i in self.trace[-1])
 
     @property
     def largest_module_numel(self) -> int:
@@ -30,4 +42,5 @@ def from_params(num_params: int) -> ModelSpec:
 
 def from_architecture(a: _arch.Architecture, name: str | None = None) -> ModelSpec:
     _arch.validate_architecture(a)
-    return ModelSpec(name or a.family, _arch.param_numels(a), _arch.trace(a), _arch.buffer_numels(a), a)
+    return ModelSpec(name or a.family, _arch.param_numels(a), _arch.trace(a), _arch.buffer_numels(a), a,
+                     _arch.backward_trace(a), _arch.backward_trace(a, checkpointing=True))

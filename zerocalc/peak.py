@@ -38,13 +38,19 @@ def _forward(resident, gathered, act, why="activations and the loss on top of mo
     return Phase("forward", resident, 0, gathered, act.forward_peak_bytes, why)
 
 
-def _backward(resident, gathered, act, end_grads, end_buffers, end_why):
-    """Backward's worst moment: its start (activations + the loss gradients, and with checkpointing a
-    recomputed layer) or its end (gradients and DeepSpeed's reduction buffers)."""
-    start = Phase("backward", resident, 0, gathered, act.backward_peak_bytes,
-                  "activations + the loss gradients at the start of backward")
+def _backward(resident, gathered, act, first_grads, first_buffers, end_grads, end_buffers, end_why):
+    """Backward's worst moment of three (H200 allocator histories, `data/snapshots/`):
+    - the loss's backward: everything kept and the loss path's fp32 gradients;
+    - the last layer's backward: the loss path is gone, the layers' activations (and with
+      checkpointing the layer rebuilt) are alive beside the first gradient (the head's) and what
+      its hook allocated (`first_grads`, `first_buffers`);
+    - its end: gradients and DeepSpeed's reduction buffers."""
+    loss = Phase("backward", resident, 0, gathered, act.loss_backward_peak_bytes,
+                 "activations + the loss path's fp32 gradients at the start of backward")
+    first = Phase("backward", resident, first_grads, gathered + first_buffers, act.first_layer_backward_bytes,
+                  "activations + the first gradient and what its hook allocates")
     end = Phase("backward", resident, end_grads, end_buffers, 0, end_why)
-    return _worst(start, end)
+    return _worst(loss, first, end)
 
 
 def _stage0(model, setup, st, act):
@@ -62,7 +68,8 @@ def _stage0(model, setup, st, act):
     return (
         init,
         _forward(resident, 0, act),
-        _backward(resident, 0, act, grads, flatten, "full gradients + the all-reduce flatten copy"),
+        _backward(resident, 0, act, b * model.head_numel, 0, grads, flatten,
+                  "full gradients + the all-reduce flatten copy"),
         Phase("step", resident, grads + step_copies, 0, 0,
               "gradients + per-parameter fp32 copies + a flat fp32 copy (FP16_Optimizer)"
               if setup.mixed_precision else "gradients"),
@@ -75,14 +82,29 @@ def _stage12(model, setup, st, act):
     s = part.flat_shard
     resident = st.resident_bytes
     g_in = max_grads_in_partition(model.param_numels, setup)
-    bucket = min(setup.reduce_bucket_size, p)
-    ipg = c * bucket * (2 if setup.overlap and setup.stage == Stage.GRADIENTS else 1) \
-        if setup.contiguous_gradients else 0
+    r = setup.reduce_bucket_size
     in_partition = b * g_in * (2 if setup.gas > 1 and setup.stage == Stage.GRADIENTS else 1)
-    if setup.stage == Stage.OPTIMIZER_STATES:
-        bwd_grads, why = b * p + in_partition, "full autograd gradients (reduced at the boundary) + partition gradients"
+    if setup.contiguous_gradients:
+        # `setup_buckets` allocates the ipg buffer at the first gradient hook of every backward:
+        # reduce_bucket_size elements (two with overlap_comm), whatever P is (measured: 954 MiB for a
+        # 134M-parameter model at the default 5e8), freed after the step. Gradients are copied into
+        # it and their autograd storage freed; a full buffer is reduced and the rank's part copied
+        # into the partition gradients (b·G_in, allocated at the first reduction).
+        ipg = c * r * (2 if setup.overlap else 1)
+        if setup.stage == Stage.OPTIMIZER_STATES:
+            # ZeRO-1 moves gradients into the buffer only at the end of backward, parameter by
+            # parameter: before that all b·P autograd gradients; at the first reduction all but a
+            # buffer's worth of them, beside the partition gradients.
+            end_grads = b * max(p, max(p - r, 0) + g_in)
+            why = "autograd gradients not yet moved into the buffer (+ partition gradients)"
+        else:
+            end_grads, why = in_partition + b * max(model.param_numels), "partition gradients + one autograd gradient"
+        end_buffers, why = ipg, why + " + ipg buffer"
     else:
-        bwd_grads, why = b * bucket + in_partition, "one bucket of autograd gradients + partition gradients"
+        # Without contiguous gradients each reduction flattens its bucket into a copy.
+        ipg, bucket = 0, min(r, p)
+        end_grads = (b * p if setup.stage == Stage.OPTIMIZER_STATES else b * bucket) + in_partition
+        end_buffers, why = c * bucket, "autograd gradients + partition gradients + the bucket's flatten copy"
     cast = 4 * s if setup.mixed_precision else 0
     # Init (measured): module parameters b·P beside the flat copy b·Pp and the fp32 shard 4S; at N = 1
     # the shard is first cloned in the low precision (b·S more).
@@ -91,7 +113,7 @@ def _stage12(model, setup, st, act):
         Phase("init", resident - st.moments_bytes, 0, init_extra, 0,
               "module parameters beside the flat buffer they are copied into (Adam state comes at the first step)"),
         _forward(resident, 0, act),
-        _backward(resident, 0, act, bwd_grads, ipg + c * bucket, why + " + ipg bucket(s) + flatten copy"),
+        _backward(resident, 0, act, b * model.head_numel, ipg, end_grads, end_buffers, why),
         # Step: partition gradients, their flat copy b·S and its fp32 cast 4S (measured to the 0.1%).
         Phase("step", resident, b * g_in, b * s + cast, 0, "partition gradients + flatten + fp32 cast"),
     )
@@ -119,7 +141,7 @@ def _stage3(model, setup, st, act):
               "partitions, fp32 master and gradient buffers (Adam state comes at the first step)"),
         _forward(resident, kept + fetch, act,
                  "activations + parameters kept gathered for backward (reuse rule) + the coalesced fetch"),
-        _backward(resident, kept, act, b * model.largest_module_numel, kept + reduce_scatter,
+        _backward(resident, kept, act, b * model.head_numel, 0, b * model.largest_module_numel, kept + reduce_scatter,
                   "gathered parameters + one module's gradients + the reduce-scatter buffer"),
         # Per sub-group: flatten b·sub + fp32 cast 4·sub (the largest sub-group; measured to 0.1% with
         # one and two sub-groups, 4% low with three).

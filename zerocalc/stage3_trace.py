@@ -35,7 +35,8 @@ class Stage3Iteration:
 
 def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     """At N = 1 parameters are views of their partitions: nothing is gathered or sent."""
-    return _simulate(model, Setup(dp=setup.dp, prefetch_bucket_size=setup.prefetch_bucket_size,
+    return _simulate(model, Setup(dp=setup.dp, activation_checkpointing=setup.activation_checkpointing,
+                                  prefetch_bucket_size=setup.prefetch_bucket_size,
                                   max_live_parameters=setup.max_live_parameters,
                                   max_reuse_distance=setup.max_reuse_distance,
                                   param_persistence_threshold=setup.param_persistence_threshold,
@@ -51,9 +52,9 @@ def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     pers = persistent_mask(numel, setup)
     shard = [ceil(x / n) for x in numel]
     padded = [s * n for s in shard]
-    # The trace: forward hooks in order, then backward in reverse.
+    # The trace: forward's hooks, then backward's (recomputed layers included when checkpointing).
     ids = [list(m) for m in model.trace]
-    trace = ids + ids[::-1]
+    trace = ids + [list(m) for m in model.backward(setup.activation_checkpointing)]
     queue = deque((p, step) for step, mod in enumerate(trace) for p in mod)
     marked = {}
     available = {p for p in range(len(numel)) if pers[p]}

@@ -63,12 +63,13 @@ def evaluate(g: dict, optimizer_state_bytes: int = 8, reduce_bucket_size: int = 
     resident = np.select([stage == 0, stage < 3], [res0, res12], res3)
 
     # phases (see zerocalc.peak): init, backward end, step; forward/backward starts add activations only
-    bucket = np.minimum(reduce_bucket_size, p)
     ph0 = np.stack([res0 + np.where(mixed, 4 * p, -k * p), res0, res0 + b * p + b * np.minimum(p, MEMORY_OPT_ALLREDUCE_SIZE),
                     res0 + b * p + np.where(mixed, 8 * p, 0)])
     ph12_init = res12 - k * s + b * p + np.where(n == 1, b * s, 0)
-    bwd1 = res12 + b * p + b * g_in + 2 * c * bucket
-    bwd2 = res12 + b * bucket + b * g_in * np.where(gas > 1, 2, 1) + 2 * c * bucket
+    largest = p - (TENSORS - 1) * tensor
+    r = reduce_bucket_size   # the ipg buffer is reduce_bucket_size elements whatever P is
+    bwd1 = res12 + b * np.maximum(p, np.maximum(p - r, 0) + g_in) + c * r
+    bwd2 = res12 + b * g_in * np.where(gas > 1, 2, 1) + b * largest + c * r
     ph12 = np.stack([ph12_init, res12, np.where(stage == 1, bwd1, bwd2),
                      res12 + b * g_in + b * s + np.where(mixed, 4 * s, 0)])
     kept_frac, gathered_frac = np.zeros_like(p), np.zeros_like(p)
@@ -77,7 +78,6 @@ def evaluate(g: dict, optimizer_state_bytes: int = 8, reduce_bucket_size: int = 
         keys, inverse = np.unique(p[is3], return_inverse=True)
         table = np.array([_kept_and_gathered(int(a)) for a in keys])
         kept_frac[is3], gathered_frac[is3] = table[inverse.ravel(), 0], table[inverse.ravel(), 1]
-    largest = p - (TENSORS - 1) * tensor
     fetch = np.where(n > 1, 2 * b * np.minimum(50_000_000, largest), 0)
     sub = np.minimum(sub_group_size, s3)
     kept = b * kept_frac * p

@@ -75,7 +75,8 @@ def features(model, setup, collectives, hw: Hardware) -> dict:
     wire = sum(c.wire_bytes for c in collectives)
     return {"flops_over_peak": flops_per_micro_step(model, setup) / hw.peak_flops_per_s,
             "launch_layers": a.num_layers * (3 + int(setup.activation_checkpointing)),
-            "modules": 2 * len(model.trace) if setup.stage == Stage.PARAMETERS else 0,
+            "modules": len(model.trace) + len(model.backward(setup.activation_checkpointing))
+            if setup.stage == Stage.PARAMETERS else 0,
             "optimizer_elements": optimizer_elements(model, setup),
             "wire_over_bandwidth": wire / link_bytes_per_s(setup, hw),
             "calls": sum(c.calls for c in collectives),
