@@ -9,13 +9,13 @@
 set -u
 budget=$1; shift
 source validate/gpu/setup.sh || exit 1
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch, deepspeed, transformers; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__, "gpus", torch.cuda.device_count())'; } | tee $OUT/env.txt
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; lscpu | grep -E "^Model name|^CPU\(s\)"; python3 -c 'import torch, deepspeed, transformers; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__, "gpus", torch.cuda.device_count())'; } | tee $OUT/env.txt
 t0=$(date +%s)
 python3 -c 'from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()' > $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
 echo "FusedAdam built in $(( $(date +%s) - t0 )) s"
 mkdir -p data
 for spec in "$@"; do   # resume: rows committed under the matrix's name are skipped
-  f=data/$(basename "${spec##*:}" .json).csv; [ -e "$f" ] && cp "$f" $OUT/
+  f=data/$(basename "${spec##*:}" .json).csv; [ -e "$f" ] && cp "$f" $OUT/ && chmod u+w $OUT/$(basename "$f")
 done
 pids=()
 for spec in "$@"; do
