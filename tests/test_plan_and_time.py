@@ -12,9 +12,15 @@ from zerocalc.model import from_architecture
 from zerocalc.plan import gpu_counts
 from zerocalc.training import Setup, Stage
 
+PER_CLASS = lambda v: {"stage0": v, "stage12": v, "stage3": v}  # noqa: E731
 CAL = {"activations": {"hf-llama": {"h": 10, "kv": 2, "f": 4}},
-       "time": {"efficiency": 0.5, "launch_s_per_layer": 0.0, "module_hook_s": 0.0,
-                "optimizer_s_per_element": 1e-12, "step_overhead_s": 0.01, "link_efficiency": 1.0}}
+       "time": {"efficiency": 0.5, "launch_fwd_s_per_layer": 0.0, "launch_bwd_s_per_layer": 0.0, "module_hook_s": 0.0,
+                "gather_call_s": 0.0, "link_efficiency": 1.0, "grad_hook_s": 0.0,
+                "step_overhead_s": PER_CLASS(0.01), "optimizer_s_per_element": PER_CLASS(1e-12)}}
+
+
+def with_time(**k):
+    return {**CAL, "time": {**CAL["time"], **k}}
 
 
 def test_step_time_by_hand():
@@ -24,12 +30,39 @@ def test_step_time_by_hand():
     s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype="bf16")
     t = estimate(spec, s, cal=CAL, hardware=gpu("h100")).time
     tokens = 2 * 2048
-    flops = 6 * p * tokens + 12 * 32 * 4096 * 2048 * tokens          # 6PT + attention 12·L·h·s·T
-    assert t.compute_s == pytest.approx(flops / (0.5 * 989e12))
+    forward = 2 * p * tokens + 4 * 32 * 4096 * 2048 * tokens          # 2PT + attention 4·L·h·s·T
+    assert t.forward_s == pytest.approx(forward / (0.5 * 989e12))
+    assert t.backward_s == pytest.approx(2 * forward / (0.5 * 989e12))
     assert t.optimizer_s == pytest.approx(1e-12 * p + 0.01)         # stage 0: every element on this rank
-    assert t.comm_s == 0 and t.step_s == pytest.approx(t.compute_s + t.optimizer_s)
+    assert t.comm_s == 0 and t.step_s == pytest.approx(t.forward_s + t.backward_s + t.optimizer_s)
     assert t.tokens_per_s == pytest.approx(tokens / t.step_s)
     assert t.mfu == pytest.approx(6 * p * tokens / (t.step_s * 989e12))
+    # checkpointing adds one forward to backward
+    ck = estimate(spec, Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype="bf16",
+                              activation_checkpointing=True), cal=CAL, hardware=gpu("h100")).time
+    assert ck.backward_s == pytest.approx(3 * forward / (0.5 * 989e12))
+
+
+def test_small_steps_are_host_bound():
+    # 1 s per layer pass is far above the GPU's time: forward = L·1 s, backward = L·(1 + checkpointing)·2 s
+    a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
+    s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=1, seq_len=128, activation_checkpointing=True)
+    t = estimate(from_architecture(a), s, cal=with_time(launch_fwd_s_per_layer=1.0, launch_bwd_s_per_layer=2.0),
+                 hardware=gpu("h100")).time
+    assert t.forward_s == pytest.approx(32.0) and t.backward_s == pytest.approx(32 * 2 * 2.0)
+
+
+def test_stage_3_hooks_and_gathers():
+    a = A.Architecture("hf-llama", 32000, 1024, 4, 8, 8, 2816, False)
+    spec = from_architecture(a)
+    s = Setup(stage=Stage.PARAMETERS, dp=2, micro_batch=1, seq_len=128)
+    e = estimate(spec, s, cal=with_time(module_hook_s=1.0, gather_call_s=0.5), hardware=gpu("h100"))
+    modules = 5 + 13 * 4 + 2       # wrapper, CausalLM, model, embed, rotary; 13 per layer; norm, head
+    assert len(spec.trace) == modules
+    gathers = next(c for c in e.collectives if c.op == "all_gather_into_tensor" and c.phase == "forward")
+    # host side (1 s per module step) dominates; each gather call waits 0.5 s; its bytes cross the link
+    assert e.time.forward_s == pytest.approx(modules * 1.0 + gathers.calls * 0.5 + gathers.wire_bytes / 450e9)
+    assert e.time.hooks_s == pytest.approx(modules + len(spec.backward(False)))
 
 
 def test_stage_2_communication_is_exposed_and_costs_wire_over_bandwidth():
@@ -37,9 +70,14 @@ def test_stage_2_communication_is_exposed_and_costs_wire_over_bandwidth():
     s = Setup(stage=Stage.GRADIENTS, dp=8, micro_batch=1, seq_len=1024)
     e = estimate(spec, s, cal=CAL, hardware=gpu("h100"))
     wire = sum(c.wire_bytes for c in e.collectives)
-    calls = sum(c.calls for c in e.collectives)
-    assert e.time.comm_s == pytest.approx(wire / 450e9 + calls * 20e-6)
-    assert e.time.exposed_comm_s == e.time.comm_s                    # overlap_comm is off at stage 2
+    assert e.time.comm_s == pytest.approx(wire / 450e9)
+    assert e.time.exposed_comm_s == pytest.approx(e.time.comm_s)        # overlap_comm is off at stage 2
+    reduce = sum(c.wire_bytes for c in e.collectives if c.op == "all_reduce")
+    gather = sum(c.wire_bytes for c in e.collectives if c.op == "all_gather_into_tensor")   # at the step
+    from zerocalc.partition import partition
+    flat_shard = partition(spec.param_numels, s).flat_shard
+    assert e.time.optimizer_s == pytest.approx(0.01 + 1e-12 * flat_shard + gather / 450e9)
+    assert e.time.step_s == pytest.approx(e.time.forward_s + e.time.backward_s + e.time.optimizer_s + reduce / 450e9)
     assert e.time.comm_share == pytest.approx(e.time.comm_s / e.time.step_s)
 
 

@@ -8,9 +8,9 @@ Constants (all named in the calibration JSON):
   keeps freed blocks; reserved peak ≈ ratio · allocated peak + extra (fitted on rows that start clean).
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
-- time.*: the step-time model's constants (`zerocalc/timing.py`): efficiency η and the per-layer
-  launch floor by a grid search, the rest by non-negative least squares on what remains, minimising
-  the mean relative error of the training split.
+- time.*: the step-time model's constants (`zerocalc/timing.py`), by Levenberg–Marquardt on the
+  log ratio of predicted to measured forward, backward, optimizer-step and whole-step times of the
+  training split (all constants positive, the link efficiency at most 1).
 """
 import hashlib
 import json
@@ -70,30 +70,93 @@ def time_features(df):
     rows = []
     for _, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
-        e = estimate(spec, setup)
-        rows.append(features(spec, setup, e.collectives, gpu("h200")) | {"dp": setup.dp})
-    return pd.DataFrame(rows, index=df.index)
+        rows.append(features(spec, setup, estimate(spec, setup).collectives, gpu("h200")))
+    return rows
+
+
+# The time constants, fitted in log space (all positive); the link efficiency through a logistic (0 < ε ≤ 1).
+_SCALARS = ("efficiency", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "module_hook_s", "gather_call_s",
+            "link_efficiency", "grad_hook_s")
+_START = {"efficiency": 0.45, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
+          "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5,
+          "step_overhead_s": 0.02, "optimizer_s_per_element": 3e-11}
+
+
+def _unpack(z) -> dict:
+    from zerocalc.timing import STEP_CLASSES
+    k = {name: float(np.exp(v)) for name, v in zip(_SCALARS, z)}
+    k["efficiency"] = min(k["efficiency"], 1.0)
+    k["link_efficiency"] = float(1 / (1 + np.exp(-z[_SCALARS.index("link_efficiency")])))
+    n = len(_SCALARS)
+    k["step_overhead_s"] = {c: float(np.exp(z[n + i])) for i, c in enumerate(STEP_CLASSES)}
+    k["optimizer_s_per_element"] = {c: float(np.exp(z[n + 3 + i])) for i, c in enumerate(STEP_CLASSES)}
+    return k
+
+
+def _pack(k: dict) -> np.ndarray:
+    from zerocalc.timing import STEP_CLASSES
+    z = [np.log(k[name]) for name in _SCALARS]
+    z[_SCALARS.index("link_efficiency")] = np.log(k["link_efficiency"] / (1 - k["link_efficiency"]))
+    z += [np.log(k["step_overhead_s"]) if not isinstance(k["step_overhead_s"], dict)
+          else np.log(k["step_overhead_s"][c]) for c in STEP_CLASSES]
+    z += [np.log(k["optimizer_s_per_element"]) if not isinstance(k["optimizer_s_per_element"], dict)
+          else np.log(k["optimizer_s_per_element"][c]) for c in STEP_CLASSES]
+    return np.array(z, dtype=float)
+
+
+def _predict(feats, k) -> np.ndarray:
+    """(rows, 4): forward, backward, optimizer step and whole step, seconds."""
+    from zerocalc.timing import phase_times
+    out = []
+    for f in feats:
+        fwd, bwd, step, reduce = phase_times(f, k)
+        out.append((fwd, bwd, step, f["gas"] * (fwd + bwd) + reduce + step))
+    return np.array(out)
+
+
+def _levenberg_marquardt(residuals, z, iterations=100):
+    """Minimise |residuals(z)|² (numerical Jacobian); small and dependency-free."""
+    r = residuals(z)
+    cost, damping = r @ r, 1e-2
+    for _ in range(iterations):
+        jac = np.empty((len(r), len(z)))
+        for j in range(len(z)):
+            dz = np.zeros_like(z)
+            dz[j] = 1e-6
+            jac[:, j] = (residuals(z + dz) - r) / 1e-6
+        a, g = jac.T @ jac, jac.T @ r
+        while damping < 1e12:
+            step = np.linalg.solve(a + damping * np.diag(np.diag(a) + 1e-12), -g)
+            r_new = residuals(z + step)
+            if r_new @ r_new < cost:
+                improved = cost - r_new @ r_new
+                z, r, cost, damping = z + step, r_new, r_new @ r_new, damping / 3
+                break
+            damping *= 10
+        else:
+            break
+        if improved < 1e-10 * max(cost, 1e-30):
+            break
+    return z
 
 
 def fit_time(train: pd.DataFrame) -> dict:
-    f = time_features(train)
-    y = train["measured_step_s"].to_numpy(float)
-    best = None
-    for eta in np.linspace(0.15, 0.9, 31):
-        for launch in np.linspace(0.1e-3, 3e-3, 30):
-            for module in np.linspace(0.0, 1.5e-3, 16):
-                cpu = f["launch_layers"] * launch + f["modules"] * module
-                compute = f["gas"] * np.maximum(f["flops_over_peak"] / eta, cpu)
-                x = np.vstack([f["optimizer_elements"], np.ones(len(f)),
-                               np.where(f["dp"] > 1, f["wire_over_bandwidth"], 0.0)]).T
-                coef = _nonneg_lstsq(x / y[:, None], (y - compute) / y)   # relative residuals
-                err = np.abs((compute + x @ coef - y) / y).mean()
-                if best is None or err < best[0]:
-                    best = (err, eta, launch, module, coef)
-    _, eta, launch, module, (per_element, step0, inv_eff) = best
-    return {"efficiency": round(float(eta), 4), "launch_s_per_layer": float(launch), "module_hook_s": float(module),
-            "optimizer_s_per_element": float(per_element), "step_overhead_s": float(step0),
-            "link_efficiency": round(1 / float(inv_eff), 4) if inv_eff > 0 else 1.0, "rows": int(len(train))}
+    """Least squares on log(predicted / measured) of the forward, backward and optimizer-step times
+    and (twice weighted) of the whole step, over the training rows."""
+    feats = time_features(train)
+    measured = train[["measured_forward_s", "measured_backward_s", "measured_step_phase_s",
+                      "measured_step_s"]].to_numpy(float)
+    weights = np.array([1.0, 1.0, 1.0, 2.0])
+
+    def residuals(z):
+        return (np.log(_predict(feats, _unpack(z)) / measured) * weights).ravel()
+
+    k = _unpack(_levenberg_marquardt(residuals, _pack(_START)))
+    rounded = {name: (round(v, 4) if name.endswith("efficiency") else float(f"{v:.4g}")) for name, v in k.items()
+               if not isinstance(v, dict)}
+    rounded.update({name: {c: float(f"{x:.4g}") for c, x in k[name].items()}
+                    for name in ("step_overhead_s", "optimizer_s_per_element")})
+    return rounded | {"rows": int(len(train))}
 
 
 def fit(paths, out_path=None) -> tuple[dict, str]:
@@ -117,13 +180,16 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                             "rows": int(len(clean))}
         lines.append(f"allocator: reserved = {ratio:.3f} × allocated + {extra / 2**30:.2f} GiB ({len(clean)} clean rows)")
     timed = train[train["measured_step_s"].notna()]
-    if len(timed) >= 6:
+    if len(timed) >= 14:
         cal["time"] = fit_time(timed)
         t = cal["time"]
-        lines.append(f"time: efficiency {t['efficiency']:.3f} of peak, launch floor {t['launch_s_per_layer'] * 1e3:.2f} "
-                     f"ms/layer-pass, stage-3 hook {t['module_hook_s'] * 1e3:.3f} ms/module, optimizer "
-                     f"{t['optimizer_s_per_element'] * 1e12:.1f} ps/element + {t['step_overhead_s'] * 1e3:.1f} ms, "
-                     f"link efficiency {t['link_efficiency']:.3f} ({len(timed)} rows)")
+        lines.append(f"time: efficiency {t['efficiency']:.3f} of peak; host floor {t['launch_fwd_s_per_layer'] * 1e3:.2f} "
+                     f"(forward) and {t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass; stage-3 hook "
+                     f"{t['module_hook_s'] * 1e3:.3f} ms per module step, {t['gather_call_s'] * 1e3:.3f} ms per all-gather "
+                     f"call; link efficiency {t['link_efficiency']:.3f}; gradient hook {t['grad_hook_s'] * 1e6:.1f} us "
+                     f"per tensor; optimizer step " + ", ".join(
+                         f"{c} {t['step_overhead_s'][c] * 1e3:.1f} ms + {t['optimizer_s_per_element'][c] * 1e12:.1f} ps/element"
+                         for c in t["step_overhead_s"]) + f" ({len(timed)} rows)")
     cal["device"] = {"context_bytes": int(df["measured_device_overhead_bytes"].median()),
                      "gpu": str(df["gpu"].iloc[0])}
     lines.append(f"device.context_bytes: {cal['device']['context_bytes'] / 2**30:.2f} GiB (median of {len(df)} rows)")

@@ -1,43 +1,52 @@
-"""Step time per optimizer step: compute at a calibrated efficiency, the per-layer launch floor,
-ZeRO-3's per-module hooks, the optimizer, and the communication an α–β ring model gives for the
-logged collectives (`zerocalc.comm`), hidden by overlap where DeepSpeed overlaps it.
+"""Step time per optimizer step, phase by phase as the validator times them (forward, backward,
+optimizer step), each the slower of what the GPU must compute and what the host must issue, plus
+what waits on communication:
 
-    compute   = GAS · max(FLOPs / (η · peak), L · t_launch · (3 + ckpt) + 2 · modules · t_module)
-                the GPU's time, or the CPU's when launching kernels (and, at stage 3, running the
-                fetch/release hooks of every module) cannot keep ahead of it
-                FLOPs per micro-step = (6 + 2·ckpt) · P · T + 12 · L · h · s · T · (1 + ckpt/3)
-                (6PT for forward + backward, the attention scores and values 12·L·h·s per token,
-                recomputation with activation checkpointing; Kaplan et al. 2020, Korthikanti et al.
-                2022 Table 2 for the attention term)
-    optimizer = t_element · optimizer elements per rank + t_step
-    comm      = Σ wire_bytes / (ε · link bandwidth) + calls · α
-    exposed   = comm at stages 1/2 (overlap_comm off by default); at stage 3 what backward compute
-                (2/3 of compute) does not hide
-    offload   = optimizer offload: fp32 gradients down and parameters up over PCIe (4 + b bytes per
-                optimizer element) plus DeepSpeedCPUAdam on the host; parameter offload: the
-                parameters cross PCIe again in forward and backward (2·b per shard element per
-                micro-step). From data sheets and an assumed CPU Adam rate: not measured yet.
-T = micro-batch × sequence length tokens per micro-step per rank. The constants η, t_launch,
-t_module, t_element, t_step, ε are fitted on H200 runs (`python -m validate fit`); on another GPU they
-are assumed to carry over, which is a guess until it is measured.
+    forward   = max(F_fwd / (η·peak), L·t_launch_fwd + m_fwd·t_hook) + g_fwd·t_gather + W_fwd / (ε·link)
+    backward  = max(F_bwd / (η·peak), L·(1+ck)·t_launch_bwd + m_bwd·t_hook) + g_bwd·t_gather + W_bwd / (ε·link)
+                + n_tensors·t_grad_hook (stages 1/2)
+    step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
+    step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + step  (+ offload)
+
+- F: FLOPs per micro-step. Forward 2·P·T + 4·L·h·s·T (the attention scores and values), backward
+  twice that, plus one more forward with activation checkpointing (Kaplan et al. 2020; Korthikanti
+  et al. 2022, Table 2). T = micro-batch × sequence tokens on this rank.
+- The host side: kernel launches per layer pass and, at stage 3, DeepSpeed's fetch/release hooks
+  per module step of the trace (`zerocalc.stage3_trace`: forward's modules, then backward's, the
+  recomputed layers included). On a GPU this fast small steps are host-bound: that is the max.
+- Stage 3 at N > 1: each all-gather call is issued and waited for inside a hook (t_gather per
+  call) and its wire bytes W cross the link; the gradient reduce-scatter overlaps backward
+  (overlap_comm is on at stage 3) and is taken as hidden.
+- Stages 0–2 at N > 1: gradient all-reduce wire bytes W_reduce (overlap_comm is off by default:
+  exposed), stages 1/2 the all-gather of updated parameters at the step. Stages 1/2 also spend
+  t_grad_hook per parameter tensor copying each gradient into the ipg buffer.
+- Offload (from data sheets, not measured): optimizer offload moves fp32 gradients down and
+  parameters up over PCIe ((4 + b) bytes per optimizer element) and runs DeepSpeedCPUAdam on the
+  host instead of the step; parameter offload moves the parameters across again in forward and
+  backward (2·b per shard element per micro-step).
+The constants η, t_launch_*, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] are fitted on
+H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`); on another GPU they are
+assumed to carry over, which is a guess until it is measured. Step times of small (host-bound)
+steps vary by 20% and more between runs of one configuration on one host (`data/README.md`).
 """
 from dataclasses import dataclass
 
-from zerocalc import calibration
+from zerocalc import calibration, stage3_trace
 from zerocalc.hardware import Hardware
 from zerocalc.partition import partition
 from zerocalc.training import Stage
 
-ALPHA_S = 20e-6    # per-collective latency (NCCL launch + ring setup), a typical figure
+STEP_CLASSES = ("stage0", "stage12", "stage3")
 
 
 @dataclass(frozen=True)
 class StepTime:
-    compute_s: float
-    hooks_s: float
-    optimizer_s: float
-    comm_s: float
-    exposed_comm_s: float
+    forward_s: float         # per micro-step
+    backward_s: float        # per micro-step
+    optimizer_s: float       # the optimizer step (on the host with offload)
+    comm_s: float            # all communication at link speed, hidden or not
+    exposed_comm_s: float    # the part the step waits for
+    hooks_s: float           # stage 3's fetch/release hooks, host time per optimizer step
     offload_s: float
     step_s: float
     tokens_per_s: float
@@ -45,17 +54,15 @@ class StepTime:
     comm_share: float
 
     def as_dict(self) -> dict:
-        return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
-                "comm_share": self.comm_share, "compute_s": self.compute_s, "hooks_s": self.hooks_s,
-                "optimizer_s": self.optimizer_s, "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s,
-                "offload_s": self.offload_s}
+        return dict(self.__dict__)
 
 
-def flops_per_micro_step(model, setup) -> float:
+def flops_per_micro_step(model, setup) -> tuple[float, float]:
+    """(forward, backward) FLOPs of one micro-step on one rank; backward includes recomputation."""
     a = model.architecture
-    tokens, ck = setup.micro_batch * setup.seq_len, int(setup.activation_checkpointing)
-    attention = 12 * a.num_layers * a.hidden_size * setup.seq_len * tokens * (1 + ck / 3)
-    return (6 + 2 * ck) * model.num_params * tokens + attention
+    tokens = setup.micro_batch * setup.seq_len
+    forward = 2 * model.num_params * tokens + 4 * a.num_layers * a.hidden_size * setup.seq_len * tokens
+    return forward, 2 * forward + (forward if setup.activation_checkpointing else 0)
 
 
 def optimizer_elements(model, setup) -> int:
@@ -70,17 +77,54 @@ def link_bytes_per_s(setup, hw: Hardware) -> float:
 
 
 def features(model, setup, collectives, hw: Hardware) -> dict:
-    """The quantities the fitted constants multiply; `validate fit` regresses on them."""
-    a = model.architecture
-    wire = sum(c.wire_bytes for c in collectives)
-    return {"flops_over_peak": flops_per_micro_step(model, setup) / hw.peak_flops_per_s,
-            "launch_layers": a.num_layers * (3 + int(setup.activation_checkpointing)),
-            "modules": len(model.trace) + len(model.backward(setup.activation_checkpointing))
-            if setup.stage == Stage.PARAMETERS else 0,
-            "optimizer_elements": optimizer_elements(model, setup),
-            "wire_over_bandwidth": wire / link_bytes_per_s(setup, hw),
-            "calls": sum(c.calls for c in collectives),
-            "gas": setup.gas}
+    """What the fitted constants multiply (seconds at peak or link speed, counts); `validate fit`
+    regresses on these."""
+    fwd, bwd = flops_per_micro_step(model, setup)
+    link = link_bytes_per_s(setup, hw)
+    s3 = setup.stage == Stage.PARAMETERS
+    ck = setup.activation_checkpointing
+    it = stage3_trace.simulate(model, setup) if s3 else None
+    by = {"forward": 0, "backward": 0, "step": 0, "reduce": 0}
+    for c in collectives:
+        if c.op == "all_gather_into_tensor":
+            by[c.phase] += c.wire_bytes
+        elif not s3:
+            by["reduce"] += c.wire_bytes
+    gas = setup.gas
+    return {
+        "gas": gas,
+        "forward_at_peak_s": fwd / hw.peak_flops_per_s,
+        "backward_at_peak_s": bwd / hw.peak_flops_per_s,
+        "layer_passes_fwd": model.architecture.num_layers,
+        "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
+        "modules_fwd": len(model.trace) if s3 else 0,
+        "modules_bwd": len(model.backward(ck)) if s3 else 0,
+        "gathers_fwd": it.forward_gather_calls if s3 else 0,
+        "gathers_bwd": it.backward_gather_calls if s3 else 0,
+        # per micro-step: the collectives are summed over GAS micro-steps
+        "gather_fwd_at_link_s": by["forward"] / gas / link,
+        "gather_bwd_at_link_s": by["backward"] / gas / link,
+        "step_gather_at_link_s": by["step"] / link,
+        "reduce_at_link_s": by["reduce"] / link,
+        "grad_hooks": len(model.param_numels) if setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) else 0,
+        "step_class": STEP_CLASSES[0 if setup.stage == Stage.DISABLED else 2 if s3 else 1],
+        "optimizer_elements": optimizer_elements(model, setup),
+    }
+
+
+def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
+    """(forward, backward per micro-step, optimizer step, exposed reduce) in seconds from `features`
+    and the time constants `k` (the calibration's "time" section)."""
+    eff = k["link_efficiency"]
+    forward = max(f["forward_at_peak_s"] / k["efficiency"],
+                  f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"]) \
+        + f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
+    backward = max(f["backward_at_peak_s"] / k["efficiency"],
+                   f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"]) \
+        + f["gathers_bwd"] * k["gather_call_s"] + f["gather_bwd_at_link_s"] / eff + f["grad_hooks"] * k["grad_hook_s"]
+    step = k["step_overhead_s"][f["step_class"]] + k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"] \
+        + f["step_gather_at_link_s"] / eff
+    return forward, backward, step, f["reduce_at_link_s"] / eff
 
 
 def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) -> StepTime | None:
@@ -88,12 +132,12 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
         return None
     k = (cal or calibration.default())["time"]
     f = features(model, setup, collectives, hw)
-    cpu = f["launch_layers"] * k["launch_s_per_layer"] + f["modules"] * k["module_hook_s"]
-    compute = f["gas"] * max(f["flops_over_peak"] / k["efficiency"], cpu)
-    hooks = f["gas"] * f["modules"] * k["module_hook_s"]   # part of compute's CPU side, reported apart
-    optimizer = f["optimizer_elements"] * k["optimizer_s_per_element"] + k["step_overhead_s"]
-    comm = f["wire_over_bandwidth"] / k["link_efficiency"] + f["calls"] * ALPHA_S if setup.dp > 1 else 0.0
-    exposed = max(0.0, comm - 2 / 3 * compute) if setup.overlap else comm
+    forward, backward, optimizer, reduce = phase_times(f, k)
+    eff = k["link_efficiency"]
+    comm = sum(c.wire_bytes for c in collectives) / link_bytes_per_s(setup, hw) / eff
+    hidden = sum(c.wire_bytes for c in collectives if c.op == "reduce_scatter_tensor") / link_bytes_per_s(setup, hw) / eff
+    exposed = comm - hidden + f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
+    hooks = f["gas"] * (f["modules_fwd"] + f["modules_bwd"]) * k["module_hook_s"]
     offload = 0.0
     if setup.offload_optimizer != "none":
         elements = f["optimizer_elements"]
@@ -101,7 +145,8 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
         optimizer = 0.0   # the step runs on the host instead
     if setup.offload_param != "none":
         offload += f["gas"] * 2 * setup.param_bytes * f["optimizer_elements"] / hw.pcie_bytes_per_s
-    step = compute + optimizer + exposed + offload
+    step = f["gas"] * (forward + backward) + reduce + optimizer + offload
     tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
     mfu = 6 * model.num_params * tokens / (step * setup.dp * hw.peak_flops_per_s)
-    return StepTime(compute, hooks, optimizer, comm, exposed, offload, step, tokens / step, mfu, exposed / step)
+    return StepTime(forward, backward, optimizer, comm, exposed, hooks, offload, step, tokens / step, mfu,
+                    exposed / step)
