@@ -29,6 +29,7 @@ def test_at_least_40_gpu_configurations_with_provenance(rows):
         assert rows[col].notna().all(), col
     assert set(rows["deepspeed"]) == {"0.19.8"} and all("H200" in g for g in rows["gpu"])
     assert set(rows["nproc"]) >= {1, 2}
+    assert (rows["nproc"] >= 2).sum() >= 20 and rows.loc[rows["nproc"] >= 2, "num_params"].max() > 6e9
 
 
 def test_state_and_communication_are_exact_on_every_gpu_row(rows):
@@ -48,7 +49,9 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows)]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
+    # README: mean 6%, 39 of 47 within 10%, worst 23% (issue 4's 10% on every row: not met)
     assert err.mean() < 0.07 and err.max() < 0.25
+    assert (err <= 0.10).mean() >= 0.8
 
 
 def test_report_prints_every_table():
@@ -57,3 +60,11 @@ def test_report_prints_every_table():
     for title in ("Resident state bytes", "Logged communication bytes", "Peak allocated", "held-out rows",
                   "Peak reserved", "Step time"):
         assert title in text
+
+
+def test_step_time_within_the_stated_error(rows):
+    err = ((rows["now_step_s"] - rows["measured_step_s"]) / rows["measured_step_s"]).abs()
+    # README: mean 11%, 52 of 72 within 15%, worst 41% (issue 5's 15% on every row: not met)
+    assert err.mean() < 0.12
+    assert (err <= 0.15).mean() >= 0.7
+    assert err.max() < 0.45
