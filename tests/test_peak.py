@@ -1,0 +1,39 @@
+"""Peak phases worked by hand (bytes), for the rules the H200 allocator histories showed."""
+from zerocalc import arch as A
+from zerocalc.estimate import estimate
+from zerocalc.model import from_architecture, from_params
+from zerocalc.training import Setup, Stage
+
+P = 10**8          # 100 tensors of 1e6 (a P-only model)
+R = 500_000_000    # reduce_bucket_size, DeepSpeed's default
+
+
+def phase(e, name):
+    return next(ph for ph in e.phases if ph.name == name)
+
+
+def test_stage_2_backward_holds_the_whole_bucket_even_when_the_model_is_smaller():
+    e = estimate(from_params(P), Setup(stage=Stage.GRADIENTS, dp=1, dtype="bf16"))
+    resident = 2 * P + 4 * P + 8 * P             # bf16 params, fp32 master, Adam moments: 14 B/param
+    # end of backward: the ipg buffer (R elements of bf16, not min(R, P)), the partition gradients
+    # (all of P at N = 1) and one autograd gradient being copied in (the largest tensor, 1e6)
+    assert phase(e, "backward").total_bytes == resident + 2 * R + 2 * P + 2 * 10**6
+    assert e.peak.name == "backward"
+
+
+def test_stage_1_backward_keeps_autograd_gradients_until_the_end():
+    e = estimate(from_params(P), Setup(stage=Stage.OPTIMIZER_STATES, dp=1, dtype="bf16"))
+    # P < R: every gradient sits in autograd (2P) beside the ipg buffer until the epilogue moves
+    # them into it; the partition gradients (2P) come after they are freed
+    assert phase(e, "backward").total_bytes == 14 * P + 2 * R + 2 * P
+
+
+def test_loss_gradients_and_a_recomputed_layer_are_not_alive_together():
+    a = A.Architecture("hf-llama", 32000, 1024, 4, 8, 8, 2816, False)
+    s = Setup(stage=Stage.DISABLED, dp=1, dtype="bf16", micro_batch=8, seq_len=1024, activation_checkpointing=True)
+    e = estimate(from_architecture(a), s)
+    tokens, v, h = 8 * 1024, 32000, 1024
+    kept_layers = 4 * 2 * tokens * h                # checkpointing keeps each layer's input (b·h per token)
+    # the loss's backward: layer inputs + fp32 log-probs (4V) + the loss path's fp32 gradients (8V)
+    assert e.activation_bytes == kept_layers + 12 * tokens * v
+    assert phase(e, "backward").activation_bytes == kept_layers + 12 * tokens * v
