@@ -22,31 +22,16 @@ def where(frames, depth=3) -> str:
     return " < ".join(f"{f['filename'].split('site-packages/')[-1]}:{f['line']}:{f['name']}" for f in picked[:depth])
 
 
-def replay(trace):
-    """(peak_delta_bytes, index, live transient blocks at the peak) from one device's trace."""
+def _replay(trace, grow: str, shrink: str):
+    """(peak increase in bytes, event index, entries alive then that were made during the trace) of
+    the running sum of `grow` events less `shrink` events (a shrink of something from before the
+    recording counts too: it was in the starting sum)."""
     live, delta, best = {}, 0, (0, -1, {})
     for i, e in enumerate(trace):
-        if e["action"] == "alloc":
+        if e["action"] == grow:
             live[e["addr"]] = e
             delta += e["size"]
-        elif e["action"] == "free_requested":
-            live.pop(e["addr"], None)
-            delta -= e["size"]   # also for blocks from before the recording: they are in the base
-        else:
-            continue
-        if delta > best[0]:
-            best = (delta, i, dict(live))
-    return best
-
-
-def reserved_replay(trace):
-    """(peak_delta_bytes, index, segments allocated during the trace alive at the reserved peak)."""
-    live, delta, best = {}, 0, (0, -1, {})
-    for i, e in enumerate(trace):
-        if e["action"] == "segment_alloc":
-            live[e["addr"]] = e
-            delta += e["size"]
-        elif e["action"] == "segment_free":
+        elif e["action"] == shrink:
             live.pop(e["addr"], None)
             delta -= e["size"]
         else:
@@ -54,6 +39,16 @@ def reserved_replay(trace):
         if delta > best[0]:
             best = (delta, i, dict(live))
     return best
+
+
+def replay(trace):
+    """Allocated: (peak increase, event index, transient blocks alive at the peak)."""
+    return _replay(trace, "alloc", "free_requested")
+
+
+def reserved_replay(trace):
+    """Reserved: (peak increase, event index, segments made during the trace alive then)."""
+    return _replay(trace, "segment_alloc", "segment_free")
 
 
 def summarize(path: str, top: int = 15) -> str:
