@@ -30,3 +30,13 @@ def test_summary_names_the_lines(tmp_path):
     assert "peak 1.000 GiB (+0.000) at event 2" in text
     assert "deepspeed/runtime/zero/stage_1_and_2.py:3266:setup_buckets" in text
     assert "torch/nn/modules/linear.py:134:forward" in text
+
+
+def test_a_file_that_is_not_a_snapshot_is_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+
+    from validate.cli import main
+    bad = tmp_path / "x.pickle"
+    bad.write_text("not a pickle")
+    result = CliRunner().invoke(main, ["snapshot", str(bad)])
+    assert result.exit_code == 2 and "not a torch memory snapshot" in result.output

@@ -112,6 +112,13 @@ def fit_cmd(csv_paths, out_path):
 def snapshot_cmd(paths, top):
     """What was alive at a step's allocated and reserved peaks, from the allocator history the worker
     dumps when VALIDATE_SNAPSHOT_DIR is set (one optimizer step, rank 0)."""
+    import pickle
+
     from validate.snapshot import summarize
     for path in paths:
-        click.echo(summarize(path, top))
+        try:
+            click.echo(summarize(path, top))
+        except (pickle.UnpicklingError, EOFError, KeyError, StopIteration, TypeError, AttributeError) as err:
+            raise click.BadParameter(f"{path} is not a torch memory snapshot written by the worker "
+                                     f"({type(err).__name__}); give the .pickle files from VALIDATE_SNAPSHOT_DIR",
+                                     param_hint="PATHS")

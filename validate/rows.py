@@ -17,7 +17,7 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "param_tensors", "sharded_param_tensors",
                     "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
                     "measured_base_allocated_bytes", "measured_step_s", "measured_forward_s", "measured_backward_s",
-                    "measured_step_phase_s", "measured_device_overhead_bytes") + tuple(
+                    "measured_step_phase_s", "measured_step_times_s", "measured_device_overhead_bytes") + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:]) for what in ("peak", "end"))
 ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "command",
                "measured_comm_detail", "measured_state_detail")
@@ -109,7 +109,9 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
             if vals:
                 row[f"measured_{ph}_peak_bytes"] = max(v["peak_allocated"] for v in vals)
                 row[f"measured_{ph}_end_bytes"] = max(v["end_allocated"] for v in vals)
-        row["measured_step_s"] = max(r["step_s"] for r in ok)
+        slowest = max(ok, key=lambda r: r["step_s"])
+        row["measured_step_s"] = slowest["step_s"]
+        row["measured_step_times_s"] = json.dumps([round(t, 6) for t in slowest.get("step_times_s", [])])
         for ph in ("forward", "backward", "step"):
             col = "measured_step_phase_s" if ph == "step" else f"measured_{ph}_s"
             row[col] = max(m["phase_seconds"].get(ph, 0) for m in mem)
