@@ -23,6 +23,7 @@ from validate.report import load, started_clean
 from validate.rows import job_from_row
 from zerocalc import calibration
 from zerocalc.estimate import estimate
+from zerocalc.timing import STEP_CLASSES, features, phase_times
 
 def held_out(key: str) -> bool:
     """A fixed 25% of configurations, chosen by a hash of the key: never used for fitting."""
@@ -52,21 +53,8 @@ def _llama_activation_rows(df, cal):
     return rows
 
 
-def _nonneg_lstsq(x, y):
-    """Least squares with coefficients >= 0: drop the columns that come out negative and refit."""
-    keep = list(range(x.shape[1]))
-    while True:
-        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
-        if (coef >= 0).all() or not keep:
-            out = np.zeros(x.shape[1])
-            out[keep] = coef
-            return out
-        keep = [k for k, c in zip(keep, coef) if c >= 0]
-
-
 def time_features(df):
     from zerocalc.hardware import gpu
-    from zerocalc.timing import features
     rows = []
     for _, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
@@ -79,11 +67,11 @@ _SCALARS = ("efficiency", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "m
             "link_efficiency", "grad_hook_s")
 _START = {"efficiency": 0.45, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
           "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5,
-          "step_overhead_s": 0.02, "optimizer_s_per_element": 3e-11}
+          "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.02),
+          "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}
 
 
 def _unpack(z) -> dict:
-    from zerocalc.timing import STEP_CLASSES
     k = {name: float(np.exp(v)) for name, v in zip(_SCALARS, z)}
     k["efficiency"] = min(k["efficiency"], 1.0)
     k["link_efficiency"] = float(1 / (1 + np.exp(-z[_SCALARS.index("link_efficiency")])))
@@ -94,19 +82,15 @@ def _unpack(z) -> dict:
 
 
 def _pack(k: dict) -> np.ndarray:
-    from zerocalc.timing import STEP_CLASSES
     z = [np.log(k[name]) for name in _SCALARS]
     z[_SCALARS.index("link_efficiency")] = np.log(k["link_efficiency"] / (1 - k["link_efficiency"]))
-    z += [np.log(k["step_overhead_s"]) if not isinstance(k["step_overhead_s"], dict)
-          else np.log(k["step_overhead_s"][c]) for c in STEP_CLASSES]
-    z += [np.log(k["optimizer_s_per_element"]) if not isinstance(k["optimizer_s_per_element"], dict)
-          else np.log(k["optimizer_s_per_element"][c]) for c in STEP_CLASSES]
+    z += [np.log(k["step_overhead_s"][c]) for c in STEP_CLASSES]
+    z += [np.log(k["optimizer_s_per_element"][c]) for c in STEP_CLASSES]
     return np.array(z, dtype=float)
 
 
 def _predict(feats, k) -> np.ndarray:
     """(rows, 4): forward, backward, optimizer step and whole step, seconds."""
-    from zerocalc.timing import phase_times
     out = []
     for f in feats:
         fwd, bwd, step, reduce = phase_times(f, k)
