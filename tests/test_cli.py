@@ -66,6 +66,20 @@ def test_gpu_memory_decides_fits():
     assert [e["fits"] for e in huge["estimates"]] == [True] * 4
 
 
+def test_tight_when_only_the_expected_allocator_overhead_fits():
+    # Stage 3 of the chapter's 7B/8-GPU example: memory between the expected device bytes (fitted
+    # reserved ratio) and the worst measured ratio is "tight": fits, but can OOM.
+    e = json.loads(run("--params", "7e9", "--dp", "8", "--dtype", "fp16", "--stage", "3", "--format", "json").output)
+    e = e["estimates"][0]
+    context = e["device_bytes"] - e["peak_reserved_bytes"]
+    assert e["peak_reserved_worst_bytes"] > e["peak_reserved_bytes"] > e["peak_bytes"]
+    middle = (e["device_bytes"] + e["peak_reserved_worst_bytes"] + context) // 2
+    args = ("--params", "7e9", "--dp", "8", "--dtype", "fp16", "--stage", "3", "--gpu-memory", str(middle))
+    tight = json.loads(run(*args, "--format", "json").output)["estimates"][0]
+    assert tight["fits"] is True and tight["fits_worst_case"] is False
+    assert run(*args).output.splitlines()[4].split()[-1] == "tight"
+
+
 def test_model_preset_and_overrides():
     r = run("--model", "llama-2-7b", "--dp", "8", "--format", "json")
     assert json.loads(r.output)["inputs"]["num_params"] == 6_738_415_616   # Llama-2-7B's published count

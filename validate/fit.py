@@ -5,7 +5,8 @@ Constants (all named in the calibration JSON):
 - activations.hf-llama.h, .kv: bytes per token per layer of Llama's attention and RMSNorm part in
   units of the dtype (the MLP's 4f is counted by hand), from the memory at the end of forward.
 - allocator.reserved_over_allocated, allocator.reserved_extra_bytes: PyTorch's caching allocator
-  keeps freed blocks; reserved peak ≈ ratio · allocated peak + extra (fitted on rows that start clean).
+  keeps freed blocks; reserved peak ≈ ratio · allocated peak + extra (fitted on rows that start clean);
+  reserved_over_allocated_worst, the largest measured ratio, for the "tight" verdict.
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
 - time.*: the step-time model's constants (`zerocalc/timing.py`), by Levenberg–Marquardt on the
@@ -160,9 +161,11 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     if len(clean) >= 2:
         x = np.vstack([clean["measured_peak_allocated_bytes"].astype(float), np.ones(len(clean))]).T
         (ratio, extra), *_ = np.linalg.lstsq(x, clean["measured_peak_reserved_bytes"].astype(float), rcond=None)
+        worst = float((clean["measured_peak_reserved_bytes"] / clean["measured_peak_allocated_bytes"]).max())
         cal["allocator"] = {"reserved_over_allocated": round(float(ratio), 4), "reserved_extra_bytes": int(extra),
-                            "rows": int(len(clean))}
-        lines.append(f"allocator: reserved = {ratio:.3f} × allocated + {extra / 2**30:.2f} GiB ({len(clean)} clean rows)")
+                            "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(clean))}
+        lines.append(f"allocator: reserved = {ratio:.3f} × allocated + {extra / 2**30:.2f} GiB, worst measured ratio "
+                     f"{worst:.3f} ({len(clean)} clean rows)")
     timed = train[train["measured_step_s"].notna()]
     if len(timed) >= 14:
         cal["time"] = fit_time(timed)

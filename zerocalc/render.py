@@ -31,7 +31,7 @@ def _row(e) -> list[str]:
     d = e.as_dict()
     pr = d["per_rank_bytes"]
     offload = "/".join(x for x in (e.setup.offload_optimizer, e.setup.offload_param) if x != "none") or "-"
-    fits = {None: "", True: "yes", False: "NO"}[d["fits"]]
+    fits = "" if d["fits"] is None else "NO" if not d["fits"] else "yes" if d["fits_worst_case"] else "tight"
     act = "" if pr["activations"] is None else f"{gib(pr['activations']):.2f}"
     return [str(d["stage"]), offload, f"{gib(pr['params']):.2f}", f"{gib(pr['gradients']):.2f}",
             f"{gib(pr['optimizer_states']):.2f}", f"{gib(pr['buffers']):.2f}", act,
@@ -56,7 +56,8 @@ def as_table(estimates) -> str:
     lines += ["",
               "GiB per rank: params, grads and buffers at their largest in a step, optim = fp32 master + moments;",
               "peak = predicted max_memory_allocated and the phase that sets it; reserved = max_memory_reserved;",
-              "fits = reserved + CUDA context/NCCL <= --gpu-memory; paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
+              "fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst allocator overhead",
+              "measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
               "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
     why = {e.peak.why for e in estimates}
     lines += [f"Peak set by: stage {e.setup.stage:d} {e.peak.name}: {e.peak.why}" for e in estimates] if len(why) > 1 \
