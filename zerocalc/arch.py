@@ -143,14 +143,18 @@ def _backward(c: Call, checkpointing: bool = False, recompute_container: bool = 
     """Backward pre-hook order: the reverse of the order calls finish in forward (a container's hook
     fires when the gradient reaches its output, before its children's). With activation
     checkpointing a layer is run forward again right after the hook of its first module that saved
-    tensors (the first with parameters, walking backward), and its remaining hooks follow."""
+    tensors (the first with parameters, walking backward), up to its last module that saves any, and
+    its remaining hooks follow."""
     if not c.grad:
         return
     if checkpointing and c.layer:
         plain = list(_backward(c))
         first = next(i for i, params in enumerate(plain) if params)
         rebuilt = list(_forward(c))[0 if recompute_container else 1:]
-        yield from plain[:first + 1] + rebuilt + plain[first + 1:]
+        # PyTorch stops a recomputation once the last tensor backward needs is rebuilt: the modules
+        # after the layer's last one with parameters (GPT-2's dropout at p = 0) are not re-entered.
+        last = max(i for i, params in enumerate(rebuilt) if params)
+        yield from plain[:first + 1] + rebuilt[:last + 1] + plain[first + 1:]
         return
     yield c.params
     for child in reversed(c.children):
