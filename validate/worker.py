@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import os
+import pickle
 import statistics
 import sys
 import time
@@ -98,7 +99,6 @@ def _memory_history(key, cuda):
         snap["zerocalc_base_allocated"], snap["zerocalc_base_reserved"] = base, base_reserved
         torch.cuda.memory._record_memory_history(enabled=None)
         os.makedirs(SNAPSHOT_DIR, exist_ok=True)
-        import pickle
         with open(os.path.join(SNAPSHOT_DIR, key + ".pickle"), "wb") as f:
             pickle.dump(snap, f)
 
