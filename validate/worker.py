@@ -18,7 +18,10 @@ from validate.models import build_model
 
 WARMUP_STEPS = 2      # optimizer steps before measuring: Adam state and the stage-3 trace (frozen after
                       # its second iteration, with a few one-time broadcasts) are made here
-TIMED_STEPS = 5       # optimizer steps timed after the comm-logged one (all kept: their spread is the noise)
+PHASE_STEPS = 3       # optimizer steps after the comm-logged one with a synchronize() at each phase boundary:
+                      # per-phase peaks and times
+TIMED_STEPS = 5       # then whole optimizer steps timed without phase boundaries, as training runs them
+                      # (all kept: their spread is the measurement's own noise)
 
 
 def ds_config(job):
@@ -126,37 +129,52 @@ def run_job(job, device):
     inputs, labels = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
     losses, step_s = [], []
 
-    def optimizer_step(record):
+    def optimizer_step(record, phases=True):
+        """One optimizer step (GAS micro-steps). With `phases`, synchronize at each phase boundary and
+        record its peaks and time (record=False files them as the warm-up's). The losses are read
+        after the step, so an unsynchronized step runs without a host-device sync."""
+        pending = []
         for _ in range(job["gas"]):
-            rec.mark()
+            if phases:
+                rec.mark()
             logits = engine(inputs)
             loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab), labels.view(-1))
             del logits
-            rec.phase("forward", record)
+            if phases:
+                rec.phase("forward", record)
             engine.backward(loss)
-            rec.phase("backward", record)
+            if phases:
+                rec.phase("backward", record)
             engine.step()
-            rec.phase("step", record)
-            losses.append(loss.item())
+            if phases:
+                rec.phase("step", record)
+            pending.append(loss.detach())
             del loss
+        return pending
+
+    def keep_losses(pending):
+        losses.extend(x.item() for x in pending)
 
     comms_logger.enabled = False
     for _ in range(WARMUP_STEPS):
-        optimizer_step(record=False)
+        keep_losses(optimizer_step(record=False))
     # One steady-state step with the comms logger on (it synchronizes after every op).
     comms_logger.reset_data()
     comms_logger.enabled = True
     with _memory_history(job["key"], cuda):
-        optimizer_step(record=True)
+        keep_losses(optimizer_step(record=True))
     comms_logger.enabled = False
     comm = measure.comm_summary(dist.log_summary(return_dict=True))
     state = measure.resident_state(engine)
+    for _ in range(PHASE_STEPS):
+        keep_losses(optimizer_step(record=True))
     for _ in range(TIMED_STEPS):
         measure.synchronize(cuda)
         t0 = time.perf_counter()
-        optimizer_step(record=True)
+        pending = optimizer_step(record=True, phases=False)
         measure.synchronize(cuda)
         step_s.append(time.perf_counter() - t0)
+        keep_losses(pending)
     params = list(engine.module.parameters())
     result = {"outcome": "ok", "losses": losses, "comm": comm, "state": state,
               "step_s": statistics.median(step_s), "step_times_s": step_s, "memory": rec.summary(),
