@@ -24,7 +24,7 @@ from validate.report import load, started_clean
 from validate.rows import job_from_row
 from zerocalc import calibration
 from zerocalc.estimate import estimate
-from zerocalc.timing import STEP_CLASSES, features, phase_times
+from zerocalc.timing import STEP_CLASSES, features, phase_times, whole_step_s
 
 def held_out(key: str) -> bool:
     """A fixed 25% of configurations, chosen by a hash of the key: never used for fitting."""
@@ -76,9 +76,9 @@ def _unpack(z) -> dict:
     k = {name: float(np.exp(v)) for name, v in zip(_SCALARS, z)}
     k["efficiency"] = min(k["efficiency"], 1.0)
     k["link_efficiency"] = float(1 / (1 + np.exp(-z[_SCALARS.index("link_efficiency")])))
-    n = len(_SCALARS)
+    n, m = len(_SCALARS), len(STEP_CLASSES)
     k["step_overhead_s"] = {c: float(np.exp(z[n + i])) for i, c in enumerate(STEP_CLASSES)}
-    k["optimizer_s_per_element"] = {c: float(np.exp(z[n + 3 + i])) for i, c in enumerate(STEP_CLASSES)}
+    k["optimizer_s_per_element"] = {c: float(np.exp(z[n + m + i])) for i, c in enumerate(STEP_CLASSES)}
     return k
 
 
@@ -95,7 +95,7 @@ def _predict(feats, k) -> np.ndarray:
     out = []
     for f in feats:
         fwd, bwd, step, reduce = phase_times(f, k)
-        out.append((fwd, bwd, step, f["gas"] * (fwd + bwd) + reduce + step))
+        out.append((fwd, bwd, step, whole_step_s(f, fwd, bwd, step, reduce)))
     return np.array(out)
 
 

@@ -127,15 +127,22 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     return forward, backward, step, f["reduce_at_link_s"] / eff
 
 
+def whole_step_s(f: dict, forward: float, backward: float, optimizer: float, reduce: float,
+                 offload: float = 0.0) -> float:
+    """One optimizer step from its parts: GAS micro-steps of forward and backward, the exposed
+    reductions, the optimizer step (or, with offload, the host's work instead)."""
+    return f["gas"] * (forward + backward) + reduce + optimizer + offload
+
+
 def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) -> StepTime | None:
     if model.architecture is None or setup.seq_len is None:
         return None
     k = (cal or calibration.default())["time"]
     f = features(model, setup, collectives, hw)
     forward, backward, optimizer, reduce = phase_times(f, k)
-    eff = k["link_efficiency"]
-    comm = sum(c.wire_bytes for c in collectives) / link_bytes_per_s(setup, hw) / eff
-    hidden = sum(c.wire_bytes for c in collectives if c.op == "reduce_scatter_tensor") / link_bytes_per_s(setup, hw) / eff
+    link = link_bytes_per_s(setup, hw) * k["link_efficiency"]
+    comm = sum(c.wire_bytes for c in collectives) / link
+    hidden = sum(c.wire_bytes for c in collectives if c.op == "reduce_scatter_tensor") / link
     exposed = comm - hidden + f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
     hooks = f["gas"] * (f["modules_fwd"] + f["modules_bwd"]) * k["module_hook_s"]
     offload = 0.0
@@ -145,7 +152,7 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
         optimizer = 0.0   # the step runs on the host instead
     if setup.offload_param != "none":
         offload += f["gas"] * 2 * setup.param_bytes * f["optimizer_elements"] / hw.pcie_bytes_per_s
-    step = f["gas"] * (forward + backward) + reduce + optimizer + offload
+    step = whole_step_s(f, forward, backward, optimizer, reduce, offload)
     tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
     mfu = 6 * model.num_params * tokens / (step * setup.dp * hw.peak_flops_per_s)
     return StepTime(forward, backward, optimizer, comm, exposed, hooks, offload, step, tokens / step, mfu,
