@@ -26,6 +26,39 @@ def synchronize(cuda):
         torch.cuda.synchronize()
 
 
+def probe_machine(device) -> dict:
+    """How fast this host and this GPU are right now, measured beside each job's timed steps, so a
+    step-time miss can be told apart from a slow host or a throttled GPU (both vary between runs):
+    - launch_s: host seconds to issue one tiny kernel (2,000 in-place adds on one element, not waited
+      for; the GPU runs them as fast as they come), median of 5 rounds;
+    - matmul_flops_per_s: a bf16 8192^3 matmul, 10 in a row between synchronizes, median of 3 rounds.
+    Empty off CUDA."""
+    if device.type != "cuda":
+        return {}
+    import statistics
+    x = torch.zeros(1, device=device)
+    launches = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            x.add_(1.0)
+        launches.append((time.perf_counter() - t0) / 2000)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    a @ b
+    rates = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        torch.cuda.synchronize()
+        rates.append(10 * 2 * 8192**3 / (time.perf_counter() - t0))
+    del x, a, b
+    return {"launch_s": statistics.median(launches), "matmul_flops_per_s": statistics.median(rates)}
+
+
 def _children(obj):
     """(name, child) pairs worth following from obj: containers and DeepSpeed/torch objects."""
     if isinstance(obj, dict):

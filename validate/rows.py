@@ -17,7 +17,8 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "param_tensors", "sharded_param_tensors",
                     "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
                     "measured_base_allocated_bytes", "measured_step_s", "measured_forward_s", "measured_backward_s",
-                    "measured_step_phase_s", "measured_step_times_s", "measured_device_overhead_bytes") + tuple(
+                    "measured_step_phase_s", "measured_step_times_s", "measured_launch_us", "measured_matmul_tflops",
+                    "measured_device_overhead_bytes") + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:]) for what in ("peak", "end"))
 ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "command",
                "measured_comm_detail", "measured_state_detail")
@@ -112,6 +113,10 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         slowest = max(ok, key=lambda r: r["step_s"])
         row["measured_step_s"] = slowest["step_s"]
         row["measured_step_times_s"] = json.dumps([round(t, 6) for t in slowest.get("step_times_s", [])])
+        probe = slowest.get("probe") or {}
+        if probe:   # the slowest rank's host and GPU speed beside its step times
+            row["measured_launch_us"] = round(probe["launch_s"] * 1e6, 3)
+            row["measured_matmul_tflops"] = round(probe["matmul_flops_per_s"] / 1e12, 1)
         for ph in ("forward", "backward", "step"):
             col = "measured_step_phase_s" if ph == "step" else f"measured_{ph}_s"
             row[col] = max(m["phase_seconds"].get(ph, 0) for m in mem)

@@ -168,6 +168,7 @@ def run_job(job, device):
     state = measure.resident_state(engine)
     for _ in range(PHASE_STEPS):
         keep_losses(optimizer_step(record=True))
+    probe = measure.probe_machine(device)
     for _ in range(TIMED_STEPS):
         measure.synchronize(cuda)
         t0 = time.perf_counter()
@@ -177,7 +178,7 @@ def run_job(job, device):
         keep_losses(pending)
     params = list(engine.module.parameters())
     result = {"outcome": "ok", "losses": losses, "comm": comm, "state": state,
-              "step_s": statistics.median(step_s), "step_times_s": step_s, "memory": rec.summary(),
+              "step_s": statistics.median(step_s), "step_times_s": step_s, "probe": probe, "memory": rec.summary(),
               # The case study's sharding check: ZeRO-3 gives every parameter ds_id and ds_tensor.
               "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params)}
     engine.destroy()   # the engine and model go with this frame; the caller collects garbage
