@@ -20,7 +20,7 @@ WARMUP_STEPS = 2      # optimizer steps before measuring: Adam state and the sta
                       # its second iteration, with a few one-time broadcasts) are made here
 PHASE_STEPS = 3       # optimizer steps after the comm-logged one with a synchronize() at each phase boundary:
                       # per-phase peaks and times
-TIMED_STEPS = 5       # then whole optimizer steps timed without phase boundaries, as training runs them
+TIMED_STEPS = 10      # then whole optimizer steps timed without phase boundaries, as training runs them
                       # (all kept: their spread is the measurement's own noise)
 
 
