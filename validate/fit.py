@@ -64,9 +64,9 @@ def time_features(df):
 
 
 # The time constants, fitted in log space (all positive); the link efficiency through a logistic (0 < ε ≤ 1).
-_SCALARS = ("efficiency", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "module_hook_s", "gather_call_s",
+_SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "module_hook_s", "gather_call_s",
             "link_efficiency", "grad_hook_s")
-_START = {"efficiency": 0.45, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
+_START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
           "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5,
           "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.02),
           "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}

@@ -64,7 +64,8 @@ def grid(arches: list[_arch.Architecture], nproc: int, **axes) -> list[dict]:
 
 def load_matrix(path: str) -> list[dict]:
     """A matrix file: {"nproc": 2, "architectures": [{...}], "axes": {"stage": [0,1,2,3], ...},
-    "jobs": [{...}, ...]} — the product of the axes per architecture, plus explicit jobs."""
+    "jobs": [{...}, ...]} — the product of the axes per architecture, plus explicit jobs. A job may carry
+    "repeat": n, which only changes its key: one configuration measured n times in one sweep."""
     with open(path) as f:
         spec = json.load(f)
     nproc = spec.get("nproc", 1)

@@ -2,15 +2,21 @@
 optimizer step), each the slower of what the GPU must compute and what the host must issue, plus
 what waits on communication:
 
-    forward   = max(F_fwd / (η·peak), L·t_launch_fwd + m_fwd·t_hook) + g_fwd·t_gather + W_fwd / (ε·link)
-    backward  = max(F_bwd / (η·peak), L·(1+ck)·t_launch_bwd + m_bwd·t_hook) + g_bwd·t_gather + W_bwd / (ε·link)
-                + n_tensors·t_grad_hook (stages 1/2)
+    forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·t_launch_fwd + m_fwd·t_hook) + g_fwd·t_gather + W_fwd / (ε·link)
+    backward  = max(F_bwd / (η·peak) + μ·(2+ck)·M / hbm, L·(1+ck)·t_launch_bwd + m_bwd·t_hook)
+                + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stages 1/2)
     step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
     step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + step  (+ offload)
 
 - F: FLOPs per micro-step. Forward 2·P·T + 4·L·h·s·T (the attention scores and values), backward
   twice that, plus one more forward with activation checkpointing (Kaplan et al. 2020; Korthikanti
   et al. 2022, Table 2). T = micro-batch × sequence tokens on this rank.
+- M: the bytes one forward writes outside the matmuls' operands: every layer's activations as if
+  nothing were checkpointed (`zerocalc.activations`) and the loss path's 10·V bytes per token (the
+  logits, their fp32 copy, the log-probs). Element-wise kernels (norms, GELU/SiLU, softmax, dropout,
+  the upcast) are bound by HBM bandwidth, not by FLOPs: μ passes of M at `hbm` bandwidth; backward
+  reads them and writes as much again (2μ), one more forward's worth when recomputing. Without this
+  term, small hidden sizes and long eager-attention sequences ran 2–3× slower than FLOPs said.
 - The host side: kernel launches per layer pass and, at stage 3, DeepSpeed's fetch/release hooks
   per module step of the trace (`zerocalc.stage3_trace`: forward's modules, then backward's, the
   recomputed layers included). On a GPU this fast small steps are host-bound: that is the max.
@@ -24,14 +30,14 @@ what waits on communication:
   parameters up over PCIe ((4 + b) bytes per optimizer element) and runs DeepSpeedCPUAdam on the
   host instead of the step; parameter offload moves the parameters across again in forward and
   backward (2·b per shard element per micro-step).
-The constants η, t_launch_*, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] are fitted on
+The constants η, μ, t_launch_*, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] are fitted on
 H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`); on another GPU they are
 assumed to carry over, which is a guess until it is measured. Step times of small (host-bound)
 steps vary by 20% and more between runs of one configuration on one host (`data/README.md`).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from zerocalc import calibration, stage3_trace
+from zerocalc import activations, calibration, stage3_trace
 from zerocalc.hardware import Hardware
 from zerocalc.partition import partition
 from zerocalc.training import Stage
@@ -72,6 +78,13 @@ def optimizer_elements(model, setup) -> int:
     return part.flat_shard if setup.stage < Stage.PARAMETERS else part.stage3_shard
 
 
+def activation_traffic_bytes(model, setup) -> float:
+    """M above: what one micro-step's forward writes outside the matmuls, checkpointing or not."""
+    full = activations.breakdown(model, replace(setup, activation_checkpointing=False))
+    tokens = setup.micro_batch * setup.seq_len
+    return full.layers_bytes + 10 * tokens * model.architecture.vocab_size
+
+
 def link_bytes_per_s(setup, hw: Hardware) -> float:
     return hw.intra_node_bytes_per_s if setup.dp <= hw.gpus_per_node else hw.inter_node_bytes_per_s
 
@@ -95,6 +108,8 @@ def features(model, setup, collectives, hw: Hardware) -> dict:
         "gas": gas,
         "forward_at_peak_s": fwd / hw.peak_flops_per_s,
         "backward_at_peak_s": bwd / hw.peak_flops_per_s,
+        "traffic_at_hbm_s": activation_traffic_bytes(model, setup) / hw.hbm_bytes_per_s,
+        "recompute": 1 if ck else 0,
         "layer_passes_fwd": model.architecture.num_layers,
         "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
         "modules_fwd": len(model.trace) if s3 else 0,
@@ -115,11 +130,11 @@ def features(model, setup, collectives, hw: Hardware) -> dict:
 def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     """(forward, backward per micro-step, optimizer step, exposed reduce) in seconds from `features`
     and the time constants `k` (the calibration's "time" section)."""
-    eff = k["link_efficiency"]
-    forward = max(f["forward_at_peak_s"] / k["efficiency"],
+    eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
+    forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"],
                   f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"]) \
         + f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
-    backward = max(f["backward_at_peak_s"] / k["efficiency"],
+    backward = max(f["backward_at_peak_s"] / k["efficiency"] + mu * (2 + f["recompute"]) * f["traffic_at_hbm_s"],
                    f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"]) \
         + f["gathers_bwd"] * k["gather_call_s"] + f["gather_bwd_at_link_s"] / eff + f["grad_hooks"] * k["grad_hook_s"]
     step = k["step_overhead_s"][f["step_class"]] + k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"] \
