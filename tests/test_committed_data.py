@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("pandas")
 
-from validate.report import load, own_peak_allocated, report, repredict, started_clean  # noqa: E402
+from validate.report import (load, own_peak_allocated, report, repredict, started_clean,  # noqa: E402
+                             timed_whole_steps)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATHS = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
@@ -49,9 +50,18 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows)]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 6%, 39 of 47 within 10%, worst 23% (issue 4's 10% on every row: not met)
-    assert err.mean() < 0.07 and err.max() < 0.25
+    # README: mean 6%, 88 of 106 within 10%, worst 26% (issue 4's 10% on every row: not met)
+    assert err.mean() < 0.07 and err.max() < 0.27
     assert (err <= 0.10).mean() >= 0.8
+
+
+def test_reserved_repeats_to_the_percent(rows):
+    """One configuration run in five separate jobs (no allocator recording) reserves the same to 0.1%:
+    the reserved misses are the model's, not the measurement's."""
+    clean = rows[started_clean(rows) & (rows["num_params"] == 1414455296) & (rows["stage"] == 0)
+                 & (rows["micro_batch"] == 2) & (rows["seq_len"] == 1024) & (rows["dtype"] == "fp16")]
+    reserved = clean["measured_peak_reserved_bytes"].astype(float)
+    assert len(reserved) >= 5 and (reserved.max() - reserved.min()) / reserved.mean() < 0.003
 
 
 def test_report_prints_every_table():
@@ -63,8 +73,11 @@ def test_report_prints_every_table():
 
 
 def test_step_time_within_the_stated_error(rows):
-    err = ((rows["now_step_s"] - rows["measured_step_s"]) / rows["measured_step_s"]).abs()
-    # README: mean 11%, 52 of 72 within 15%, worst 41% (issue 5's 15% on every row: not met)
-    assert err.mean() < 0.12
-    assert (err <= 0.15).mean() >= 0.7
-    assert err.max() < 0.45
+    timed = rows[timed_whole_steps(rows)]
+    err = ((timed["now_step_s"] - timed["measured_step_s"]) / timed["measured_step_s"]).abs()
+    # README: rows timed as training runs (58): mean 10.5%, 48 within 15%, worst 34% (issue 5's 15% on
+    # every row: not met; one configuration's medians differ by 19% between jobs, median over six)
+    assert len(timed) >= 50
+    assert err.mean() < 0.11
+    assert (err <= 0.15).mean() >= 0.8
+    assert err.max() < 0.35

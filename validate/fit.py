@@ -5,13 +5,15 @@ Constants (all named in the calibration JSON):
 - activations.hf-llama.h, .kv: bytes per token per layer of Llama's attention and RMSNorm part in
   units of the dtype (the MLP's 4f is counted by hand), from the memory at the end of forward.
 - allocator.reserved_over_allocated, allocator.reserved_extra_bytes: PyTorch's caching allocator
-  keeps freed blocks; reserved peak ≈ ratio · allocated peak + extra (fitted on rows that start clean);
+  keeps freed blocks; reserved peak ≈ ratio · allocated peak + extra (fitted on rows that start clean,
+  in relative error);
   reserved_over_allocated_worst, the largest measured ratio, for the "tight" verdict.
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
 - time.*: the step-time model's constants (`zerocalc/timing.py`), by Levenberg–Marquardt on the
   log ratio of predicted to measured forward, backward, optimizer-step and whole-step times of the
-  training split (all constants positive, the link efficiency at most 1).
+  training split's rows timed as training runs (`report.timed_whole_steps`; all constants positive,
+  the link efficiency at most 1).
 """
 import hashlib
 import json
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from validate.jobs import to_zerocalc
-from validate.report import load, started_clean
+from validate.report import load, started_clean, timed_whole_steps
 from validate.rows import job_from_row
 from zerocalc import calibration
 from zerocalc.estimate import estimate
@@ -64,16 +66,16 @@ def time_features(df):
 
 
 # The time constants, fitted in log space (all positive); the link efficiency through a logistic (0 < ε ≤ 1).
-_SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "module_hook_s", "gather_call_s",
+_SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s",
             "link_efficiency", "grad_hook_s")
-_START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
+_START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3, "checkpoint_fwd_s_per_layer": 5e-4,
           "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5,
           "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.02),
           "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}
 
 
 def _unpack(z) -> dict:
-    k = {name: float(np.exp(v)) for name, v in zip(_SCALARS, z)}
+    k = {name: float(np.exp(np.clip(v, -60, 60))) for name, v in zip(_SCALARS, z)}
     k["efficiency"] = min(k["efficiency"], 1.0)
     k["link_efficiency"] = float(1 / (1 + np.exp(-z[_SCALARS.index("link_efficiency")])))
     n, m = len(_SCALARS), len(STEP_CLASSES)
@@ -127,11 +129,12 @@ def _levenberg_marquardt(residuals, z, iterations=100):
 
 def fit_time(train: pd.DataFrame) -> dict:
     """Least squares on log(predicted / measured) of the forward, backward and optimizer-step times
-    and (twice weighted) of the whole step, over the training rows."""
+    and (four times weighted) of the whole step, over the training rows."""
     feats = time_features(train)
     measured = train[["measured_forward_s", "measured_backward_s", "measured_step_phase_s",
                       "measured_step_s"]].to_numpy(float)
-    weights = np.array([1.0, 1.0, 1.0, 2.0])
+    weights = np.array([1.0, 1.0, 1.0, 4.0])   # the whole step (median of 10, unsynchronized) is what is judged; the
+                                              # phases (3 synchronized steps) only split it
 
     def residuals(z):
         return (np.log(_predict(feats, _unpack(z)) / measured) * weights).ravel()
@@ -159,14 +162,17 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"{len(act)} rows)")
     clean = train[started_clean(train)]
     if len(clean) >= 2:
-        x = np.vstack([clean["measured_peak_allocated_bytes"].astype(float), np.ones(len(clean))]).T
-        (ratio, extra), *_ = np.linalg.lstsq(x, clean["measured_peak_reserved_bytes"].astype(float), rcond=None)
+        # Least squares on the relative error (each row weighted by 1/measured): the target is relative,
+        # and plain bytes would let the largest runs decide the ratio alone.
+        reserved = clean["measured_peak_reserved_bytes"].astype(float).to_numpy()
+        x = np.vstack([clean["measured_peak_allocated_bytes"].astype(float), np.ones(len(clean))]).T / reserved[:, None]
+        (ratio, extra), *_ = np.linalg.lstsq(x, np.ones(len(clean)), rcond=None)
         worst = float((clean["measured_peak_reserved_bytes"] / clean["measured_peak_allocated_bytes"]).max())
         cal["allocator"] = {"reserved_over_allocated": round(float(ratio), 4), "reserved_extra_bytes": int(extra),
                             "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(clean))}
         lines.append(f"allocator: reserved = {ratio:.3f} × allocated + {extra / 2**30:.2f} GiB, worst measured ratio "
                      f"{worst:.3f} ({len(clean)} clean rows)")
-    timed = train[train["measured_step_s"].notna()]
+    timed = train[timed_whole_steps(train)]
     if len(timed) >= 14:
         cal["time"] = fit_time(timed)
         t = cal["time"]

@@ -2,7 +2,8 @@
 optimizer step), each the slower of what the GPU must compute and what the host must issue, plus
 what waits on communication:
 
-    forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·t_launch_fwd + m_fwd·t_hook) + g_fwd·t_gather + W_fwd / (ε·link)
+    forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·(t_launch_fwd + ck·t_ckpt_fwd) + m_fwd·t_hook) + g_fwd·t_gather
+                + W_fwd / (ε·link)
     backward  = max(F_bwd / (η·peak) + μ·(2+ck)·M / hbm, L·(1+ck)·t_launch_bwd + m_bwd·t_hook)
                 + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stages 1/2)
     step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
@@ -20,6 +21,9 @@ what waits on communication:
 - The host side: kernel launches per layer pass and, at stage 3, DeepSpeed's fetch/release hooks
   per module step of the trace (`zerocalc.stage3_trace`: forward's modules, then backward's, the
   recomputed layers included). On a GPU this fast small steps are host-bound: that is the max.
+- Activation checkpointing (ck = 1) costs the host more in forward too: PyTorch's non-reentrant
+  checkpoint runs each layer under saved-tensor hooks (t_ckpt_fwd per layer, fitted); measured
+  checkpointed forwards of small models took 2–2.5× the plain ones.
 - Stage 3 at N > 1: each all-gather call is issued and waited for inside a hook (t_gather per
   call) and its wire bytes W cross the link; the gradient reduce-scatter overlaps backward
   (overlap_comm is on at stage 3) and is taken as hidden.
@@ -30,7 +34,7 @@ what waits on communication:
   parameters up over PCIe ((4 + b) bytes per optimizer element) and runs DeepSpeedCPUAdam on the
   host instead of the step; parameter offload moves the parameters across again in forward and
   backward (2·b per shard element per micro-step).
-The constants η, μ, t_launch_*, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] are fitted on
+The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] are fitted on
 H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`); on another GPU they are
 assumed to carry over, which is a guess until it is measured. Step times of small (host-bound)
 steps vary by 20% and more between runs of one configuration on one host (`data/README.md`).
@@ -112,6 +116,7 @@ def features(model, setup, collectives, hw: Hardware) -> dict:
         "recompute": 1 if ck else 0,
         "layer_passes_fwd": model.architecture.num_layers,
         "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
+        "checkpointed_layers": model.architecture.num_layers if ck else 0,
         "modules_fwd": len(model.trace) if s3 else 0,
         "modules_bwd": len(model.backward(ck)) if s3 else 0,
         "gathers_fwd": it.forward_gather_calls if s3 else 0,
@@ -132,7 +137,8 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     and the time constants `k` (the calibration's "time" section)."""
     eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
     forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"],
-                  f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"]) \
+                  f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["checkpointed_layers"] * k.get("checkpoint_fwd_s_per_layer", 0.0)
+                  + f["modules_fwd"] * k["module_hook_s"]) \
         + f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
     backward = max(f["backward_at_peak_s"] / k["efficiency"] + mu * (2 + f["recompute"]) * f["traffic_at_hbm_s"],
                    f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"]) \

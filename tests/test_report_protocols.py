@@ -1,0 +1,42 @@
+"""The report's bookkeeping of timing protocols and repeats, on rows built by hand."""
+import json
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from validate.report import step_range, timed_whole_steps  # noqa: E402
+from validate.rows import make_row  # noqa: E402
+from validate.jobs import make_job  # noqa: E402
+from zerocalc.arch import Architecture  # noqa: E402
+
+
+def test_only_rows_with_whole_step_times_are_timed_as_training_runs():
+    df = pd.DataFrame({"measured_step_times_s": ["[0.1, 0.3, 0.2]", "[]", None, float("nan")]})
+    assert list(timed_whole_steps(df)) == [True, False, False, False]
+    assert list(timed_whole_steps(pd.DataFrame({"x": [1]}))) == [False]   # files written before the column
+
+
+def test_step_range_is_the_fastest_and_slowest_timed_step():
+    r = step_range(pd.DataFrame({"measured_step_times_s": ["[0.12, 0.10, 0.15]", ""]}))
+    assert r["fastest"].iloc[0] == 0.10 and r["slowest"].iloc[0] == 0.15
+    assert r["fastest"].isna().iloc[1]
+
+
+def _result(probe):
+    rank = {"outcome": "ok", "rank": 0, "losses": [2.0, 1.0], "comm": {}, "param_tensors": 1, "sharded_param_tensors": 0,
+            "state": {"total_bytes": 10, "scalar_bytes": 0, "by_device": {"cuda": 10}, "by_path": {}},
+            "step_s": 0.2, "step_times_s": [0.2, 0.25], "probe": probe,
+            "memory": {"phases": {}, "phase_seconds": {"forward": 0.05, "backward": 0.1, "step": 0.04},
+                       "device_used_bytes": 3, "reserved_now": 1, "peak_allocated": 8, "peak_reserved": 9,
+                       "alloc_retries": 0, "base_allocated": 0}}
+    return {"key": "k", "world_size": 1, "ranks": [rank], "env": {"gpu": "NVIDIA H200"}}
+
+
+def test_machine_probe_lands_in_its_columns_in_microseconds_and_tflops():
+    job = make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 1, stage=0, seq_len=8)
+    row = make_row(job, _result({"launch_s": 7.5e-6, "matmul_flops_per_s": 7.9e14}), "cuda", "cmd")
+    assert row["measured_launch_us"] == 7.5 and row["measured_matmul_tflops"] == 790.0
+    assert json.loads(row["measured_step_times_s"]) == [0.2, 0.25]
+    row = make_row(job, _result({}), "cuda", "cmd")   # off CUDA the probe is empty: no columns
+    assert "measured_launch_us" not in row
