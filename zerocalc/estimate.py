@@ -56,8 +56,9 @@ class Estimate:
 
     @property
     def peak_reserved_worst_bytes(self) -> int:
-        """Reserved at the worst reserved/allocated ratio measured (the same configuration gave 1.39
-        and 1.56 in two runs: the allocator's history, not the model, decides the last 10-20%)."""
+        """Reserved at the worst reserved/allocated ratio measured on the fitting rows (1.54 on H200: a
+        small model whose gradient bucket and loss-path buffers fragment the cache). The ratio depends
+        on the order and sizes of the allocations, which one fitted ratio cannot follow."""
         a = self.cal.get("allocator", {})
         return max(self.peak_reserved_bytes, int(self.peak_bytes * a.get("reserved_over_allocated_worst", 1.0)))
 
