@@ -2,7 +2,7 @@
 import nbformat as nbf
 
 cells = [
-    ("md", "# Predicted vs measured peak memory\n\nzerocalc's current predictions against every H200 "
+    ("md", "# Predicted vs measured peak memory and step time\n\nzerocalc's current predictions against every H200 "
            "configuration in `data/` (`python -m validate report` prints the same errors as a table). "
            "Beside them, the ZeRO paper's formula and DeepSpeed's own estimator, which count model states "
            "only. Figures are written to `docs/figures/`."),
@@ -88,6 +88,27 @@ axes[0].set_ylabel("GiB")
 axes[0].legend(fontsize=7)
 fig.tight_layout()
 fig.savefig(os.path.join(FIG, "phase_breakdown.png"), dpi=110)"""),
+    ("code", """# Step time: the rows timed as training runs (whole steps, no phase synchronizes); each bar spans the
+# row's own fastest..slowest step, the band is the issue's ±15%.
+from validate.report import step_range, timed_whole_steps
+t = df[timed_whole_steps(df)].copy()
+r = step_range(t)
+ms = 1e3
+fig, ax = plt.subplots(figsize=(6.5, 6))
+for stage, g in t.groupby("stage"):
+    rg = r.loc[g.index]
+    ax.errorbar(g["measured_step_s"] * ms, g["now_step_s"] * ms, fmt="o", ms=5, label=f"stage {stage}",
+                xerr=[(g["measured_step_s"] - rg["fastest"]) * ms, (rg["slowest"] - g["measured_step_s"]) * ms], elinewidth=0.8)
+lim = max(t["measured_step_s"].max(), t["now_step_s"].max()) * ms * 1.1
+ax.plot([0, lim], [0, lim], "k--", lw=1, label="identity")
+ax.fill_between([0, lim], [0, 0.85 * lim], [0, 1.15 * lim], color="green", alpha=0.08, label="±15%")
+ax.set(xlim=(0, lim), ylim=(0, lim), xlabel="measured step time, median (ms)", ylabel="predicted (ms)",
+       title=f"step time on H200 ({len(t)} rows; bars: the row's own steps)")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(os.path.join(FIG, "step_time.png"), dpi=110)
+err = (t["now_step_s"] / t["measured_step_s"] - 1).abs()
+print(f"step time: mean |error| {err.mean():.1%}, {int((err <= 0.15).sum())} of {len(t)} within 15%")"""),
     ("code", """# The case study's configuration: zerocalc estimate --model seed-gpt --dp 2 --stage 3 --seq-len 1024 --micro-batch 2 --dtype fp16
 from zerocalc.model import from_architecture
 from zerocalc.arch import preset
