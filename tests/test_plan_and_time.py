@@ -43,6 +43,32 @@ def test_step_time_by_hand():
     assert ck.backward_s == pytest.approx(3 * forward / (0.5 * 989e12))
 
 
+def test_element_wise_traffic_by_hand():
+    # mu = 2 passes of what forward writes outside the matmuls, at the H100's 3.35 TB/s: every layer's
+    # activations as if not checkpointed, b·T·(10h + 2kv + 4f) per layer (CAL's coefficients, sdpa), and
+    # the loss path's 10·V bytes per token. Backward twice that, one more forward's worth when recomputing.
+    a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
+    spec = from_architecture(a)
+    tokens = 2 * 2048
+    flops = 2 * spec.num_params * tokens + 4 * 32 * 4096 * 2048 * tokens
+    traffic = 32 * 2 * tokens * (10 * 4096 + 2 * 4096 + 4 * 11008) + 10 * tokens * 32000
+    cal = with_time(activation_passes=2.0)
+    for ck, recompute in ((False, 0), (True, 1)):
+        s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype="bf16", activation_checkpointing=ck)
+        t = estimate(spec, s, cal=cal, hardware=gpu("h100")).time
+        assert t.forward_s == pytest.approx(flops / (0.5 * 989e12) + 2 * traffic / 3.35e12)
+        assert t.backward_s == pytest.approx((2 + recompute) * (flops / (0.5 * 989e12) + 2 * traffic / 3.35e12))
+
+
+def test_checkpointing_costs_the_host_in_forward():
+    # host-bound: forward = L·(1 s launches + 0.5 s checkpoint hooks) with checkpointing, L·1 s without
+    a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
+    cal = with_time(launch_fwd_s_per_layer=1.0, checkpoint_fwd_s_per_layer=0.5)
+    for ck, per_layer in ((True, 1.5), (False, 1.0)):
+        s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=1, seq_len=128, activation_checkpointing=ck)
+        assert estimate(from_architecture(a), s, cal=cal, hardware=gpu("h100")).time.forward_s == pytest.approx(32 * per_layer)
+
+
 def test_small_steps_are_host_bound():
     # 1 s per layer pass is far above the GPU's time: forward = L·1 s, backward = L·(1 + checkpointing)·2 s
     a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)

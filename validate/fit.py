@@ -56,12 +56,12 @@ def _llama_activation_rows(df, cal):
     return rows
 
 
-def time_features(df):
+def time_features(df, cal=None):
     from zerocalc.hardware import gpu
     rows = []
     for _, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
-        rows.append(features(spec, setup, estimate(spec, setup).collectives, gpu("h200")))
+        rows.append(features(spec, setup, estimate(spec, setup).collectives, gpu("h200"), cal))
     return rows
 
 
@@ -127,10 +127,10 @@ def _levenberg_marquardt(residuals, z, iterations=100):
     return z
 
 
-def fit_time(train: pd.DataFrame) -> dict:
+def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
     """Least squares on log(predicted / measured) of the forward, backward and optimizer-step times
     and (four times weighted) of the whole step, over the training rows."""
-    feats = time_features(train)
+    feats = time_features(train, cal)
     measured = train[["measured_forward_s", "measured_backward_s", "measured_step_phase_s",
                       "measured_step_s"]].to_numpy(float)
     weights = np.array([1.0, 1.0, 1.0, 4.0])   # the whole step (median of 10, unsynchronized) is what is judged; the
@@ -174,7 +174,7 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"{worst:.3f} ({len(clean)} clean rows)")
     timed = train[timed_whole_steps(train)]
     if len(timed) >= 14:
-        cal["time"] = fit_time(timed)
+        cal["time"] = fit_time(timed, cal)
         t = cal["time"]
         lines.append(f"time: efficiency {t['efficiency']:.3f} of peak; host floor {t['launch_fwd_s_per_layer'] * 1e3:.2f} "
                      f"(forward) and {t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass; stage-3 hook "

@@ -36,8 +36,11 @@ what waits on communication:
   backward (2·b per shard element per micro-step).
 The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] are fitted on
 H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`); on another GPU they are
-assumed to carry over, which is a guess until it is measured. Step times of small (host-bound)
-steps vary by 20% and more between runs of one configuration on one host (`data/README.md`).
+assumed to carry over, which is a guess until it is measured. They are fitted on, and judged
+against, whole steps timed as training runs them (no synchronize between phases; `data/README.md`);
+there one configuration's median step differs by 19% between separate jobs (median over six
+configurations), and stage-3 steps drift by ±25% within a job: on these hosts ±15% is at the
+measurement's own floor (H200, DeepSpeed 0.19.8, torch 2.11).
 """
 from dataclasses import dataclass, replace
 
@@ -82,9 +85,9 @@ def optimizer_elements(model, setup) -> int:
     return part.flat_shard if setup.stage < Stage.PARAMETERS else part.stage3_shard
 
 
-def activation_traffic_bytes(model, setup) -> float:
+def activation_traffic_bytes(model, setup, cal: dict | None = None) -> float:
     """M above: what one micro-step's forward writes outside the matmuls, checkpointing or not."""
-    full = activations.breakdown(model, replace(setup, activation_checkpointing=False))
+    full = activations.breakdown(model, replace(setup, activation_checkpointing=False), cal)
     tokens = setup.micro_batch * setup.seq_len
     return full.layers_bytes + 10 * tokens * model.architecture.vocab_size
 
@@ -93,7 +96,7 @@ def link_bytes_per_s(setup, hw: Hardware) -> float:
     return hw.intra_node_bytes_per_s if setup.dp <= hw.gpus_per_node else hw.inter_node_bytes_per_s
 
 
-def features(model, setup, collectives, hw: Hardware) -> dict:
+def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -> dict:
     """What the fitted constants multiply (seconds at peak or link speed, counts); `validate fit`
     regresses on these."""
     fwd, bwd = flops_per_micro_step(model, setup)
@@ -112,7 +115,7 @@ def features(model, setup, collectives, hw: Hardware) -> dict:
         "gas": gas,
         "forward_at_peak_s": fwd / hw.peak_flops_per_s,
         "backward_at_peak_s": bwd / hw.peak_flops_per_s,
-        "traffic_at_hbm_s": activation_traffic_bytes(model, setup) / hw.hbm_bytes_per_s,
+        "traffic_at_hbm_s": activation_traffic_bytes(model, setup, cal) / hw.hbm_bytes_per_s,
         "recompute": 1 if ck else 0,
         "layer_passes_fwd": model.architecture.num_layers,
         "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
@@ -158,8 +161,9 @@ def whole_step_s(f: dict, forward: float, backward: float, optimizer: float, red
 def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) -> StepTime | None:
     if model.architecture is None or setup.seq_len is None:
         return None
-    k = (cal or calibration.default())["time"]
-    f = features(model, setup, collectives, hw)
+    cal = cal or calibration.default()
+    k = cal["time"]
+    f = features(model, setup, collectives, hw, cal)
     forward, backward, optimizer, reduce = phase_times(f, k)
     link = link_bytes_per_s(setup, hw) * k["link_efficiency"]
     comm = sum(c.wire_bytes for c in collectives) / link
