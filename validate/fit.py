@@ -66,10 +66,10 @@ def time_features(df, cal=None):
 
 
 # The time constants, fitted in log space (all positive); the link efficiency through a logistic (0 < ε ≤ 1).
-_SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s",
-            "link_efficiency", "grad_hook_s")
-_START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3, "checkpoint_fwd_s_per_layer": 5e-4,
-          "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5,
+_SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer",
+            "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s")
+_START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
+          "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5,
           "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.02),
           "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}
 
@@ -133,8 +133,9 @@ def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
     feats = time_features(train, cal)
     measured = train[["measured_forward_s", "measured_backward_s", "measured_step_phase_s",
                       "measured_step_s"]].to_numpy(float)
-    weights = np.array([1.0, 1.0, 1.0, 4.0])   # the whole step (median of 10, unsynchronized) is what is judged; the
-                                              # phases (3 synchronized steps) only split it
+    # The whole step (median of 5-10 unsynchronized steps) is what is judged; the phases (3 steps with
+    # a synchronize at each boundary) only split it.
+    weights = np.array([1.0, 1.0, 1.0, 4.0])
 
     def residuals(z):
         return (np.log(_predict(feats, _unpack(z)) / measured) * weights).ravel()
@@ -176,8 +177,10 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     if len(timed) >= 14:
         cal["time"] = fit_time(timed, cal)
         t = cal["time"]
-        lines.append(f"time: efficiency {t['efficiency']:.3f} of peak; host floor {t['launch_fwd_s_per_layer'] * 1e3:.2f} "
-                     f"(forward) and {t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass; stage-3 hook "
+        lines.append(f"time: efficiency {t['efficiency']:.3f} of peak; element-wise traffic {t['activation_passes']:.2f} "
+                     f"passes of the activations at HBM bandwidth; host floor {t['launch_fwd_s_per_layer'] * 1e3:.2f} "
+                     f"(forward, +{t['checkpoint_fwd_s_per_layer'] * 1e3:.2f} checkpointed) and "
+                     f"{t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass; stage-3 hook "
                      f"{t['module_hook_s'] * 1e3:.3f} ms per module step, {t['gather_call_s'] * 1e3:.3f} ms per all-gather "
                      f"call; link efficiency {t['link_efficiency']:.3f}; gradient hook {t['grad_hook_s'] * 1e6:.1f} us "
                      f"per tensor; optimizer step " + ", ".join(
