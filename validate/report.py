@@ -1,4 +1,6 @@
 """Error tables: zerocalc's current predictions against every measured row."""
+import json
+
 import pandas as pd
 
 from zerocalc.estimate import estimate
@@ -33,7 +35,6 @@ def timed_whole_steps(df: pd.DataFrame) -> pd.Series:
 
 def step_range(df: pd.DataFrame) -> pd.DataFrame:
     """Fastest and slowest of each row's timed steps (NaN where not recorded)."""
-    import json
     times = df["measured_step_times_s"].map(lambda t: json.loads(t) if isinstance(t, str) and t.startswith("[") else [])
     return pd.DataFrame({"fastest": times.map(lambda t: min(t) if t else float("nan")),
                          "slowest": times.map(lambda t: max(t) if t else float("nan"))}, index=df.index)
@@ -42,7 +43,6 @@ def step_range(df: pd.DataFrame) -> pd.DataFrame:
 def configuration(row: dict) -> str:
     """What a row ran, without its key: rows of one configuration measured more than once (a repeat,
     or a key made by an older zerocalc) share it."""
-    import json
     job = job_from_row(row)
     job.pop("key")
     return json.dumps(job, sort_keys=True)
@@ -111,12 +111,13 @@ def _repeats(timed: pd.DataFrame) -> list[str]:
     if timed.empty:
         return []
     groups = timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()]).groupby("conf")
-    spans = [(g["measured_step_s"].max() - g["measured_step_s"].min()) / g["measured_step_s"].mean()
-             for _, g in groups if len(g) >= 2]
-    if not spans:
+    repeated = [g["measured_step_s"] for _, g in groups if len(g) >= 2]
+    if not repeated:
         return []
-    return ["", f"Repeatability: {len(spans)} configurations timed in 2-5 separate jobs; their medians differ by "
-                f"(max - min) / mean: median {pd.Series(spans).median():.1%}, worst {max(spans):.1%}"]
+    spans = pd.Series([(t.max() - t.min()) / t.mean() for t in repeated])
+    jobs = [len(t) for t in repeated]
+    return ["", f"Repeatability: {len(repeated)} configurations timed in {min(jobs)}-{max(jobs)} separate jobs; their "
+                f"medians differ by (max - min) / mean: median {spans.median():.1%}, worst {spans.max():.1%}"]
 
 
 def report(paths) -> tuple[str, bool]:
@@ -145,7 +146,8 @@ def report(paths) -> tuple[str, bool]:
         clean = gpu[started_clean(gpu)]
         lines += [""] + _table(clean, "now_peak_reserved_bytes", "measured_peak_reserved_bytes",
                                "Peak reserved (max_memory_reserved), rows that started clean; target 10%", False, 0.10)
-        timed = gpu[timed_whole_steps(gpu)]
+        whole = timed_whole_steps(gpu)
+        timed = gpu[whole]
         for split, g in [("all", timed)] + list(timed.groupby("split")):
             lines += [""] + _table(g, "now_step_s", "measured_step_s", f"Step time (median of whole steps timed as "
                                    f"training runs), {split} rows; target 15%", False, 0.15)
@@ -156,7 +158,7 @@ def report(paths) -> tuple[str, bool]:
                                  ("now_step_phase_s", "measured_step_phase_s", "optimizer step")):
             lines += [""] + _table(timed, pred, meas, f"Step time, {name} phase alone (phase-synchronized steps), "
                                    "all rows (within 15%)", False, 0.15)
-        old = gpu[~timed_whole_steps(gpu)]
+        old = gpu[~whole]
         if not old.empty:
             lines += [""] + _table(old, "now_step_s", "measured_step_s", "Step time of the earlier protocol (phase-"
                                    "synchronized, two jobs per host at times; not fitted, for reference)", False, 0.15)

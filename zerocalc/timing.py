@@ -139,9 +139,9 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     """(forward, backward per micro-step, optimizer step, exposed reduce) in seconds from `features`
     and the time constants `k` (the calibration's "time" section)."""
     eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
-    forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"],
-                  f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["checkpointed_layers"] * k.get("checkpoint_fwd_s_per_layer", 0.0)
-                  + f["modules_fwd"] * k["module_hook_s"]) \
+    host_fwd = f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"] \
+        + f["checkpointed_layers"] * k.get("checkpoint_fwd_s_per_layer", 0.0)
+    forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"], host_fwd) \
         + f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
     backward = max(f["backward_at_peak_s"] / k["efficiency"] + mu * (2 + f["recompute"]) * f["traffic_at_hbm_s"],
                    f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"]) \
