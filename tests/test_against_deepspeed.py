@@ -3,6 +3,7 @@ tensor and every logged collective must equal zerocalc's prediction to the byte.
 is the scalars of <= 8 bytes (grad norm, overflow flag), reported apart by the validator.
 
 This is the test that keeps every formula honest; it takes a few minutes on two cores."""
+import glob
 import os
 import shutil
 import subprocess
@@ -45,7 +46,10 @@ def assert_exact(df):
 
 
 def test_contract_command_all_stages_bf16(tmp_path):
-    """The issue's contract: stages 0-3, bf16, 2 ranks, a model given by its shape."""
+    """The issue's contract: stages 0-3, bf16, 2 ranks, a model given by its shape. The launch leaves no
+    shared-memory buffers behind (DeepSpeed's CPU all-reduce does not unlink its own)."""
+    shm = lambda: set(glob.glob("/dev/shm/deepspeed_*"))  # noqa: E731
+    before = shm()
     df = run_validate(tmp_path, "--nproc", "2", "--stages", "0,1,2,3", "--dtype", "bf16", "--hidden-size", "48",
                       "--num-layers", "2", "--num-heads", "4", "--vocab-size", "997", "--seq-len", "16",
                       "--micro-batch", "2")
@@ -54,6 +58,7 @@ def test_contract_command_all_stages_bf16(tmp_path):
                 "predicted_comm_bytes", "measured_comm_bytes"):
         assert col in df.columns
     assert_exact(df)
+    assert shm() <= before
 
 
 def test_matrix_two_ranks(tmp_path):

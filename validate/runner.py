@@ -4,7 +4,9 @@ Resumable and crash-proof: rows go to the CSV as each job finishes (appended, fl
 jobs already in the CSV are skipped, and a job that crashes its launch or hangs past the timeout
 becomes a row with that outcome while the rest are relaunched.
 """
+import contextlib
 import csv
+import glob
 import json
 import os
 import shlex
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from validate import rows
@@ -68,8 +71,48 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, include: str | None = None) -> list[str]:
-    cmd = ["deepspeed", "--master_port", str(_free_port())]
+SHM_DIR = "/dev/shm"
+
+
+def remove_shm_buffers(port: int) -> None:
+    """DeepSpeed 0.19.8's CPU all-reduce (deepspeed_shm_comm) makes one 66 MiB shared-memory buffer
+    per rank, `/dev/shm/deepspeed_allreduce_buffer_0_<addr>_<port>_<rank>`, and never unlinks it: RAM
+    that outlives the launch (19 GB had piled up on the CI-like machine after a day of CPU tests).
+    Remove the buffers of the launch that used `port`."""
+    for path in glob.glob(os.path.join(SHM_DIR, f"deepspeed_*_{port}_*")):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+class _Stop:
+    """While a launch runs: SIGTERM or Ctrl-C in the driver kills the launch's process group (it runs
+    in a session of its own, so it would otherwise live on, holding GPUs and locks) and removes its
+    shared-memory buffers before the driver exits."""
+
+    def __init__(self, proc, port):
+        self.proc, self.port = proc, port
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.done()
+        raise SystemExit(128 + signum)
+
+    def done(self):
+        remove_shm_buffers(self.port)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
+
+
+def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, include: str | None = None,
+                   port: int | None = None) -> list[str]:
+    cmd = ["deepspeed", "--master_port", str(port or _free_port())]
     cmd += ["--include", include] if include else ["--num_gpus", str(nproc)]
     return cmd + ["--module", "validate.worker", jobs_path, out_dir]
 
@@ -95,9 +138,13 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
             jobs_path = os.path.join(tmp, "jobs.json")
             with open(jobs_path, "w") as f:
                 json.dump([to_worker(j) for j in pending], f)
-            cmd = launch_command(backend, nproc, jobs_path, tmp, include)
+            port = _free_port()
+            cmd = launch_command(backend, nproc, jobs_path, tmp, include, port)
             logf = open(os.path.join(tmp, "launch.log"), "w")
             proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            # The launch runs in its own session (a hang is killed as a group): if this driver is
+            # interrupted or terminated, take the launch and its shared memory down with it.
+            stop = _Stop(proc, port)
             by_key = {j["key"]: j for j in pending}
             finished, last_progress, hung = set(), time.time(), None
             while True:
@@ -123,6 +170,7 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
                     break
                 time.sleep(0.5)
             logf.close()
+            stop.done()
             started = [s["key"] for s in _read_lines(os.path.join(tmp, "started.jsonl"))]
             lost = [k for k in started if k not in finished]
             restarted = _read_lines(os.path.join(tmp, "restart.jsonl"))

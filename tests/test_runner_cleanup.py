@@ -1,0 +1,51 @@
+"""The runner removes the shared-memory buffers DeepSpeed's CPU all-reduce leaves, and only its own."""
+from validate import runner
+
+
+def test_only_this_launchs_buffers_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "SHM_DIR", str(tmp_path))
+    names = ["deepspeed_allreduce_buffer_0_127.0.0.1_41013_0", "deepspeed_allreduce_buffer_0_127.0.0.1_41013_1",
+             "deepspeed_allreduce_buffer_0_127.0.0.1_29500_0", "something_else_41013_0"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"x")
+    runner.remove_shm_buffers(41013)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deepspeed_allreduce_buffer_0_127.0.0.1_29500_0",
+                                                           "something_else_41013_0"]
+
+
+def test_a_terminated_driver_takes_its_launch_down(tmp_path):
+    """`validate run` killed by SIGTERM (a time limit, a cancelled job) must not leave the launch running:
+    it runs in a session of its own, so nothing else would stop it. A stand-in launch (two sleeps in one
+    process group) replaces DeepSpeed's launcher."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "drive.py"
+    script.write_text(textwrap.dedent(f"""
+        from validate import runner
+        from validate.jobs import make_job
+        from zerocalc.arch import Architecture
+        runner.launch_command = lambda *a, **k: ["sh", "-c", "echo $$ > {tmp_path}/pgid; sleep 60 & sleep 60"]
+        job = make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 1, stage=0, seq_len=8)
+        runner.run([job], "cpu", 1, "{tmp_path}/rows.csv", log=lambda *a: None)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=root, env={**os.environ, "PYTHONPATH": root})
+    pgid_file = tmp_path / "pgid"
+    deadline = time.time() + 30
+    while not (pgid_file.exists() and pgid_file.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.1)
+    pgid = int(pgid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    for _ in range(50):   # the killed sleeps are reaped by init
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the launch's process group {pgid} is still alive")
