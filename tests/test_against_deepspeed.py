@@ -89,11 +89,16 @@ def test_stage3_trace_matches_deepspeed(tmp_path):
     families: the all-gather volume and what stays gathered follow from this order."""
     import json
 
+    from validate.runner import _free_port, remove_shm_buffers
     from zerocalc import arch as A
     out = tmp_path / "trace.json"
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "tests/scripts/ds_trace.py", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    port = _free_port()
+    try:
+        proc = subprocess.run(["deepspeed", "--master_port", str(port), "--num_gpus", "2", "tests/scripts/ds_trace.py",
+                               str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        remove_shm_buffers(port)   # DeepSpeed's CPU all-reduce leaves them in /dev/shm
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = json.loads(out.read_text())
     assert len(cases) == 6
