@@ -27,7 +27,9 @@ def _result(probe):
     rank = {"outcome": "ok", "rank": 0, "losses": [2.0, 1.0], "comm": {}, "param_tensors": 1, "sharded_param_tensors": 0,
             "state": {"total_bytes": 10, "scalar_bytes": 0, "by_device": {"cuda": 10}, "by_path": {}},
             "step_s": 0.2, "step_times_s": [0.2, 0.25], "probe": probe,
-            "memory": {"phases": {}, "phase_seconds": {"forward": 0.05, "backward": 0.1, "step": 0.04},
+            "memory": {"phases": {"init": {"peak_allocated": 5, "peak_reserved": 6, "end_allocated": 4},
+                                  "first_step": {"peak_allocated": 8, "peak_reserved": 9, "end_allocated": 7}},
+                       "phase_seconds": {"forward": 0.05, "backward": 0.1, "step": 0.04},
                        "device_used_bytes": 3, "reserved_now": 1, "peak_allocated": 8, "peak_reserved": 9,
                        "alloc_retries": 0, "base_allocated": 0}}
     return {"key": "k", "world_size": 1, "ranks": [rank], "env": {"gpu": "NVIDIA H200"}}
@@ -38,5 +40,7 @@ def test_machine_probe_lands_in_its_columns_in_microseconds_and_tflops():
     row = make_row(job, _result({"launch_s": 7.5e-6, "matmul_flops_per_s": 7.9e14}), "cuda", "cmd")
     assert row["measured_launch_us"] == 7.5 and row["measured_matmul_tflops"] == 790.0
     assert json.loads(row["measured_step_times_s"]) == [0.2, 0.25]
+    assert row["measured_init_reserved_bytes"] == 6 and row["measured_first_step_reserved_bytes"] == 9
+    assert row["measured_first_step_peak_bytes"] == 8 and "measured_forward_reserved_bytes" not in row
     row = make_row(job, _result({}), "cuda", "cmd")   # off CUDA the probe is empty: no columns
     assert "measured_launch_us" not in row

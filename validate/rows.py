@@ -19,7 +19,8 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "measured_base_allocated_bytes", "measured_step_s", "measured_forward_s", "measured_backward_s",
                     "measured_step_phase_s", "measured_step_times_s", "measured_launch_us", "measured_matmul_tflops",
                     "measured_device_overhead_bytes") + tuple(
-    f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:]) for what in ("peak", "end"))
+    f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:])
+    for what in ("peak", "end", "reserved"))
 ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "command",
                "measured_comm_detail", "measured_state_detail")
 COLUMNS = CONFIG_COLUMNS + PREDICTED_COLUMNS + MEASURED_COLUMNS + ENV_COLUMNS
@@ -110,6 +111,9 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
             if vals:
                 row[f"measured_{ph}_peak_bytes"] = max(v["peak_allocated"] for v in vals)
                 row[f"measured_{ph}_end_bytes"] = max(v["end_allocated"] for v in vals)
+                # Which phase grows the allocator's cache: the reserved peak is set in init and the
+                # warm-up steps (first_*), not in the measured steps (data/snapshots/).
+                row[f"measured_{ph}_reserved_bytes"] = max(v["peak_reserved"] for v in vals)
         slowest = max(ok, key=lambda r: r["step_s"])
         row["measured_step_s"] = slowest["step_s"]
         row["measured_step_times_s"] = json.dumps([round(t, 6) for t in slowest.get("step_times_s", [])])
