@@ -85,34 +85,38 @@ def remove_shm_buffers(port: int) -> None:
 
 
 class _Stop:
-    """While a launch runs: SIGTERM or Ctrl-C in the driver kills the launch's process group (it runs
-    in a session of its own, so it would otherwise live on, holding GPUs and locks) and removes its
-    shared-memory buffers before the driver exits."""
+    """Around a running launch: SIGTERM or Ctrl-C in the driver becomes SystemExit, and however the
+    driver leaves the block (a signal, an error such as a row the CSV cannot take, or normally), a launch
+    still running is killed as a group (it runs in a session of its own, so it would otherwise live on,
+    holding GPUs and locks) and its shared-memory buffers are removed."""
 
     def __init__(self, proc, port):
         self.proc, self.port = proc, port
         self.previous = {}
+
+    def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.previous[sig] = signal.signal(sig, self._handle)
+        return self
 
-    def _handle(self, signum, frame):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.done()
+    @staticmethod
+    def _handle(signum, frame):
         raise SystemExit(128 + signum)
 
-    def done(self):
-        remove_shm_buffers(self.port)
+    def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-        self.previous = {}
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        remove_shm_buffers(self.port)
 
 
-def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, include: str | None = None,
-                   port: int | None = None) -> list[str]:
-    cmd = ["deepspeed", "--master_port", str(port or _free_port())]
+def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, include: str | None,
+                   port: int) -> list[str]:
+    cmd = ["deepspeed", "--master_port", str(port)]
     cmd += ["--include", include] if include else ["--num_gpus", str(nproc)]
     return cmd + ["--module", "validate.worker", jobs_path, out_dir]
 
@@ -143,34 +147,34 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
             logf = open(os.path.join(tmp, "launch.log"), "w")
             proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
             # The launch runs in its own session (a hang is killed as a group): if this driver is
-            # interrupted or terminated, take the launch and its shared memory down with it.
-            stop = _Stop(proc, port)
-            by_key = {j["key"]: j for j in pending}
-            finished, last_progress, hung = set(), time.time(), None
-            while True:
-                code = proc.poll()
-                for res in _read_lines(os.path.join(tmp, "results.jsonl")):
-                    if res["key"] in finished:
-                        continue
-                    finished.add(res["key"])
-                    row = rows.make_row(by_key[res["key"]], res, backend, command)
-                    append_row(csv_path, row)
-                    written.append(row)
-                    last_progress = time.time()
-                    log(f"[{len(written)}/{total}] {res['key']}: {rows.describe(row)}  ({time.time() - t_start:.0f} s)")
-                if code is not None:
-                    break
-                started = _read_lines(os.path.join(tmp, "started.jsonl"))
-                running = [s for s in started if s["key"] not in finished]
-                since = running[-1]["time"] if running else last_progress
-                if time.time() - max(since, last_progress) > timeout_s:
-                    hung = running[-1]["key"] if running else None
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    break
-                time.sleep(0.5)
+            # interrupted, terminated or fails, take the launch and its shared memory down with it.
+            with _Stop(proc, port):
+                by_key = {j["key"]: j for j in pending}
+                finished, last_progress, hung = set(), time.time(), None
+                while True:
+                    code = proc.poll()
+                    for res in _read_lines(os.path.join(tmp, "results.jsonl")):
+                        if res["key"] in finished:
+                            continue
+                        finished.add(res["key"])
+                        row = rows.make_row(by_key[res["key"]], res, backend, command)
+                        append_row(csv_path, row)
+                        written.append(row)
+                        last_progress = time.time()
+                        log(f"[{len(written)}/{total}] {res['key']}: {rows.describe(row)}  "
+                            f"({time.time() - t_start:.0f} s)")
+                    if code is not None:
+                        break
+                    started = _read_lines(os.path.join(tmp, "started.jsonl"))
+                    running = [s for s in started if s["key"] not in finished]
+                    since = running[-1]["time"] if running else last_progress
+                    if time.time() - max(since, last_progress) > timeout_s:
+                        hung = running[-1]["key"] if running else None
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                        break
+                    time.sleep(0.5)
             logf.close()
-            stop.done()
             started = [s["key"] for s in _read_lines(os.path.join(tmp, "started.jsonl"))]
             lost = [k for k in started if k not in finished]
             restarted = _read_lines(os.path.join(tmp, "restart.jsonl"))

@@ -119,7 +119,6 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "recompute": 1 if ck else 0,
         "layer_passes_fwd": model.architecture.num_layers,
         "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
-        "checkpointed_layers": model.architecture.num_layers if ck else 0,
         "modules_fwd": len(model.trace) if s3 else 0,
         "modules_bwd": len(model.backward(ck)) if s3 else 0,
         "gathers_fwd": it.forward_gather_calls if s3 else 0,
@@ -140,7 +139,7 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     and the time constants `k` (the calibration's "time" section)."""
     eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
     host_fwd = f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"] \
-        + f["checkpointed_layers"] * k.get("checkpoint_fwd_s_per_layer", 0.0)
+        + f["recompute"] * f["layer_passes_fwd"] * k.get("checkpoint_fwd_s_per_layer", 0.0)
     forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"], host_fwd) \
         + f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
     backward = max(f["backward_at_peak_s"] / k["efficiency"] + mu * (2 + f["recompute"]) * f["traffic_at_hbm_s"],
