@@ -14,6 +14,11 @@ source validate/gpu/setup.sh || exit 1
 t0=$(date +%s)
 python3 -c 'from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()' > $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
 echo "FusedAdam built in $(( $(date +%s) - t0 )) s"
+if grep -lq '"offload_optimizer": "cpu"' "${@##*:}" 2>/dev/null; then   # offload jobs: DeepSpeedCPUAdam, built once here too
+  t0=$(date +%s)
+  python3 -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()' >> $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
+  echo "CPUAdam built in $(( $(date +%s) - t0 )) s"
+fi
 mkdir -p data
 for spec in "$@"; do   # resume: rows committed under the matrix's name are skipped
   f=data/$(basename "${spec##*:}" .json).csv; [ -e "$f" ] && cp "$f" $OUT/ && chmod u+w $OUT/$(basename "$f")
