@@ -10,7 +10,8 @@ Constants (all named in the calibration JSON):
   reserved_over_allocated_worst, the largest measured ratio, for the "tight" verdict.
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
-- time.*: the step-time model's constants (`zerocalc/timing.py`), by Levenberg–Marquardt on the
+- time.*: the step-time model's constants (`zerocalc/timing.py`; the three host_* rates from the
+  offload rows alone), by Levenberg–Marquardt on the
   log ratio of predicted to measured forward, backward, optimizer-step and whole-step times of the
   training split's rows timed as training runs (`report.timed_whole_steps`; all constants positive,
   the link efficiency at most 1).
@@ -67,9 +68,11 @@ def time_features(df, cal=None):
 
 # The time constants, fitted in log space (all positive); the link efficiency through a logistic (0 < ε ≤ 1).
 _SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer",
-            "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s")
+            "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s",
+            "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s")
 _START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
           "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5,
+          "host_link_bytes_per_s": 25e9, "host_adam_elements_per_s": 1e9, "host_pageable_bytes_per_s": 10e9,
           "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.02),
           "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}
 
@@ -183,7 +186,9 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"{t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass; stage-3 hook "
                      f"{t['module_hook_s'] * 1e3:.3f} ms per module step, {t['gather_call_s'] * 1e3:.3f} ms per all-gather "
                      f"call; link efficiency {t['link_efficiency']:.3f}; gradient hook {t['grad_hook_s'] * 1e6:.1f} us "
-                     f"per tensor; optimizer step " + ", ".join(
+                     f"per tensor; offload host: link {t['host_link_bytes_per_s'] / 1e9:.1f} GB/s, CPU Adam "
+                     f"{t['host_adam_elements_per_s'] / 1e9:.2f}e9 elements/s, pageable upload "
+                     f"{t['host_pageable_bytes_per_s'] / 1e9:.1f} GB/s ({int(timed['offload_optimizer'].ne('none').sum())} offload rows); optimizer step " + ", ".join(
                          f"{c} {t['step_overhead_s'][c] * 1e3:.1f} ms + {t['optimizer_s_per_element'][c] * 1e12:.1f} ps/element"
                          for c in t["step_overhead_s"]) + f" ({len(timed)} rows)")
     cal["device"] = {"context_bytes": int(df["measured_device_overhead_bytes"].median()),

@@ -80,7 +80,8 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     # forward, again what the reuse and prefetch rules released). Gradients: reduce-scatter of the
     # padded N·S3 per micro-step. Step: the fp64 norm per sub-group (8 B), fp16's overflow flag, and
     # an all-gather of the persistent parameters' shards.
-    it = stage3_trace.simulate(model, setup)
+    # At N = 1 a parameter-offload fetch is a host-to-device copy, not a collective (none logged).
+    it = stage3_trace.simulate(model, setup) if n > 1 else stage3_trace.Stage3Iteration(0, 0, 0, 0, 0)
     out = []
     if it.forward_gather_elements:
         out.append(_coll("all_gather_into_tensor", "forward", k * it.forward_gather_calls,

@@ -14,16 +14,14 @@ class Hardware:
     inter_node_bytes_per_s: float    # network per GPU (e.g. 400 Gb/s InfiniBand = 50 GB/s)
     gpus_per_node: int
     memory_bytes: int
-    pcie_bytes_per_s: float = 50e9          # host link per GPU, per direction (offload traffic)
-    cpu_adam_elements_per_s: float = 1e9    # DeepSpeedCPUAdam on the cores one GPU gets (an assumption)
 
 
 PRESETS = {
     "h200": Hardware("h200", 989e12, 4.8e12, 450e9, 50e9, 8, 143771 * 2**20),
     "h100": Hardware("h100", 989e12, 3.35e12, 450e9, 50e9, 8, 80 * GiB),
-    "a100-80g": Hardware("a100-80g", 312e12, 2.04e12, 300e9, 25e9, 8, 80 * GiB, 25e9),
-    "a100-40g": Hardware("a100-40g", 312e12, 1.56e12, 300e9, 25e9, 8, 40 * GiB, 25e9),
-    "v100-32g": Hardware("v100-32g", 125e12, 0.9e12, 150e9, 12.5e9, 8, 32 * GiB, 12e9),
+    "a100-80g": Hardware("a100-80g", 312e12, 2.04e12, 300e9, 25e9, 8, 80 * GiB),
+    "a100-40g": Hardware("a100-40g", 312e12, 1.56e12, 300e9, 25e9, 8, 40 * GiB),
+    "v100-32g": Hardware("v100-32g", 125e12, 0.9e12, 150e9, 12.5e9, 8, 32 * GiB),
 }
 
 

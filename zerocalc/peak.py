@@ -83,7 +83,10 @@ def _stage12(model, setup, st, act):
     resident = st.resident_bytes
     g_in = max_grads_in_partition(model.param_numels, setup)
     r = setup.reduce_bucket_size
-    in_partition = b * g_in * (2 if setup.gas > 1 and setup.stage == Stage.GRADIENTS else 1)
+    offload = setup.offload_optimizer != "none"
+    # Under optimizer offload the reduced gradients go straight to the host's fp32 partition
+    # (`async_inplace_copy_grad_to_fp32_buffer_from_gpu`): no partition gradients on the device.
+    in_partition = 0 if offload else b * g_in * (2 if setup.gas > 1 and setup.stage == Stage.GRADIENTS else 1)
     if setup.contiguous_gradients:
         # `setup_buckets` allocates the ipg buffer at the first gradient hook of every backward:
         # reduce_bucket_size elements (two with overlap_comm), whatever P is (measured: 954 MiB for a
@@ -95,7 +98,7 @@ def _stage12(model, setup, st, act):
             # ZeRO-1 moves gradients into the buffer only at the end of backward, parameter by
             # parameter: before that all b·P autograd gradients; at the first reduction all but a
             # buffer's worth of them, beside the partition gradients.
-            end_grads = b * max(p, max(p - r, 0) + g_in)
+            end_grads = b * max(p, max(p - r, 0) + (0 if offload else g_in))
             why = "autograd gradients not yet moved into the buffer (+ partition gradients)"
         else:
             end_grads, why = in_partition + b * max(model.param_numels), "partition gradients + one autograd gradient"
@@ -109,13 +112,22 @@ def _stage12(model, setup, st, act):
     # Init (measured): module parameters b·P beside the flat copy b·Pp and the fp32 shard 4S; at N = 1
     # the shard is first cloned in the low precision (b·S more).
     init_extra = b * p + (b * s if n == 1 else 0)
+    init = Phase("init", resident - st.moments_bytes, 0, init_extra, 0,
+                 "module parameters beside the flat buffer they are copied into (Adam state comes at the first step)")
+    # Step: partition gradients, their flat copy b·S and its fp32 cast 4S (measured to the 0.1%).
+    step = Phase("step", resident, b * g_in, b * s + cast, 0, "partition gradients + flatten + fp32 cast")
+    if offload:
+        # Measured on H200 (N = 1 and 2, to 0.01%): init is the flat buffer beside the module's
+        # parameters (the fp32 shard and the gradient staging buffer are on the host or come later);
+        # the step runs on the host and writes the updated shard back in place.
+        init = Phase("init", resident - b * max(model.param_numels), 0, b * p, 0,
+                     "module parameters beside the flat buffer (master, Adam state and fp32 gradients on the host)")
+        step = Phase("step", resident, 0, 0, 0, "the flat parameters only: the optimizer steps on the host")
     return (
-        Phase("init", resident - st.moments_bytes, 0, init_extra, 0,
-              "module parameters beside the flat buffer they are copied into (Adam state comes at the first step)"),
+        init,
         _forward(resident, 0, act),
         _backward(resident, 0, act, b * model.head_numel, ipg, end_grads, end_buffers, why),
-        # Step: partition gradients, their flat copy b·S and its fp32 cast 4S (measured to the 0.1%).
-        Phase("step", resident, b * g_in, b * s + cast, 0, "partition gradients + flatten + fp32 cast"),
+        step,
     )
 
 
@@ -136,16 +148,25 @@ def _stage3(model, setup, st, act):
     # holds the whole module (the case study's "whole model first" does not happen). One tensor is
     # whole at a time, twice over when gathered from N > 1 ranks.
     init_extra = 0 if setup.zero_init else b * max(model.param_numels) * min(setup.dp, 2)
+    init = Phase("init", resident - (0 if setup.offload_optimizer != "none" else st.moments_bytes), 0, init_extra, 0,
+                 "partitions, fp32 master and gradient buffers (Adam state comes at the first step)")
+    if setup.offload_param != "none" and not setup.zero_init:
+        # Measured on H200 (N = 1 and 2): with parameter offload the module is on the device whole,
+        # b·P, before its partitions move to the host.
+        init = _worst(init, Phase("init", 0, 0, b * model.num_params, 0,
+                                  "the whole module on the device before its partitions move to the host"))
+    step = Phase("step", resident, 0, (b + 4) * sub, 0, "per sub-group flatten + fp32 cast")
+    if setup.offload_optimizer != "none":
+        step = Phase("step", resident, 0, 0, 0, "model states only: the optimizer steps on the host")
     return (
-        Phase("init", resident - st.moments_bytes, 0, init_extra, 0,
-              "partitions, fp32 master and gradient buffers (Adam state comes at the first step)"),
+        init,
         _forward(resident, kept + fetch, act,
                  "activations + parameters kept gathered for backward (reuse rule) + the coalesced fetch"),
         _backward(resident, kept, act, b * model.head_numel, 0, b * model.largest_module_numel, kept + reduce_scatter,
                   "gathered parameters + one module's gradients + the reduce-scatter buffer"),
         # Per sub-group: flatten b·sub + fp32 cast 4·sub (the largest sub-group; measured to 0.1% with
         # one and two sub-groups, 4% low with three).
-        Phase("step", resident, 0, (b + 4) * sub, 0, "per sub-group flatten + fp32 cast"),
+        step,
     )
 
 

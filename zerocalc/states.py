@@ -85,13 +85,19 @@ def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
                           buffers + b * s + 2 * staging, largest, host)
     # Stage 3: partitions ⌈nᵢ/N⌉ defragmented into `lp_param_buffer` (b·S3), a separate fp32 master 4·S3
     # (a copy even in fp32), Adam K·S3, `grad_partitions_flat_buffer` g·S3, the ipg bucket c·RBS allocated
-    # at init and kept (with contiguous_gradients), and persistent parameters whole, b·Σ_pers nᵢ.
+    # at init and kept (with contiguous_gradients), and persistent parameters whole, b·Σ_pers nᵢ. At
+    # N = 1 a partition is the whole parameter and serves as it, unless parameters are offloaded: then
+    # the persistent ones are also kept whole on the device (measured on H200: 1,286,144 bytes for the
+    # 1.4B GPT's biases and norms, b·Σ_pers nᵢ).
     s3 = part.stage3_shard
-    params = b * (s3 + part.persistent)
+    whole = part.persistent_shard if setup.dp == 1 and setup.offload_param != "none" else part.persistent
+    params = b * (s3 + whole)
     grads = setup.grad_accum_bytes * s3
     ipg = setup.comm_bytes * setup.reduce_bucket_size if setup.contiguous_gradients else 0
-    # Offload (measured on 2-rank CPU jobs): the same tensors, master and moments on the host, and with
+    # Offload: the same tensors (their total measured on 2-rank CPU jobs), on the host: master, moments
+    # and `grad_partitions_flat_buffer` (created on `self.device`, the CPU under optimizer offload;
+    # measured on H200: the device keeps only the ipg bucket and persistent parameters), and with
     # parameter offload the low-precision partitions too (`fp16_partitioned_groups_flat`).
-    host = (MASTER_BYTES + k) * s3 if setup.offload_optimizer != "none" else 0
+    host = (MASTER_BYTES + k) * s3 + grads if setup.offload_optimizer != "none" else 0
     host += b * s3 if setup.offload_param != "none" else 0
     return StateBytes(params, MASTER_BYTES * s3, k * s3, grads, ipg + buffers, grads, host)

@@ -30,11 +30,19 @@ what waits on communication:
 - Stages 0–2 at N > 1: gradient all-reduce wire bytes W_reduce (overlap_comm is off by default:
   exposed), stages 1/2 the all-gather of updated parameters at the step. Stages 1/2 also spend
   t_grad_hook per parameter tensor copying each gradient into the ipg buffer.
-- Offload (from data sheets, not measured): optimizer offload moves fp32 gradients down and
-  parameters up over PCIe ((4 + b) bytes per optimizer element) and runs DeepSpeedCPUAdam on the
-  host instead of the step; parameter offload moves the parameters across again in forward and
-  backward (2·b per shard element per micro-step).
-The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] are fitted on
+- Offload (measured on a 2×H200 host with 32 vCPUs, `data/h200-t2-offload-*.csv`): the host's
+  memory, PCIe root and cores are shared by the R = min(N, GPUs per node) ranks on it, so each term
+  counts the host's bytes or elements, R times the rank's. With optimizer offload each micro-step's
+  backward copies the shard's gradients down as fp32 (4·S bytes, not overlapped: backward measured
+  0.16–0.18 s longer) at `host_link`; the step runs DeepSpeedCPUAdam on S elements
+  (`host_adam_elements_per_s`) and sends the updated shard up: stages 1/2 from a pinned
+  low-precision copy (b·S at `host_link`), stage 3 without parameter offload as an fp32 copy_ from
+  pageable memory into the device's partition (4·S at `host_pageable`, the slow part: 1.3 s of a
+  1.7 s step for 1.4B). With parameter offload each forward and backward fetch the shard up again
+  (b·S per pass); DeepSpeed prefetches on its own stream, so a pass takes the longer of its compute
+  and that copy (measured: no slower than without parameter offload).
+The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] and the
+three host rates are fitted on
 H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`); on another GPU they are
 assumed to carry over, which is a guess until it is measured. They are fitted on, and judged
 against, whole steps timed as training runs them (no synchronize between phases; `data/README.md`);
@@ -60,7 +68,7 @@ class StepTime:
     comm_s: float            # all communication at link speed, hidden or not
     exposed_comm_s: float    # the part the step waits for
     hooks_s: float           # stage 3's fetch/release hooks, host time per optimizer step
-    offload_s: float
+    offload_s: float         # offload's share of the above: gradients down, the host's step
     step_s: float
     tokens_per_s: float
     mfu: float
@@ -100,6 +108,7 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
     """What the fitted constants multiply (seconds at peak or link speed, counts); `validate fit`
     regresses on these."""
     fwd, bwd = flops_per_micro_step(model, setup)
+    elements = optimizer_elements(model, setup)
     link = link_bytes_per_s(setup, hw)
     s3 = setup.stage == Stage.PARAMETERS
     ck = setup.activation_checkpointing
@@ -121,8 +130,9 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
         "modules_fwd": len(model.trace) if s3 else 0,
         "modules_bwd": len(model.backward(ck)) if s3 else 0,
-        "gathers_fwd": it.forward_gather_calls if s3 else 0,
-        "gathers_bwd": it.backward_gather_calls if s3 else 0,
+        # collective calls only: at N = 1 a parameter-offload fetch is a copy (`fetch_bytes` below)
+        "gathers_fwd": it.forward_gather_calls if s3 and setup.dp > 1 else 0,
+        "gathers_bwd": it.backward_gather_calls if s3 and setup.dp > 1 else 0,
         # per micro-step: the collectives are summed over GAS micro-steps
         "gather_fwd_at_link_s": by["forward"] / gas / link,
         "gather_bwd_at_link_s": by["backward"] / gas / link,
@@ -130,7 +140,23 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "reduce_at_link_s": by["reduce"] / link,
         "grad_hooks": len(model.param_numels) if setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) else 0,
         "step_class": STEP_CLASSES[0 if setup.stage == Stage.DISABLED else 2 if s3 else 1],
-        "optimizer_elements": optimizer_elements(model, setup),
+        "optimizer_elements": elements,
+        **offload_features(setup, elements, hw),
+    }
+
+
+def offload_features(setup, elements: int, hw: Hardware) -> dict:
+    """The host's share of an offloaded step (module docstring): bytes and elements for the whole host,
+    the R ranks on it together."""
+    opt, par = setup.offload_optimizer != "none", setup.offload_param != "none"
+    s3, b = setup.stage == Stage.PARAMETERS, setup.param_bytes
+    host = elements * min(setup.dp, hw.gpus_per_node)
+    return {
+        "host_grad_bytes": 4 * host if opt else 0,                    # per micro-step, fp32 gradients down
+        "host_adam_elements": host if opt else 0,                     # per step
+        "host_upload_bytes": b * host if opt and not s3 else 0,       # per step, pinned low-precision copy up
+        "host_pageable_bytes": 4 * host if opt and s3 and not par else 0,   # per step, fp32 copy_ up
+        "host_fetch_bytes": b * host if par else 0,                   # per pass, parameters up (prefetched)
     }
 
 
@@ -145,16 +171,27 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     backward = max(f["backward_at_peak_s"] / k["efficiency"] + mu * (2 + f["recompute"]) * f["traffic_at_hbm_s"],
                    f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"]) \
         + f["gathers_bwd"] * k["gather_call_s"] + f["gather_bwd_at_link_s"] / eff + f["grad_hooks"] * k["grad_hook_s"]
-    step = k["step_overhead_s"][f["step_class"]] + k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"] \
-        + f["step_gather_at_link_s"] / eff
+    optimizer = k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"]
+    if f.get("host_fetch_bytes"):
+        fetch = f["host_fetch_bytes"] / k["host_link_bytes_per_s"]
+        forward, backward = max(forward, fetch), max(backward, fetch)
+    if f.get("host_adam_elements"):
+        backward += f["host_grad_bytes"] / k["host_link_bytes_per_s"]
+        optimizer = host_step_s(f, k)
+    step = k["step_overhead_s"][f["step_class"]] + optimizer + f["step_gather_at_link_s"] / eff
     return forward, backward, step, f["reduce_at_link_s"] / eff
 
 
-def whole_step_s(f: dict, forward: float, backward: float, optimizer: float, reduce: float,
-                 offload: float = 0.0) -> float:
+def host_step_s(f: dict, k: dict) -> float:
+    """The optimizer's work under optimizer offload: CPU Adam and the updated shard's way back up."""
+    return f["host_adam_elements"] / k["host_adam_elements_per_s"] + f["host_upload_bytes"] / k["host_link_bytes_per_s"] \
+        + f["host_pageable_bytes"] / k["host_pageable_bytes_per_s"]
+
+
+def whole_step_s(f: dict, forward: float, backward: float, optimizer: float, reduce: float) -> float:
     """One optimizer step from its parts: GAS micro-steps of forward and backward, the exposed
-    reductions, the optimizer step (or, with offload, the host's work instead)."""
-    return f["gas"] * (forward + backward) + reduce + optimizer + offload
+    reductions, the optimizer step (with optimizer offload, the host's)."""
+    return f["gas"] * (forward + backward) + reduce + optimizer
 
 
 def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) -> StepTime | None:
@@ -169,14 +206,11 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
     hidden = sum(c.wire_bytes for c in collectives if c.op == "reduce_scatter_tensor") / link
     exposed = comm - hidden + f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
     hooks = f["gas"] * (f["modules_fwd"] + f["modules_bwd"]) * k["module_hook_s"]
-    offload = 0.0
-    if setup.offload_optimizer != "none":
-        elements = f["optimizer_elements"]
-        offload += (4 + setup.param_bytes) * elements / hw.pcie_bytes_per_s + elements / hw.cpu_adam_elements_per_s
-        optimizer = 0.0   # the step runs on the host instead
-    if setup.offload_param != "none":
-        offload += f["gas"] * 2 * setup.param_bytes * f["optimizer_elements"] / hw.pcie_bytes_per_s
-    step = whole_step_s(f, forward, backward, optimizer, reduce, offload)
+    # Offload's own time (inside forward, backward and the step above): the gradients' way down and
+    # the host's step; parameter fetches are overlapped with compute.
+    offload = f["gas"] * f["host_grad_bytes"] / k["host_link_bytes_per_s"] + host_step_s(f, k) \
+        if f["host_adam_elements"] else 0.0
+    step = whole_step_s(f, forward, backward, optimizer, reduce)
     tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
     mfu = 6 * model.num_params * tokens / (step * setup.dp * hw.peak_flops_per_s)
     return StepTime(forward, backward, optimizer, comm, exposed, hooks, offload, step, tokens / step, mfu,
