@@ -1,6 +1,7 @@
-"""How fast DeepSpeedCPUAdam updates fp32 elements on this machine's cores, beside what zerocalc's
-offload time assumes (`Hardware.cpu_adam_elements_per_s`, 1e9 per GPU). Prints rates and their ratio;
-no thresholds (a benchmark, not a test). The offload time model reads the preset, not this.
+"""How fast DeepSpeedCPUAdam updates fp32 elements on this machine's cores, beside the host rate
+zerocalc's offload time uses (`time.host_adam_elements_per_s` in the calibration, fitted on offloaded
+H200 jobs: the whole host, shared by its GPUs). Prints rates and their ratio; no thresholds (a
+benchmark, not a test). Run it on a training host to see how far yours is from the calibration's.
 
     python benchmarks/cpu_adam.py [--elements 64e6] [--repeat 5]
 """
@@ -22,7 +23,7 @@ def main():
     except ImportError:
         print("DeepSpeed is not installed: pip install -e '.[validate]' to measure")
         return
-    from zerocalc.hardware import gpu
+    from zerocalc import calibration
     n = int(args.elements)
     p = torch.nn.Parameter(torch.randn(n))
     p.grad = torch.randn(n)
@@ -34,11 +35,11 @@ def main():
         opt.step()
         times.append(time.perf_counter() - t0)
     rate = n / statistics.median(times)
-    assumed = gpu("h200").cpu_adam_elements_per_s
+    assumed = calibration.default()["time"]["host_adam_elements_per_s"]
     print(f"DeepSpeedCPUAdam, {n:,} fp32 elements, {torch.get_num_threads()} threads: {rate / 1e9:.2f}e9 elements/s "
           f"(median of {args.repeat}; {28 * rate / 1e9:.0f} GB/s of p, g, m, v traffic)")
-    print(f"zerocalc's offload assumption per GPU: {assumed / 1e9:.2f}e9 elements/s")
-    print(f"ratio (measured here / assumed)       {rate / assumed:.1f}×")
+    print(f"zerocalc's calibrated host rate (H200 hosts): {assumed / 1e9:.2f}e9 elements/s")
+    print(f"ratio (measured here / calibrated)           {rate / assumed:.2f}×")
 
 
 if __name__ == "__main__":

@@ -37,3 +37,23 @@ def test_loss_gradients_and_a_recomputed_layer_are_not_alive_together():
     # the loss's backward: layer inputs + fp32 log-probs (4V) + the loss path's fp32 gradients (8V)
     assert e.activation_bytes == kept_layers + 12 * tokens * v
     assert phase(e, "backward").activation_bytes == kept_layers + 12 * tokens * v
+
+
+def test_offloaded_stage_2_steps_on_the_host():
+    e = estimate(from_params(P), Setup(stage=Stage.GRADIENTS, dp=1, dtype="bf16", offload_optimizer="cpu"))
+    resident = 2 * P + 2 * 10**6          # bf16 flat parameters + the device's gradient staging (largest tensor)
+    assert e.states.resident_bytes == resident
+    # init: the module's parameters beside the flat buffer they are copied into; staging comes later
+    assert phase(e, "init").total_bytes == 2 * P + 2 * P
+    # backward's end: the ipg buffer and one autograd gradient; reduced gradients go to the host
+    assert phase(e, "backward").total_bytes == resident + 2 * R + 2 * 10**6
+    assert phase(e, "step").total_bytes == resident      # no flatten, no fp32 cast on the device
+
+
+def test_stage_3_parameter_offload_starts_with_the_whole_module_on_the_device():
+    big = 2 * 10**9                                       # 100 tensors of 2e7
+    e = estimate(from_params(big), Setup(stage=Stage.PARAMETERS, dp=2, dtype="bf16", offload_optimizer="cpu",
+                                         offload_param="cpu"))
+    assert e.states.resident_bytes == 2 * R               # the ipg bucket; partitions, master, Adam on the host
+    assert phase(e, "init").total_bytes == 2 * big        # b·P, above the bucket + two whole tensors (1.08e9)
+    assert phase(e, "step").total_bytes == 2 * R

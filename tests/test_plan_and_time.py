@@ -163,3 +163,43 @@ def test_plan_with_nothing_that_fits_exits_1():
     r = CliRunner().invoke(main, ["plan", "--model", "llama-2-70b", "--gpu", "h100", "--gpu-memory", "8GiB",
                                   "--max-gpus", "2", "--seq-len", "4096", "--global-batch", "8"])
     assert r.exit_code == 1 and "Nothing fits" in r.output
+
+
+HOST = dict(host_link_bytes_per_s=30e9, host_adam_elements_per_s=3e9, host_pageable_bytes_per_s=6e9)
+
+
+def test_optimizer_offload_time_by_hand():
+    # Stage 2 on 2 GPUs of one node: both ranks share the host, so its link and cores see 2·S.
+    from zerocalc.partition import partition
+    a = A.Architecture("hf-llama", 32000, 2048, 4, 16, 16, 5632, False)
+    spec = from_architecture(a)
+    base = Setup(stage=Stage.GRADIENTS, dp=2, micro_batch=2, seq_len=1024, dtype="bf16")
+    off = Setup(stage=Stage.GRADIENTS, dp=2, micro_batch=2, seq_len=1024, dtype="bf16", offload_optimizer="cpu")
+    s = partition(spec.param_numels, base).flat_shard
+    cal = with_time(**HOST)
+    t0 = estimate(spec, base, cal=cal, hardware=gpu("h100")).time
+    t1 = estimate(spec, off, cal=cal, hardware=gpu("h100")).time
+    assert t1.forward_s == pytest.approx(t0.forward_s)
+    assert t1.backward_s == pytest.approx(t0.backward_s + 4 * 2 * s / 30e9)            # fp32 gradients down
+    # the device's Adam (1e-12 s per element) gives way to the host's, plus the pinned bf16 shard up
+    assert t1.optimizer_s == pytest.approx(t0.optimizer_s - 1e-12 * s + 2 * s / 3e9 + 2 * 2 * s / 30e9)
+    assert t1.offload_s == pytest.approx(4 * 2 * s / 30e9 + 2 * s / 3e9 + 2 * 2 * s / 30e9)
+
+
+def test_stage_3_offload_time_by_hand():
+    # One GPU. Optimizer offload alone: the fp32 master is copied into the device's partitions from
+    # pageable memory (4·S3 at the pageable rate). With parameter offload that copy is gone, and each
+    # pass fetches b·S3 up on its own stream: a pass takes the longer of its compute and the fetch.
+    from zerocalc.partition import partition
+    a = A.Architecture("hf-llama", 32000, 2048, 4, 16, 16, 5632, False)
+    spec = from_architecture(a)
+    kw = dict(stage=Stage.PARAMETERS, dp=1, micro_batch=1, seq_len=128, dtype="bf16", offload_optimizer="cpu")
+    s3 = partition(spec.param_numels, Setup(**kw)).stage3_shard
+    slow_link = with_time(**{**HOST, "host_link_bytes_per_s": 1e9})
+    t = estimate(spec, Setup(**kw), cal=slow_link, hardware=gpu("h100")).time
+    assert t.optimizer_s == pytest.approx(0.01 + s3 / 3e9 + 4 * s3 / 6e9)
+    tp = estimate(spec, Setup(**kw, offload_param="cpu"), cal=slow_link, hardware=gpu("h100")).time
+    assert tp.optimizer_s == pytest.approx(0.01 + s3 / 3e9)
+    fetch = 2 * s3 / 1e9                                  # at 1 GB/s the copy outlasts the compute
+    assert tp.forward_s == pytest.approx(fetch)
+    assert tp.backward_s == pytest.approx(fetch + 4 * s3 / 1e9)

@@ -98,4 +98,25 @@ def test_stage3_offload_keeps_the_same_tensors_on_other_sides():
     off = model_states(TOY, setup(3, 4, param_persistence_threshold=0, reduce_bucket_size=100,
                                   offload_optimizer="cpu", offload_param="cpu"))
     assert off.total_bytes == on_gpu.total_bytes
-    assert off.cpu_bytes == 4 * 7 + 8 * 7 + 2 * 7         # master, Adam, bf16 partitions (S3 = 7)
+    # master, Adam, bf16 gradient partitions, bf16 parameter partitions (S3 = 3 + 2 + 2 = 7)
+    assert off.cpu_bytes == 4 * 7 + 8 * 7 + 2 * 7 + 2 * 7
+    assert off.resident_bytes == 2 * 100                   # the ipg bucket (bf16, 100 elements) alone
+
+
+def test_stage3_optimizer_offload_leaves_parameter_partitions_and_the_bucket_on_the_device():
+    # `grad_partitions_flat_buffer` is made on the optimizer's device: the host under offload
+    # (measured on H200: 3,828,910,592 B on the device for 1.4B = 2·P + the 1e9 B bucket).
+    st = model_states(TOY, setup(3, 4, param_persistence_threshold=0, reduce_bucket_size=100, offload_optimizer="cpu"))
+    assert st.resident_bytes == 2 * 7 + 2 * 100            # bf16 partitions + ipg bucket
+    assert st.cpu_bytes == 4 * 7 + 8 * 7 + 2 * 7            # master, Adam, bf16 gradient partitions
+
+
+def test_stage3_parameter_offload_at_n1_keeps_persistent_parameters_whole_on_the_device():
+    # Threshold 6: only the 5-element tensor persists. At N = 1 its partition is the parameter itself,
+    # until the partitions move to the host: then a whole copy stays on the device (2·5 B).
+    kw = dict(param_persistence_threshold=6, reduce_bucket_size=100)
+    on_gpu = model_states(TOY, setup(3, 1, **kw))
+    off = model_states(TOY, setup(3, 1, offload_optimizer="cpu", offload_param="cpu", **kw))
+    assert on_gpu.resident_bytes == (2 + 4 + 8 + 2) * 22 + 2 * 100
+    assert off.resident_bytes == 2 * 5 + 2 * 100
+    assert off.cpu_bytes == (4 + 8 + 2 + 2) * 22

@@ -60,7 +60,7 @@ def repredict(df: pd.DataFrame) -> pd.DataFrame:
     out = df.copy()
     cols = {"now_state_bytes": [], "now_comm_bytes": [], "now_peak_allocated_bytes": [],
             "now_peak_reserved_bytes": [], "now_peak_phase": [], "now_step_s": [], "now_forward_s": [],
-            "now_backward_s": [], "now_step_phase_s": []}
+            "now_backward_s": [], "now_step_phase_s": [], "now_host_bytes": []}
     from zerocalc.hardware import gpu
     for _, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
@@ -71,7 +71,7 @@ def repredict(df: pd.DataFrame) -> pd.DataFrame:
             cols[k].append(getattr(t, v) if t else float("nan"))
         for k, v in (("now_state_bytes", predicted_state_bytes(e, r["backend"])), ("now_comm_bytes", e.comm_bytes),
                      ("now_peak_allocated_bytes", e.peak_bytes), ("now_peak_reserved_bytes", e.peak_reserved_bytes),
-                     ("now_peak_phase", e.peak.name)):
+                     ("now_peak_phase", e.peak.name), ("now_host_bytes", e.states.cpu_bytes)):
             cols[k].append(v)
     for k, v in cols.items():
         out[k] = v
@@ -143,6 +143,12 @@ def report(paths) -> tuple[str, bool]:
             lines += [""] + _table(g, "now_peak_allocated_bytes", "own_peak",
                                    f"Peak allocated (max_memory_allocated less what an earlier engine left), {split}"
                                    f" rows; target 5%", False, 0.05)
+        offloaded = (gpu["offload_optimizer"] != "none") | (gpu["offload_param"] != "none")
+        if offloaded.any():
+            off = gpu[offloaded].assign(measured_host=gpu["measured_host_state_bytes"].astype(float))
+            lines += [""] + _table(off, "now_host_bytes", "measured_host", "Host state bytes per rank (offloaded "
+                                   "master, moments, gradients, parameters), GPU rows with offload", True)
+            exact = exact and bool((off["now_host_bytes"] == off["measured_host"].astype("int64")).all())
         clean = gpu[started_clean(gpu)]
         lines += [""] + _table(clean, "now_peak_reserved_bytes", "measured_peak_reserved_bytes",
                                "Peak reserved (max_memory_reserved), rows that started clean; target 10%", False, 0.10)
@@ -151,6 +157,10 @@ def report(paths) -> tuple[str, bool]:
         for split, g in [("all", timed)] + list(timed.groupby("split")):
             lines += [""] + _table(g, "now_step_s", "measured_step_s", f"Step time (median of whole steps timed as "
                                    f"training runs), {split} rows; target 15%", False, 0.15)
+        timed_off = timed[offloaded[whole]]
+        for split, g in [("all", timed_off)] + list(timed_off.groupby("split")):
+            lines += [""] + _table(g, "now_step_s", "measured_step_s", f"Step time with CPU offload, {split} rows "
+                                   "(included above); target 15%", False, 0.15)
         if not timed.empty:
             lines += [""] + _within_own_steps(timed)
         for pred, meas, name in (("now_forward_s", "measured_forward_s", "forward"),
