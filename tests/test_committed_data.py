@@ -41,7 +41,7 @@ def test_state_and_communication_are_exact_on_every_gpu_row(rows):
 def test_peak_allocated_within_the_stated_error(rows):
     own = own_peak_allocated(rows)
     err = ((rows["now_peak_allocated_bytes"] - own) / own).abs()
-    # README: mean 0.4%, worst 4.2%: every row within the issue's 5%
+    # README: mean 0.5%, worst 4.2%: every row within the issue's 5%
     assert err.mean() < 0.01
     assert err.max() < 0.05
 
@@ -50,9 +50,11 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows)]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 6%, 88 of 106 within 10%, worst 26% (issue 4's 10% on every row: not met)
-    assert err.mean() < 0.07 and err.max() < 0.27
-    assert (err <= 0.10).mean() >= 0.8
+    # README: mean 6%, 96 of 121 within 10%, worst 33% (issue 4's 10% on every row: not met). The
+    # stated error grew with the offload rows (stage 3 with offload reserves 1.35-1.73x its peak; the
+    # one fitted ratio is 1.21): it was mean 6%, 88 of 106, worst 26% before them.
+    assert err.mean() < 0.07 and err.max() < 0.34
+    assert (err <= 0.10).mean() >= 0.78
 
 
 def test_reserved_repeats_to_the_percent(rows):
@@ -75,7 +77,7 @@ def test_report_prints_every_table():
 def test_step_time_within_the_stated_error(rows):
     timed = rows[timed_whole_steps(rows)]
     err = ((timed["now_step_s"] - timed["measured_step_s"]) / timed["measured_step_s"]).abs()
-    # README: rows timed as training runs (58): mean 10.5%, 48 within 15%, worst 34% (issue 5's 15% on
+    # README: rows timed as training runs (73): mean 9.6%, 61 within 15%, worst 34% (issue 5's 15% on
     # every row: not met; one configuration's medians differ by 19% between jobs, median over six)
     assert len(timed) >= 50
     assert err.mean() < 0.11
