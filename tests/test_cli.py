@@ -162,3 +162,22 @@ def test_bad_ds_config_exits_2(tmp_path, content, says):
 def test_missing_ds_config_file_exits_2():
     r = run("--params", "7e9", "--dp", "8", "--ds-config", "/nonexistent/ds.json")
     assert r.exit_code == 2 and "cannot read" in r.output
+
+
+def test_host_rates_set_the_offload_time():
+    # Stage 2 optimizer offload on one GPU: gradients down and the bf16 shard up at the host link, CPU
+    # Adam at the host's rate: every offload term halves when both rates double (no pageable copy here).
+    from zerocalc import calibration
+    k = calibration.default()["time"]
+    shape = ["--model", "llama-2-7b", "--num-layers", "4", "--dp", "1", "--stage", "2", "--offload-optimizer", "cpu",
+             "--gpu", "h200", "--seq-len", "512", "--micro-batch", "1", "--format", "json"]
+
+    def offload_s(*extra):
+        r = run(*shape, *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["estimates"][0]["time"]["offload_s"]
+
+    fast = offload_s("--cpu-adam-rate", str(2 * k["host_adam_elements_per_s"]),
+                     "--host-link-gbps", str(2 * k["host_link_bytes_per_s"] / 1e9))
+    assert fast == pytest.approx(offload_s() / 2)
+    assert run("--params", "7e9", "--cpu-adam-rate", "0").exit_code == 2

@@ -136,6 +136,26 @@ def model_options(f):
     return f
 
 
+def host_options(f):
+    """The host's part of offload time, which the calibration measured on H200 hosts."""
+    f = click.option("--host-link-gbps", type=click.FloatRange(min=0, min_open=True),
+                     help="Offload: GB/s between a host's memory and its GPUs, all of them together "
+                          "[default: the calibration's, 34 on the H200 hosts].")(f)
+    return click.option("--cpu-adam-rate", type=click.FloatRange(min=0, min_open=True),
+                        help="Offload: DeepSpeedCPUAdam elements per second on a whole host, e.g. 3.2e9 "
+                             "(`python benchmarks/cpu_adam.py` measures yours) [default: the calibration's].")(f)
+
+
+def _calibration(name, cpu_adam_rate, host_link_gbps) -> dict:
+    try:
+        cal = calibration.load(name)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--calibration")
+    host = {k: v for k, v in (("host_adam_elements_per_s", cpu_adam_rate),
+                              ("host_link_bytes_per_s", host_link_gbps and host_link_gbps * 1e9)) if v}
+    return {**cal, "time": {**cal["time"], **host}} if host else cal
+
+
 def _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
           ffn_hidden_size, tie_embeddings):
     overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
@@ -194,16 +214,18 @@ def main():
 @click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), help="GB/s per GPU between nodes.")
 @click.option("--calibration", "calibration_name", default="h200", show_default=True,
               help="Calibrated constants: a shipped name or a JSON file written by `python -m validate fit`.")
+@host_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, gpu_name, peak_tflops, intra_node_gbps,
-                 inter_node_gbps, calibration_name, ds_config, fmt, **opts):
+                 inter_node_gbps, calibration_name, cpu_adam_rate, host_link_gbps, ds_config, fmt, **opts):
     """Per-rank bytes and communication per step for ZeRO stages 0–3.
 
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
     states (2+2+12 bytes/param), shown for comparison; the other columns follow DeepSpeed 0.19.8's code.
-    Activations need an architecture and --seq-len; step time needs --gpu too. Offload bytes are
-    checked on CPU jobs (host and device as one total), not yet on GPUs.
+    Activations need an architecture and --seq-len; step time needs --gpu too. Offload's time is the
+    host's (CPU Adam, PCIe), shared by the GPUs on it: calibrated on H200 hosts; give yours with
+    --cpu-adam-rate and --host-link-gbps.
 
     \b
     Examples:
@@ -234,10 +256,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
         setups = _setups(opts, ds, stages, spec.architecture)
     except ValueError as err:
         raise click.UsageError(str(err))
-    try:
-        cal = calibration.load(calibration_name)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--calibration")
+    cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps)
     hw = None
     if gpu_name is not None:
         hw = hardware.gpu(gpu_name, peak_flops_per_s=peak_tflops and peak_tflops * 1e12,
@@ -265,10 +284,11 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="Also list the rejected candidates and why.")
 @click.option("--calibration", "calibration_name", default="h200", show_default=True)
+@host_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
              ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, max_gpus, seq_len, global_batch, dtype, fewest,
-             price_per_gpu_hour, top, explain, calibration_name, fmt):
+             price_per_gpu_hour, top, explain, calibration_name, cpu_adam_rate, host_link_gbps, fmt):
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
 
     Enumerates stage × offload × GPU count (powers of two, whole nodes past one) × micro-batch ×
@@ -287,10 +307,7 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
         a = spec.architecture
         note = (f"--params gives no shape; step time assumes a Llama-like {a.num_layers} layers × {a.hidden_size} "
                 f"hidden ({spec.num_params / 1e9:.3g}B parameters)")
-    try:
-        cal = calibration.load(calibration_name)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--calibration")
+    cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps)
     hw = hardware.gpu(gpu_name)
     memory = gpu_memory or hw.memory_bytes
     base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa")
