@@ -44,3 +44,19 @@ def test_machine_probe_lands_in_its_columns_in_microseconds_and_tflops():
     assert row["measured_first_step_peak_bytes"] == 8 and "measured_forward_reserved_bytes" not in row
     row = make_row(job, _result({}), "cuda", "cmd")   # off CUDA the probe is empty: no columns
     assert "measured_launch_us" not in row
+
+
+def test_reserved_growth_names_the_last_phase_that_grew_the_cache():
+    from validate.report import RESERVED_ORDER, reserved_growth
+    MiB = 2**20
+    grows = {  # reserved at the end of each phase, MiB, in RESERVED_ORDER
+        "set in the first forward": [100, 900, 900, 900, 900, 900, 900],
+        "set in the first step": [100, 900, 901, 1200, 1200, 1200, 1200],   # +1 MiB is one small segment: not growth
+        "grew in a measured backward": [100, 900, 900, 900, 900, 950, 950],
+    }
+    df = pd.DataFrame([{f"measured_{p}_reserved_bytes": v * MiB for p, v in zip(RESERVED_ORDER, vals)}
+                       for vals in grows.values()])
+    (blank, line), = [reserved_growth(df)]
+    assert line == ("Reserved peak set by (last phase that grew the cache), 3 rows: first_forward 1, first_step 1, "
+                    "backward 1; grown after the warm-up step: 1")
+    assert reserved_growth(df.drop(columns="measured_init_reserved_bytes")) == []

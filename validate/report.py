@@ -120,6 +120,30 @@ def _repeats(timed: pd.DataFrame) -> list[str]:
                 f"medians differ by (max - min) / mean: median {spans.median():.1%}, worst {spans.max():.1%}"]
 
 
+RESERVED_ORDER = ("init", "first_forward", "first_backward", "first_step", "forward", "backward", "step")
+
+
+def reserved_growth(df: pd.DataFrame) -> list[str]:
+    """Where the allocator's cache grows, on rows that record each phase's reserved peak: the phase
+    at which reserved last grew (by more than 2 MiB, one small segment), and how many rows grew at
+    all in the measured (post-warm-up) phases. Reserved never shrinks in a job (no empty_cache), so
+    a phase's reserved peak is the cache at its end."""
+    cols = [f"measured_{p}_reserved_bytes" for p in RESERVED_ORDER]
+    if not set(cols) <= set(df.columns):
+        return []
+    rows = df.dropna(subset=cols)
+    if rows.empty:
+        return []
+    counts = dict.fromkeys(RESERVED_ORDER, 0)
+    for _, r in rows.iterrows():
+        values = [float(r[c]) for c in cols]
+        last = max((i for i in range(1, len(values)) if values[i] - values[i - 1] > 2 * 2**20), default=0)
+        counts[RESERVED_ORDER[last]] += 1
+    later = sum(counts[p] for p in ("forward", "backward", "step"))
+    return ["", f"Reserved peak set by (last phase that grew the cache), {len(rows)} rows: "
+            + ", ".join(f"{p} {n}" for p, n in counts.items() if n) + f"; grown after the warm-up step: {later}"]
+
+
 def report(paths) -> tuple[str, bool]:
     df = load(paths)
     ok = df[df["outcome"] == "ok"]
@@ -152,6 +176,7 @@ def report(paths) -> tuple[str, bool]:
         clean = gpu[started_clean(gpu)]
         lines += [""] + _table(clean, "now_peak_reserved_bytes", "measured_peak_reserved_bytes",
                                "Peak reserved (max_memory_reserved), rows that started clean; target 10%", False, 0.10)
+        lines += reserved_growth(gpu)
         whole = timed_whole_steps(gpu)
         timed = gpu[whole]
         for split, g in [("all", timed)] + list(timed.groupby("split")):
