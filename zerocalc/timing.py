@@ -30,9 +30,10 @@ what waits on communication:
 - Stages 0–2 at N > 1: gradient all-reduce wire bytes W_reduce (overlap_comm is off by default:
   exposed), stages 1/2 the all-gather of updated parameters at the step. Stages 1/2 also spend
   t_grad_hook per parameter tensor copying each gradient into the ipg buffer.
-- Offload (measured on a 2×H200 host with 32 vCPUs, `data/h200-t2-offload-*.csv`): the host's
-  memory, PCIe root and cores are shared by the R = min(N, GPUs per node) ranks on it, so each term
-  counts the host's bytes or elements, R times the rank's. With optimizer offload each micro-step's
+- Offload (measured on a 2×H200 host with 32 vCPUs and a 1×H200 host with 16, which agreed to 1–4%
+  on the same jobs; `data/h200-t2-offload-*.csv`): the host's memory, PCIe root and cores are shared
+  by the R = min(N, GPUs per node) ranks on it, so each term counts the host's bytes or elements, R
+  times the rank's. With optimizer offload each micro-step's
   backward copies the shard's gradients down as fp32 (4·S bytes, not overlapped: backward measured
   0.16–0.18 s longer) at `host_link`; the step runs DeepSpeedCPUAdam on S elements
   (`host_adam_elements_per_s`) and sends the updated shard up: stages 1/2 from a pinned
@@ -41,9 +42,9 @@ what waits on communication:
   1.7 s step for 1.4B). With parameter offload each forward and backward fetch the shard up again
   (b·S per pass); DeepSpeed prefetches on its own stream, so a pass takes the longer of its compute
   and that copy (measured: no slower than without parameter offload).
-The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] and the
-three host rates are fitted on
-H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`); on another GPU they are
+The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] and
+the three host rates are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`;
+the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another GPU they are
 assumed to carry over, which is a guess until it is measured. They are fitted on, and judged
 against, whole steps timed as training runs them (no synchronize between phases; `data/README.md`);
 there one configuration's median step differs by 19% between separate jobs (median over six
