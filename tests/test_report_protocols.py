@@ -56,7 +56,21 @@ def test_reserved_growth_names_the_last_phase_that_grew_the_cache():
     }
     df = pd.DataFrame([{f"measured_{p}_reserved_bytes": v * MiB for p, v in zip(RESERVED_ORDER, vals)}
                        for vals in grows.values()])
-    (blank, line), = [reserved_growth(df)]
+    blank, line = reserved_growth(df)
     assert line == ("Reserved peak set by (last phase that grew the cache), 3 rows: first_forward 1, first_step 1, "
                     "backward 1; grown after the warm-up step: 1")
     assert reserved_growth(df.drop(columns="measured_init_reserved_bytes")) == []
+
+
+def test_a_configuration_timed_in_several_jobs_is_judged_by_the_median_of_its_jobs():
+    from validate.report import by_configuration
+    arch = Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False)
+    jobs = [make_job(arch, 1, stage=0, seq_len=8, repeat=i) for i in range(3)] + [make_job(arch, 1, stage=2, seq_len=8)]
+    assert len({j["key"] for j in jobs}) == 4                     # a repeat is its own row...
+    rows = pd.DataFrame([make_row(j, _result({}), "cuda", "cmd") for j in jobs])
+    rows["measured_step_s"] = [0.30, 0.10, 0.20, 0.50]
+    rows["now_step_s"] = [0.21, 0.21, 0.21, 0.40]
+    confs = by_configuration(rows).sort_values("stage").reset_index(drop=True)
+    assert list(confs["jobs"]) == [3, 1]                          # ...of one configuration
+    assert list(confs["measured_step_s"]) == [0.20, 0.50]         # the median of 0.30, 0.10, 0.20
+    assert list(confs["now_step_s"]) == [0.21, 0.40]
