@@ -181,3 +181,17 @@ def test_host_rates_set_the_offload_time():
                      "--host-link-gbps", str(2 * k["host_link_bytes_per_s"] / 1e9))
     assert fast == pytest.approx(offload_s() / 2)
     assert run("--params", "7e9", "--cpu-adam-rate", "0").exit_code == 2
+
+
+def test_a_calibration_file_without_the_host_rates_takes_the_shipped_ones(tmp_path):
+    from zerocalc import calibration
+    old = json.loads(json.dumps(calibration.default()))
+    for k in ("host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s"):
+        del old["time"][k]
+    f = tmp_path / "before-offload.json"
+    f.write_text(json.dumps(old))
+    shape = ["--model", "llama-2-7b", "--num-layers", "4", "--dp", "1", "--stage", "3", "--offload-optimizer", "cpu",
+             "--gpu", "h200", "--seq-len", "512", "--micro-batch", "1", "--format", "json"]
+    mine, shipped = run(*shape, "--calibration", str(f)), run(*shape)
+    assert mine.exit_code == 0, mine.output
+    assert json.loads(mine.output)["estimates"][0]["time"] == json.loads(shipped.output)["estimates"][0]["time"]
