@@ -78,7 +78,7 @@ def test_step_time_within_the_stated_error(rows):
     timed = rows[timed_whole_steps(rows)]
     err = ((timed["now_step_s"] - timed["measured_step_s"]) / timed["measured_step_s"]).abs()
     # README: rows timed as training runs (73): mean 9.6%, 61 within 15%, worst 34% (issue 5's 15% on
-    # every row: not met; one configuration's medians differ by 19% between jobs, median over six)
+    # every row: not met; one configuration's medians differ by 19% between jobs, median over six without offload)
     assert len(timed) >= 50
     assert err.mean() < 0.11
     assert (err <= 0.15).mean() >= 0.8

@@ -10,8 +10,8 @@ Constants (all named in the calibration JSON):
   reserved_over_allocated_worst, the largest measured ratio, for the "tight" verdict.
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
-- time.*: the step-time model's constants (`zerocalc/timing.py`; the three host_* rates from the
-  offload rows alone), by Levenberg–Marquardt on the
+- time.*: the step-time model's constants (`zerocalc/timing.py`; only the offload rows depend on,
+  and so set, the three host_* rates), by Levenberg–Marquardt on the
   log ratio of predicted to measured forward, backward, optimizer-step and whole-step times of the
   training split's rows timed as training runs (`report.timed_whole_steps`; all constants positive,
   the link efficiency at most 1).

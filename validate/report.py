@@ -106,18 +106,14 @@ def _within_own_steps(timed: pd.DataFrame) -> list[str]:
             f"the rows' own spread (slowest - fastest) / median: median {spread.median():.1%}, worst {spread.max():.1%}"]
 
 
-def _repeats(timed: pd.DataFrame) -> list[str]:
+def _repeats(confs: pd.DataFrame) -> list[str]:
     """Configurations timed more than once (separate jobs): how far apart their medians are."""
-    if timed.empty:
+    repeated = confs[confs["jobs"] >= 2]
+    if repeated.empty:
         return []
-    groups = timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()]).groupby("conf")
-    repeated = [g["measured_step_s"] for _, g in groups if len(g) >= 2]
-    if not repeated:
-        return []
-    spans = pd.Series([(t.max() - t.min()) / t.mean() for t in repeated])
-    jobs = [len(t) for t in repeated]
-    return ["", f"Repeatability: {len(repeated)} configurations timed in {min(jobs)}-{max(jobs)} separate jobs; their "
-                f"medians differ by (max - min) / mean: median {spans.median():.1%}, worst {spans.max():.1%}"]
+    return ["", f"Repeatability: {len(repeated)} configurations timed in {repeated['jobs'].min()}-{repeated['jobs'].max()} "
+                f"separate jobs; their medians differ by (max - min) / mean: median {repeated['span'].median():.1%}, "
+                f"worst {repeated['span'].max():.1%}"]
 
 
 RESERVED_ORDER = ("init", "first_forward", "first_backward", "first_step", "forward", "backward", "step")
@@ -146,10 +142,12 @@ def reserved_growth(df: pd.DataFrame) -> list[str]:
 
 def by_configuration(timed: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration timed as training runs: the median over its jobs of their median
-    steps (`jobs` of them) beside the prediction. Repeated jobs are how a noisy host is averaged out."""
+    steps (`jobs` of them, `span` = (max - min) / mean between them) beside the prediction. Repeated
+    jobs are how a noisy host is averaged out."""
     conf = timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()])
     out = conf.groupby("conf").agg(stage=("stage", "first"), jobs=("measured_step_s", "size"),
-                                   measured_step_s=("measured_step_s", "median"), now_step_s=("now_step_s", "first"))
+                                   measured_step_s=("measured_step_s", "median"), now_step_s=("now_step_s", "first"),
+                                   span=("measured_step_s", lambda t: (t.max() - t.min()) / t.mean()))
     return out.reset_index(drop=True)
 
 
@@ -206,9 +204,9 @@ def report(paths) -> tuple[str, bool]:
         if not old.empty:
             lines += [""] + _table(old, "now_step_s", "measured_step_s", "Step time of the earlier protocol (phase-"
                                    "synchronized, two jobs per host at times; not fitted, for reference)", False, 0.15)
-        lines += _repeats(timed)
         if not timed.empty:
             confs = by_configuration(timed)
+            lines += _repeats(confs)
             lines += [""] + _table(confs, "now_step_s", "measured_step_s", f"Step time per configuration (median over "
                                    f"its jobs; {int((confs['jobs'] > 1).sum())} of {len(confs)} timed in more than one "
                                    "job); target 15%", False, 0.15)

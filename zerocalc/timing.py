@@ -48,7 +48,7 @@ the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another 
 assumed to carry over, which is a guess until it is measured. They are fitted on, and judged
 against, whole steps timed as training runs them (no synchronize between phases; `data/README.md`);
 there one configuration's median step differs by 19% between separate jobs (median over six
-configurations), and stage-3 steps drift by ±25% within a job: on these hosts ±15% is at the
+configurations without offload), and stage-3 steps drift by ±25% within a job: on these hosts ±15% is at the
 measurement's own floor (H200, DeepSpeed 0.19.8, torch 2.11).
 """
 from dataclasses import dataclass, replace
