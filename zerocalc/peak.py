@@ -112,10 +112,6 @@ def _stage12(model, setup, st, act):
     # Init (measured): module parameters b·P beside the flat copy b·Pp and the fp32 shard 4S; at N = 1
     # the shard is first cloned in the low precision (b·S more).
     init_extra = b * p + (b * s if n == 1 else 0)
-    init = Phase("init", resident - st.moments_bytes, 0, init_extra, 0,
-                 "module parameters beside the flat buffer they are copied into (Adam state comes at the first step)")
-    # Step: partition gradients, their flat copy b·S and its fp32 cast 4S (measured to the 0.1%).
-    step = Phase("step", resident, b * g_in, b * s + cast, 0, "partition gradients + flatten + fp32 cast")
     if offload:
         # Measured on H200 (N = 1 and 2, to 0.01%): init is the flat buffer beside the module's
         # parameters (the fp32 shard and the gradient staging buffer are on the host or come later);
@@ -123,6 +119,11 @@ def _stage12(model, setup, st, act):
         init = Phase("init", resident - b * max(model.param_numels), 0, b * p, 0,
                      "module parameters beside the flat buffer (master, Adam state and fp32 gradients on the host)")
         step = Phase("step", resident, 0, 0, 0, "the flat parameters only: the optimizer steps on the host")
+    else:
+        init = Phase("init", resident - st.moments_bytes, 0, init_extra, 0,
+                     "module parameters beside the flat buffer they are copied into (Adam state comes at the first step)")
+        # Step: partition gradients, their flat copy b·S and its fp32 cast 4S (measured to the 0.1%).
+        step = Phase("step", resident, b * g_in, b * s + cast, 0, "partition gradients + flatten + fp32 cast")
     return (
         init,
         _forward(resident, 0, act),
@@ -155,17 +156,17 @@ def _stage3(model, setup, st, act):
         # b·P, before its partitions move to the host.
         init = _worst(init, Phase("init", 0, 0, b * model.num_params, 0,
                                   "the whole module on the device before its partitions move to the host"))
-    step = Phase("step", resident, 0, (b + 4) * sub, 0, "per sub-group flatten + fp32 cast")
-    if setup.offload_optimizer != "none":
-        step = Phase("step", resident, 0, 0, 0, "model states only: the optimizer steps on the host")
+    # Per sub-group: flatten b·sub + fp32 cast 4·sub (the largest sub-group; measured to 0.1% with
+    # one and two sub-groups, 4% low with three), unless the optimizer steps on the host.
+    step = Phase("step", resident, 0, 0, 0, "model states only: the optimizer steps on the host") \
+        if setup.offload_optimizer != "none" else \
+        Phase("step", resident, 0, (b + 4) * sub, 0, "per sub-group flatten + fp32 cast")
     return (
         init,
         _forward(resident, kept + fetch, act,
                  "activations + parameters kept gathered for backward (reuse rule) + the coalesced fetch"),
         _backward(resident, kept, act, b * model.head_numel, 0, b * model.largest_module_numel, kept + reduce_scatter,
                   "gathered parameters + one module's gradients + the reduce-scatter buffer"),
-        # Per sub-group: flatten b·sub + fp32 cast 4·sub (the largest sub-group; measured to 0.1% with
-        # one and two sub-groups, 4% low with three).
         step,
     )
 

@@ -173,10 +173,10 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
                    f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"]) \
         + f["gathers_bwd"] * k["gather_call_s"] + f["gather_bwd_at_link_s"] / eff + f["grad_hooks"] * k["grad_hook_s"]
     optimizer = k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"]
-    if f.get("host_fetch_bytes"):
+    if f["host_fetch_bytes"]:
         fetch = f["host_fetch_bytes"] / k["host_link_bytes_per_s"]
         forward, backward = max(forward, fetch), max(backward, fetch)
-    if f.get("host_adam_elements"):
+    if f["host_adam_elements"]:
         backward += f["host_grad_bytes"] / k["host_link_bytes_per_s"]
         optimizer = host_step_s(f, k)
     step = k["step_overhead_s"][f["step_class"]] + optimizer + f["step_gather_at_link_s"] / eff
