@@ -109,16 +109,31 @@ def fit_cmd(csv_paths, out_path):
 @main.command("snapshot")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--top", type=int, default=15, show_default=True, help="Groups of tensors to list per file.")
-def snapshot_cmd(paths, top):
-    """What was alive at a step's allocated and reserved peaks, from the allocator history the worker
-    dumps when VALIDATE_SNAPSHOT_DIR is set (one optimizer step, rank 0)."""
+@click.option("--compact-to", type=click.Path(file_okay=False), default=None,
+              help="Instead of summarizing, write each pickle as DIR/NAME.json.gz: the trace's actions, "
+                   "addresses, sizes, streams and call sites, small enough to commit.")
+def snapshot_cmd(paths, top, compact_to):
+    """What was alive at the allocated and reserved peaks, from the allocator history the worker dumps
+    when VALIDATE_SNAPSHOT_DIR is set (rank 0; VALIDATE_SNAPSHOT_SCOPE=step, the default, records one
+    steady-state step; =warmup records from before the model is built to the end of the warm-up steps).
+    PATHS: .pickle files, or .json.gz files written by --compact-to."""
+    import gzip
+    import json
+    import os
     import pickle
 
-    from validate.snapshot import summarize
+    from validate.snapshot import compact, load, summarize
     for path in paths:
         try:
+            if compact_to:
+                os.makedirs(compact_to, exist_ok=True)
+                name = os.path.basename(path).removesuffix(".pickle") + ".json.gz"
+                with gzip.open(os.path.join(compact_to, name), "wt") as f:
+                    json.dump(compact(load(path)), f, separators=(",", ":"))
+                continue
             click.echo(summarize(path, top))
-        except (pickle.UnpicklingError, EOFError, KeyError, StopIteration, TypeError, AttributeError) as err:
+        except (pickle.UnpicklingError, EOFError, KeyError, StopIteration, TypeError, AttributeError, OSError,
+                ValueError) as err:
             raise click.BadParameter(f"{path} is not a torch memory snapshot written by the worker "
                                      f"({type(err).__name__}); give the .pickle files from VALIDATE_SNAPSHOT_DIR",
                                      param_hint="PATHS")

@@ -8,6 +8,8 @@ Python over the pickle, no GPU needed to read one.
 
 Allocated falls when a block is freed (`free_requested`: the allocator's stats drop there, the block
 is reused once its stream events complete, `free_completed`)."""
+import gzip
+import json
 import pickle
 from collections import defaultdict
 
@@ -17,7 +19,10 @@ _SKIP = ("_contextlib", "_compile", "eval_frame", "external_utils", "hooks.py", 
 
 
 def where(frames, depth=3) -> str:
-    """The innermost few frames of the project or its libraries, innermost first."""
+    """The innermost few frames of the project or its libraries, innermost first (a compacted
+    trace's events carry the string itself)."""
+    if isinstance(frames, str):
+        return frames
     picked = [f for f in frames if any(o in f["filename"] for o in _OWN) and not any(s in f["filename"] for s in _SKIP)]
     return " < ".join(f"{f['filename'].split('site-packages/')[-1]}:{f['line']}:{f['name']}" for f in picked[:depth])
 
@@ -51,9 +56,36 @@ def reserved_replay(trace):
     return _replay(trace, "segment_alloc", "segment_free")
 
 
-def summarize(path: str, top: int = 15) -> str:
+EVENT_FIELDS = ("action", "addr", "size", "stream")
+WHERE_DEPTH = 5
+
+
+def compact(snap: dict) -> dict:
+    """A snapshot small enough to bring back from the GPU machine and commit: rank 0's trace as rows
+    of (action, addr, size, stream, index into a table of `where` strings), plus the worker's totals."""
+    trace = next((t for t in snap["device_traces"] if t), [])
+    table, events = {}, []
+    for e in trace:
+        w = where(e.get("frames", []), WHERE_DEPTH)
+        events.append([e.get(k, 0) for k in EVENT_FIELDS] + [table.setdefault(w, len(table))])
+    totals = {k: v for k, v in snap.items() if k.startswith("zerocalc_")}
+    return {"fields": list(EVENT_FIELDS) + ["where"], "where": list(table), "events": events, **totals}
+
+
+def load(path: str) -> dict:
+    """A snapshot as the worker pickled it, or as `compact` wrote it (.json.gz): same keys read here."""
+    if path.endswith(".json.gz"):
+        with gzip.open(path, "rt") as f:
+            c = json.load(f)
+        n = len(EVENT_FIELDS)
+        trace = [dict(zip(EVENT_FIELDS, e[:n]), frames=c["where"][e[n]]) for e in c["events"]]
+        return {"device_traces": [trace], **{k: v for k, v in c.items() if k.startswith("zerocalc_")}}
     with open(path, "rb") as f:
-        snap = pickle.load(f)
+        return pickle.load(f)
+
+
+def summarize(path: str, top: int = 15) -> str:
+    snap = load(path)
     base = snap.get("zerocalc_base_allocated", 0)
     base_reserved = snap.get("zerocalc_base_reserved", 0)
     trace = next(t for t in snap["device_traces"] if t)

@@ -82,13 +82,17 @@ def _tolerate_unknown_comm_ops():
 
 
 SNAPSHOT_DIR = os.environ.get("VALIDATE_SNAPSHOT_DIR")   # diagnostics: rank 0's allocator history
+# Which steps it records: "step" (default), the comm-logged steady-state step; "warmup", everything from
+# before the model is built to the end of the warm-up steps, where the reserved peak is usually set.
+SNAPSHOT_SCOPE = os.environ.get("VALIDATE_SNAPSHOT_SCOPE", "step")
 
 
 @contextlib.contextmanager
-def _memory_history(key, cuda):
-    """With VALIDATE_SNAPSHOT_DIR set, record every allocation and free of rank 0 during the block and
-    dump torch's memory snapshot to DIR/KEY.pickle (read by `python -m validate snapshot`)."""
-    if not (SNAPSHOT_DIR and cuda and int(os.environ.get("RANK", 0)) == 0):
+def _memory_history(key, cuda, scope):
+    """With VALIDATE_SNAPSHOT_DIR set and VALIDATE_SNAPSHOT_SCOPE == scope, record every allocation and
+    free of rank 0 during the block and dump torch's memory snapshot to DIR/KEY.pickle (read by
+    `python -m validate snapshot`)."""
+    if not (SNAPSHOT_DIR and SNAPSHOT_SCOPE == scope and cuda and int(os.environ.get("RANK", 0)) == 0):
         yield
         return
     torch.cuda.synchronize()
@@ -100,6 +104,8 @@ def _memory_history(key, cuda):
         torch.cuda.synchronize()
         snap = torch.cuda.memory._snapshot()
         snap["zerocalc_base_allocated"], snap["zerocalc_base_reserved"] = base, base_reserved
+        snap["zerocalc_peak_allocated"] = torch.cuda.max_memory_allocated()
+        snap["zerocalc_peak_reserved"] = torch.cuda.max_memory_reserved()
         torch.cuda.memory._record_memory_history(enabled=None)
         os.makedirs(SNAPSHOT_DIR, exist_ok=True)
         with open(os.path.join(SNAPSHOT_DIR, key + ".pickle"), "wb") as f:
@@ -112,6 +118,11 @@ def run_job(job, device):
     from deepspeed.comm.comm import comms_logger
 
     cuda = device.type == "cuda"
+    if cuda:
+        # PYTORCH_CUDA_ALLOC_CONF's expandable_segments, per job: the caching allocator maps pages into
+        # one growing segment instead of cudaMalloc'ing a segment per miss (set before any allocation
+        # of the job; the previous job's cache was emptied).
+        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(job.get('expandable_segments'))}")
     rec = measure.MemoryRecorder(cuda)
     rec.start()
     torch.manual_seed(job.get("seed", 0))
@@ -119,6 +130,8 @@ def run_job(job, device):
     # zero_init: parameters born partitioned (deepspeed.zero.Init), as HF Trainer builds stage-3 models.
     init = deepspeed.zero.Init(config_dict_or_path=cfg) if job.get("zero_init") and job["stage"] == 3 \
         else contextlib.nullcontext()
+    warmup_history = contextlib.ExitStack()   # closed after the warm-up steps (an error: see main)
+    warmup_history.enter_context(_memory_history(job["key"], cuda, "warmup"))
     with init:
         model = build_model(job["arch"], job["activation_checkpointing"], job["attention"])
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
@@ -158,10 +171,11 @@ def run_job(job, device):
     comms_logger.enabled = False
     for _ in range(WARMUP_STEPS):
         keep_losses(optimizer_step(record=False))
+    warmup_history.close()
     # One steady-state step with the comms logger on (it synchronizes after every op).
     comms_logger.reset_data()
     comms_logger.enabled = True
-    with _memory_history(job["key"], cuda):
+    with _memory_history(job["key"], cuda, "step"):
         keep_losses(optimizer_step(record=True))
     comms_logger.enabled = False
     comm = measure.comm_summary(dist.log_summary(return_dict=True))
@@ -230,6 +244,8 @@ def main(jobs_path, out_dir):
         except Exception as err:  # noqa: BLE001  -- recorded as the job's outcome; the sweep goes on
             result = {"outcome": "error", "error": f"{type(err).__name__}: {err}"[:500]}
         result["rank"] = rank
+        if SNAPSHOT_DIR and device.type == "cuda":
+            torch.cuda.memory._record_memory_history(enabled=None)   # a job that failed while recording
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

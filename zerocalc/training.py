@@ -62,6 +62,8 @@ class Setup:
     activation_checkpointing: bool = False
     zero_init: bool = False                      # model built under deepspeed.zero.Init (stage 3)
     attention: str = "sdpa"
+    expandable_segments: bool = False            # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (torch's
+                                                 # caching allocator, not DeepSpeed): changes reserved only
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
