@@ -84,6 +84,18 @@ def load(path: str) -> dict:
         return pickle.load(f)
 
 
+def allocator_events(trace) -> list[tuple]:
+    """The history's allocations and frees as `zerocalc.allocator.replay` takes them. A block is
+    reusable once its free completes (`free_completed`: after the streams that used it are done)."""
+    events = []
+    for e in trace:
+        if e["action"] == "alloc":
+            events.append(("alloc", e["addr"], e["size"], e.get("stream", 0)))
+        elif e["action"] == "free_completed":
+            events.append(("free", e["addr"]))
+    return events
+
+
 def summarize(path: str, top: int = 15) -> str:
     snap = load(path)
     base = snap.get("zerocalc_base_allocated", 0)
@@ -105,4 +117,12 @@ def summarize(path: str, top: int = 15) -> str:
     lines.append(f"  reserved at start {base_reserved / 2**30:.3f} GiB, peak +{r_peak / 2**30:.3f} GiB at event {r_at}; "
                  f"segments made during the step alive then: {len(segments)}, "
                  f"sizes (MiB): {sorted(round(s['size'] / 2**20, 1) for s in segments.values())[-12:]}")
+    from zerocalc.allocator import replay as simulate
+    sim = simulate(allocator_events(trace))
+    recorded = [e["size"] for e in trace if e["action"] == "segment_alloc"]
+    same = [s.size_bytes for s in sim.segments] == recorded
+    lines.append(f"  zerocalc's allocator simulation over these allocations: {len(sim.segments)} segments, "
+                 f"{sim.peak_reserved_bytes / 2**30:.3f} GiB reserved (recorded: {len(recorded)}, "
+                 f"{sum(recorded) / 2**30:.3f} GiB; {'the same segments' if same else 'they differ'}"
+                 f"{'' if same or not base_reserved else ': the history starts with cached segments it does not list'})")
     return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""PyTorch's CUDA caching allocator, simulated: which segments it cudaMallocs for a sequence of
+allocations and frees, hence `torch.cuda.max_memory_reserved()`.
+
+Reserved exceeds allocated because freed blocks stay cached and a request only reuses a cached block
+of its own pool and stream that is large enough: the order of allocations decides how much is
+reserved (the measured reserved/allocated ratios on H200 run from 1.08 to 1.73, README). This module
+is the allocator's half of that prediction; the other half is the allocation sequence itself.
+
+Rules (c10/cuda/CUDACachingAllocator.cpp, torch 2.11, default settings: no expandable segments,
+max_split_size unlimited, no garbage-collection threshold, no empty_cache between events):
+- a request is rounded up to a multiple of 512 B (`round_size`);
+- requests up to 1 MiB use the small pool, larger ones the large pool;
+- a request takes the smallest free cached block of its pool and stream that fits, the lowest
+  address among equal sizes (`get_free_block`: lower_bound on (stream, size, address));
+- none fits: a new segment is cudaMalloc'd: 2 MiB for small requests, 20 MiB for requests under
+  10 MiB, else the request rounded up to 2 MiB (`get_allocation_size`);
+- the block found is split when what remains is at least 512 B (small pool) or more than 1 MiB
+  (large pool); the request takes the front (`should_split`, `alloc_found_block`);
+- a freed block merges with free neighbours of its segment (`free_block`, `try_merge_blocks`);
+  segments are never returned (DeepSpeed's `empty_cache` calls and out-of-memory retries are not
+  modelled).
+
+Checked against the allocator's own history of real DeepSpeed jobs (data/snapshots/t3-warmup,
+`tests/test_allocator.py`): replaying their allocations and frees gives the same segments, in the
+same order and sizes, as the history records.
+"""
+import bisect
+from dataclasses import dataclass
+
+MIN_BLOCK_BYTES = 512
+SMALL_REQUEST_BYTES = 1 << 20        # kSmallSize: the largest request of the small pool
+SMALL_SEGMENT_BYTES = 2 << 20        # kSmallBuffer
+LARGE_SEGMENT_BYTES = 20 << 20       # kLargeBuffer: the segment of a request under MIN_LARGE_ALLOC_BYTES
+MIN_LARGE_ALLOC_BYTES = 10 << 20     # kMinLargeAlloc
+LARGE_ROUND_BYTES = 2 << 20          # kRoundLarge
+
+
+def round_size(n_bytes: int) -> int:
+    """What a request of n_bytes occupies (`round_size`)."""
+    return max(MIN_BLOCK_BYTES, -(-n_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES)
+
+
+def segment_size(rounded_bytes: int) -> int:
+    """The cudaMalloc for a request no cached block can hold (`get_allocation_size`)."""
+    if rounded_bytes <= SMALL_REQUEST_BYTES:
+        return SMALL_SEGMENT_BYTES
+    if rounded_bytes < MIN_LARGE_ALLOC_BYTES:
+        return LARGE_SEGMENT_BYTES
+    return -(-rounded_bytes // LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES
+
+
+def should_split(block_bytes: int, rounded_bytes: int) -> bool:
+    remaining = block_bytes - rounded_bytes
+    small = rounded_bytes <= SMALL_REQUEST_BYTES
+    return remaining >= MIN_BLOCK_BYTES if small else remaining > SMALL_REQUEST_BYTES
+
+
+@dataclass(frozen=True)
+class Segment:
+    size_bytes: int
+    stream: int
+    event: int          # index of the allocation that made it
+
+
+@dataclass(frozen=True)
+class Replay:
+    segments: tuple[Segment, ...]
+    peak_reserved_bytes: int      # max_memory_reserved less what was reserved before the sequence
+    peak_allocated_bytes: int     # max_memory_allocated likewise (rounded block sizes)
+
+
+def replay(events) -> Replay:
+    """Run the allocator over events: ("alloc", handle, n_bytes, stream) and ("free", handle). A free of
+    a handle never allocated here (a block from before the sequence) is ignored."""
+    a = _Allocator()
+    for i, e in enumerate(events):
+        if e[0] == "alloc":
+            a.malloc(e[1], e[2], e[3], i)
+        elif e[0] == "free":
+            a.free(e[1])
+        else:
+            raise ValueError(f"unknown event {e[0]!r} at {i}: expected 'alloc' or 'free'")
+    return Replay(tuple(a.segments), a.peak_reserved, a.peak_allocated)
+
+
+class _Block:
+    __slots__ = ("addr", "size", "free", "pool", "seg_start", "seg_end")
+
+    def __init__(self, addr, size, pool, seg_start, seg_end):
+        self.addr, self.size, self.free, self.pool = addr, size, True, pool
+        self.seg_start, self.seg_end = seg_start, seg_end
+
+
+class _Allocator:
+    """The simulation's state: blocks by start and by end address (segments are laid end to end at
+    increasing addresses, as fresh cudaMallocs roughly are), and each pool's free blocks sorted by
+    (size, address)."""
+
+    def __init__(self):
+        self.segments: list[Segment] = []
+        self.free_blocks: dict[tuple[bool, int], list[tuple[int, int]]] = {}   # (small, stream) -> [(size, addr)]
+        self.starts: dict[int, _Block] = {}
+        self.ends: dict[int, _Block] = {}
+        self.live: dict = {}                    # handle -> block
+        self.next_addr = 0
+        self.reserved = self.allocated = self.peak_reserved = self.peak_allocated = 0
+
+    def _add(self, b: _Block) -> None:
+        self.starts[b.addr], self.ends[b.addr + b.size] = b, b
+
+    def _drop(self, b: _Block) -> None:
+        del self.starts[b.addr], self.ends[b.addr + b.size]
+
+    def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
+        size = round_size(n_bytes)
+        pool = (size <= SMALL_REQUEST_BYTES, stream)
+        free = self.free_blocks.setdefault(pool, [])
+        k = bisect.bisect_left(free, (size, -1))
+        if k < len(free):
+            b = self.starts[free.pop(k)[1]]
+        else:
+            seg = segment_size(size)
+            b = _Block(self.next_addr, seg, pool, self.next_addr, self.next_addr + seg)
+            self.next_addr += seg
+            self._add(b)
+            self.segments.append(Segment(seg, stream, event))
+            self.reserved += seg
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+        if should_split(b.size, size):
+            self._drop(b)
+            rest = _Block(b.addr + size, b.size - size, pool, b.seg_start, b.seg_end)
+            b.size = size
+            self._add(b)
+            self._add(rest)
+            bisect.insort(free, (rest.size, rest.addr))
+        b.free = False
+        self.live[handle] = b
+        self.allocated += b.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def free(self, handle) -> None:
+        b = self.live.pop(handle, None)
+        if b is None:
+            return
+        self.allocated -= b.size
+        b.free = True
+        free = self.free_blocks[b.pool]
+        for other in (self.starts.get(b.addr + b.size) if b.addr + b.size < b.seg_end else None,
+                      self.ends.get(b.addr) if b.addr > b.seg_start else None):
+            if other is not None and other.free:
+                free.remove((other.size, other.addr))
+                self._drop(other)
+                self._drop(b)
+                b = _Block(min(b.addr, other.addr), b.size + other.size, b.pool, b.seg_start, b.seg_end)
+                self._add(b)
+        bisect.insort(free, (b.size, b.addr))
