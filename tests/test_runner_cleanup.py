@@ -1,4 +1,7 @@
-"""The runner removes the shared-memory buffers DeepSpeed's CPU all-reduce leaves, and only its own."""
+"""The runner removes the shared-memory buffers DeepSpeed's CPU all-reduce leaves, and only its own;
+it extends an older results file by a new column instead of refusing the row."""
+import os
+
 from validate import runner
 
 
@@ -49,3 +52,28 @@ def test_a_terminated_driver_takes_its_launch_down(tmp_path):
         time.sleep(0.1)
     else:
         raise AssertionError(f"the launch's process group {pgid} is still alive")
+
+
+def test_a_row_with_a_new_column_extends_an_older_file(tmp_path):
+    """Resuming a sweep whose file predates a Setup field (expandable_segments): the file gains the
+    column, its earlier rows read back with the field's default."""
+    import csv
+
+    from validate.rows import job_from_row
+    from validate.runner import append_row, done_keys
+    path = str(tmp_path / "old.csv")
+    with open(path, "w", newline="") as f:
+        f.write("key,outcome,stage\nA,ok,2\n")
+    append_row(path, {"key": "B", "outcome": "ok", "stage": 3, "expandable_segments": True})
+    with open(path, newline="") as f:
+        got = list(csv.DictReader(f))
+    assert [(r["key"], r["stage"], r["expandable_segments"]) for r in got] == [("A", "2", ""), ("B", "3", "True")]
+    assert done_keys(path) == {"A", "B"}
+    assert not os.path.exists(path + ".tmp")
+    # A committed row from before the column: absent or empty, it is the default (False).
+    with open("data/h200-t2-repeat.csv", newline="") as f:
+        committed = next(csv.DictReader(f))
+    assert "expandable_segments" not in committed
+    assert job_from_row(committed)["expandable_segments"] is False
+    assert job_from_row({**committed, "expandable_segments": ""})["expandable_segments"] is False
+    assert job_from_row({**committed, "expandable_segments": "True"})["expandable_segments"] is True

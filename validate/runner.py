@@ -35,7 +35,8 @@ def done_keys(csv_path: str, retry_failed: bool = False) -> set[str]:
 
 def append_row(csv_path: str, row: dict) -> None:
     """Append one row; the header is written with the first. Flushed and fsynced: a killed sweep
-    leaves whole lines only."""
+    leaves whole lines only. A file written before a column existed (a new Setup field) gets it,
+    empty in its earlier rows (read back as the field's default, `rows.job_from_row`)."""
     new = not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
     if not new:
         with open(csv_path, newline="") as f:
@@ -44,7 +45,7 @@ def append_row(csv_path: str, row: dict) -> None:
         header = list(rows.COLUMNS)
     missing = [k for k in row if k not in header]
     if missing:
-        raise ValueError(f"{csv_path} has no columns {missing}; write to a new file")
+        header = _add_columns(csv_path, header, missing)
     with open(csv_path, "a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
         if new:
@@ -52,6 +53,23 @@ def append_row(csv_path: str, row: dict) -> None:
         w.writerow({k: row.get(k, "") for k in header})
         f.flush()
         os.fsync(f.fileno())
+
+
+def _add_columns(csv_path: str, header: list[str], missing: list[str]) -> list[str]:
+    """Rewrite the file with the missing columns at the end of its header (atomically: a killed sweep
+    keeps the old file or the new one)."""
+    with open(csv_path, newline="") as f:
+        old = list(csv.DictReader(f))
+    header = header + missing
+    tmp = csv_path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
+        w.writeheader()
+        w.writerows({k: r.get(k, "") for k in header} for r in old)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, csv_path)
+    return header
 
 
 def _read_lines(path: str) -> list[dict]:
