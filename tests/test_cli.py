@@ -195,3 +195,14 @@ def test_a_calibration_file_without_the_host_rates_takes_the_shipped_ones(tmp_pa
     mine, shipped = run(*shape, "--calibration", str(f)), run(*shape)
     assert mine.exit_code == 0, mine.output
     assert json.loads(mine.output)["estimates"][0]["time"] == json.loads(shipped.output)["estimates"][0]["time"]
+
+
+def test_expandable_segments_flag_reaches_the_estimate():
+    """Shipped calibration: 1.208x + 14 MB by default, 1.143x with expandable segments (measured on
+    H200, data/h200-t3-expandable-n1.csv): the flag must lower reserved and leave allocated alone."""
+    args = ("--params", "1e9", "--dp", "8", "--stage", "2", "--format", "json")
+    plain = json.loads(run(*args).output)["estimates"][0]
+    exp = json.loads(run(*args, "--expandable-segments").output)["estimates"][0]
+    assert exp["peak_bytes"] == plain["peak_bytes"]
+    assert exp["peak_reserved_bytes"] < plain["peak_reserved_bytes"]
+    assert exp["peak_reserved_bytes"] == pytest.approx(plain["peak_bytes"] * 1.1432, rel=1e-6)

@@ -47,14 +47,20 @@ def test_peak_allocated_within_the_stated_error(rows):
 
 
 def test_reserved_within_the_stated_error(rows):
-    clean = rows[started_clean(rows)]
+    from validate.fit import expandable_rows
+    expandable = expandable_rows(rows)
+    clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 6%, 96 of 121 within 10%, worst 33% (issue 4's 10% on every row: not met). The
-    # stated error grew with the offload rows (stage 3 with offload reserves 1.35-1.73x its peak; the
-    # one fitted ratio is 1.21): it was mean 6%, 88 of 106, worst 26% before them.
-    assert err.mean() < 0.07 and err.max() < 0.34
-    assert (err <= 0.10).mean() >= 0.78
+    # README: mean 6.3%, 108 of 139 within 10%, worst 32% (issue 4's 10% on every row: not met). It was
+    # 96 of 121 before the third session's rows (worst reserved ratios again, larger models, repeats).
+    assert err.mean() < 0.07 and err.max() < 0.33
+    assert (err <= 0.10).mean() >= 0.77
+    # With expandable_segments (8 rows, own fitted ratio 1.14): mean 8%, 5 of 8 within 10%, worst 18%.
+    exp = rows[started_clean(rows) & expandable]
+    err = ((exp["now_peak_reserved_bytes"] - exp["measured_peak_reserved_bytes"])
+           / exp["measured_peak_reserved_bytes"]).abs()
+    assert len(exp) >= 8 and err.max() < 0.19
 
 
 def test_reserved_repeats_to_the_percent(rows):
@@ -77,9 +83,9 @@ def test_report_prints_every_table():
 def test_step_time_within_the_stated_error(rows):
     timed = rows[timed_whole_steps(rows)]
     err = ((timed["now_step_s"] - timed["measured_step_s"]) / timed["measured_step_s"]).abs()
-    # README: rows timed as training runs (73): mean 9.6%, 61 within 15%, worst 34% (issue 5's 15% on
-    # every row: not met; one configuration's medians differ by 19% between jobs, median over six without offload)
-    assert len(timed) >= 50
+    # README: rows timed as training runs (99): mean 10.1%, 79 within 15%, worst 34% (issue 5's 15% on
+    # every row: not met; the medians of one configuration's jobs differ by 17.6% (median over 15 configurations)
+    assert len(timed) >= 90
     assert err.mean() < 0.11
-    assert (err <= 0.15).mean() >= 0.8
+    assert (err <= 0.15).mean() >= 0.79
     assert err.max() < 0.35

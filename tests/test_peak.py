@@ -57,3 +57,24 @@ def test_stage_3_parameter_offload_starts_with_the_whole_module_on_the_device():
     assert e.states.resident_bytes == 2 * R               # the ipg bucket; partitions, master, Adam on the host
     assert phase(e, "init").total_bytes == 2 * big        # b·P, above the bucket + two whole tensors (1.08e9)
     assert phase(e, "step").total_bytes == 2 * R
+
+
+def test_reserved_follows_the_allocator_setting():
+    """Reserved = peak × the ratio of the run's allocator setting (+ the default's offset); the worst
+    case uses that setting's worst ratio; a calibration without an expandable-segments fit falls back
+    to the default allocator's constants."""
+    spec = from_params(1e9)
+    cal = {"allocator": {"reserved_over_allocated": 1.5, "reserved_extra_bytes": 100,
+                         "reserved_over_allocated_worst": 2.0},
+           "allocator_expandable": {"reserved_over_allocated": 1.25, "reserved_over_allocated_worst": 1.5}}
+    default = estimate(spec, Setup(stage=Stage.GRADIENTS, dp=8), cal=cal)
+    expandable = estimate(spec, Setup(stage=Stage.GRADIENTS, dp=8, expandable_segments=True), cal=cal)
+    peak = default.peak_bytes
+    assert expandable.peak_bytes == peak                  # allocated is the same tensors either way
+    assert default.peak_reserved_bytes == int(peak * 1.5 + 100)
+    assert default.peak_reserved_worst_bytes == int(peak * 2.0)
+    assert expandable.peak_reserved_bytes == int(peak * 1.25)
+    assert expandable.peak_reserved_worst_bytes == int(peak * 1.5)
+    older = {"allocator": cal["allocator"]}
+    fallback = estimate(spec, Setup(stage=Stage.GRADIENTS, dp=8, expandable_segments=True), cal=older)
+    assert fallback.peak_reserved_bytes == int(peak * 1.5 + 100)

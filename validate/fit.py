@@ -8,6 +8,8 @@ Constants (all named in the calibration JSON):
   keeps freed blocks; reserved peak ≈ ratio · allocated peak + extra (fitted on rows that start clean,
   in relative error);
   reserved_over_allocated_worst, the largest measured ratio, for the "tight" verdict.
+- allocator_expandable.*: the same ratio (no offset) and worst ratio on the rows run with
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which the default ratio's fit leaves out.
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
 - time.*: the step-time model's constants (`zerocalc/timing.py`; only the offload rows depend on,
@@ -32,6 +34,13 @@ from zerocalc.timing import STEP_CLASSES, features, phase_times, whole_step_s
 def held_out(key: str) -> bool:
     """A fixed 25% of configurations, chosen by a hash of the key: never used for fitting."""
     return int(hashlib.sha1(key.encode()).hexdigest(), 16) % 4 == 0
+
+
+def expandable_rows(df: pd.DataFrame) -> pd.Series:
+    """Rows run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (older files lack the column)."""
+    if "expandable_segments" not in df:
+        return pd.Series(False, index=df.index)
+    return df["expandable_segments"].astype(str).isin(["True", "true", "1"])
 
 
 def gpu_rows(paths) -> pd.DataFrame:
@@ -164,7 +173,8 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
         cal["activations"]["hf-llama"].update(h=round(float(ch), 3), kv=round(float(ckv), 3))
         lines.append(f"activations.hf-llama: h {ch:.3f}, kv {ckv:.3f} (units of b per token per layer; "
                      f"{len(act)} rows)")
-    clean = train[started_clean(train)]
+    expandable = expandable_rows(train)
+    clean = train[started_clean(train) & ~expandable]
     if len(clean) >= 2:
         # Least squares on the relative error (each row weighted by 1/measured): the target is relative,
         # and plain bytes would let the largest runs decide the ratio alone.
@@ -176,6 +186,16 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                             "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(clean))}
         lines.append(f"allocator: reserved = {ratio:.3f} × allocated + {extra / 2**30:.2f} GiB, worst measured ratio "
                      f"{worst:.3f} ({len(clean)} clean rows)")
+    exp = train[started_clean(train) & expandable]
+    if len(exp) >= 2:
+        # One ratio, least squares on the relative error: r = sum(a/m) / sum((a/m)^2).
+        q = (exp["measured_peak_allocated_bytes"] / exp["measured_peak_reserved_bytes"]).astype(float).to_numpy()
+        ratio = float(q.sum() / (q * q).sum())
+        worst = float((1 / q).max())
+        cal["allocator_expandable"] = {"reserved_over_allocated": round(ratio, 4), "reserved_extra_bytes": 0,
+                                       "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(exp))}
+        lines.append(f"allocator_expandable: reserved = {ratio:.3f} × allocated, worst measured ratio {worst:.3f} "
+                     f"({len(exp)} clean rows with expandable_segments)")
     timed = train[timed_whole_steps(train)]
     if len(timed) >= 14:
         cal["time"] = fit_time(timed, cal)

@@ -90,7 +90,7 @@ def _setups(opts, ds, stages, hidden_size):
     for key in ("dtype", "optimizer", "grad_accum_dtype", "communication_data_type", "reduce_bucket_size",
                 "overlap_comm", "contiguous_gradients", "prefetch_bucket_size", "max_live_parameters",
                 "param_persistence_threshold", "max_reuse_distance", "sub_group_size", "offload_optimizer",
-                "offload_param", "seq_len", "activation_checkpointing", "attention", "zero_init"):
+                "offload_param", "seq_len", "activation_checkpointing", "attention", "zero_init", "expandable_segments"):
         if opts.get(key) is not None:
             fields[key] = opts[key]
     dp = opts["dp"] if opts["dp"] is not None else opts["nodes"] * opts["gpus_per_node"]
@@ -205,6 +205,9 @@ def main():
 @click.option("--attention", type=click.Choice(["eager", "sdpa", "flash"]))
 @click.option("--zero-init/--no-zero-init", default=None,
               help="Stage 3: the model is built under deepspeed.zero.Init (as HF Trainer does) [default: no].")
+@click.option("--expandable-segments/--no-expandable-segments", default=None,
+              help="PyTorch's allocator runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less "
+                   "reserved beyond allocated (measured on H200: 1.06-1.36x instead of 1.08-1.73x) [default: no].")
 @click.option("--ds-config", type=click.Path(dir_okay=False), help="Read a DeepSpeed ds_config.json.")
 @click.option("--gpu-memory", type=SIZE, help="Per-GPU memory for the fits column: 80GiB, 32GB.")
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)),

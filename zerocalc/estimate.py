@@ -48,19 +48,29 @@ class Estimate:
         return self.calibration or calibration.default()
 
     @property
+    def allocator(self) -> dict:
+        """The calibrated allocator overhead for this run's allocator setting: `allocator`, or
+        `allocator_expandable` under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fitted on its own
+        rows; a calibration without it falls back to the default allocator's)."""
+        default = self.cal.get("allocator", {"reserved_over_allocated": 1.0, "reserved_extra_bytes": 0})
+        if self.setup.expandable_segments:
+            return self.cal.get("allocator_expandable", default)
+        return default
+
+    @property
     def peak_reserved_bytes(self) -> int:
         """Predicted `torch.cuda.max_memory_reserved()`: the caching allocator's blocks around the peak
         (calibrated ratio and offset, `python -m validate fit`)."""
-        a = self.cal.get("allocator", {"reserved_over_allocated": 1.0, "reserved_extra_bytes": 0})
-        return int(self.peak_bytes * a["reserved_over_allocated"] + a["reserved_extra_bytes"])
+        a = self.allocator
+        return int(self.peak_bytes * a["reserved_over_allocated"] + a.get("reserved_extra_bytes", 0))
 
     @property
     def peak_reserved_worst_bytes(self) -> int:
         """Reserved at the worst reserved/allocated ratio measured on the fitting rows (1.54 on H200: a
         small model whose gradient bucket and loss-path buffers fragment the cache). The ratio depends
         on the order and sizes of the allocations, which one fitted ratio cannot follow."""
-        a = self.cal.get("allocator", {})
-        return max(self.peak_reserved_bytes, int(self.peak_bytes * a.get("reserved_over_allocated_worst", 1.0)))
+        return max(self.peak_reserved_bytes,
+                   int(self.peak_bytes * self.allocator.get("reserved_over_allocated_worst", 1.0)))
 
     @property
     def device_bytes(self) -> int:
