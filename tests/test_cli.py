@@ -77,7 +77,10 @@ def test_tight_when_only_the_expected_allocator_overhead_fits():
     args = ("--params", "7e9", "--dp", "8", "--dtype", "fp16", "--stage", "3", "--gpu-memory", str(middle))
     tight = json.loads(run(*args, "--format", "json").output)["estimates"][0]
     assert tight["fits"] is True and tight["fits_worst_case"] is False
-    assert run(*args).output.splitlines()[4].split()[-1] == "tight"
+    text = run(*args).output
+    assert text.splitlines()[4].split()[-1] == "tight"
+    assert "tight: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text    # the mitigation is named
+    assert "tight: PYTORCH" not in run(*args, "--gpu-memory", "10TiB").output   # not when nothing is tight
 
 
 def test_model_preset_and_overrides():

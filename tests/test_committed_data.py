@@ -47,7 +47,7 @@ def test_peak_allocated_within_the_stated_error(rows):
 
 
 def test_reserved_within_the_stated_error(rows):
-    from validate.fit import expandable_rows
+    from validate.report import expandable_rows
     expandable = expandable_rows(rows)
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from validate.jobs import to_zerocalc
-from validate.report import load, started_clean, timed_whole_steps
+from validate.report import expandable_rows, load, started_clean, timed_whole_steps
 from validate.rows import job_from_row
 from zerocalc import calibration
 from zerocalc.estimate import estimate
@@ -34,13 +34,6 @@ from zerocalc.timing import STEP_CLASSES, features, phase_times, whole_step_s
 def held_out(key: str) -> bool:
     """A fixed 25% of configurations, chosen by a hash of the key: never used for fitting."""
     return int(hashlib.sha1(key.encode()).hexdigest(), 16) % 4 == 0
-
-
-def expandable_rows(df: pd.DataFrame) -> pd.Series:
-    """Rows run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (older files lack the column)."""
-    if "expandable_segments" not in df:
-        return pd.Series(False, index=df.index)
-    return df["expandable_segments"].astype(str).isin(["True", "true", "1"])
 
 
 def gpu_rows(paths) -> pd.DataFrame:

@@ -22,6 +22,13 @@ def started_clean(df: pd.DataFrame) -> pd.Series:
     return df["measured_base_allocated_bytes"] < CLEAN_BASE_BYTES
 
 
+def expandable_rows(df: pd.DataFrame) -> pd.Series:
+    """Rows run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (older files lack the column)."""
+    if "expandable_segments" not in df:
+        return pd.Series(False, index=df.index)
+    return df["expandable_segments"].astype(str).isin(["True", "true", "1"])
+
+
 def timed_whole_steps(df: pd.DataFrame) -> pd.Series:
     """Rows whose step time is what training sees: whole optimizer steps timed without phase
     synchronizes, every one kept (`measured_step_times_s`; data/README.md). Earlier rows timed
@@ -180,7 +187,6 @@ def report(paths) -> tuple[str, bool]:
             lines += [""] + _table(off, "now_host_bytes", "measured_host", "Host state bytes per rank (offloaded "
                                    "master, moments, gradients, parameters), GPU rows with offload", True)
             exact = exact and bool((off["now_host_bytes"] == off["measured_host"].astype("int64")).all())
-        from validate.fit import expandable_rows
         expandable = expandable_rows(gpu)
         for rows_, name in ((~expandable, "rows that started clean"),
                             (expandable, "rows run with expandable_segments:True that started clean")):

@@ -66,9 +66,10 @@ class Estimate:
 
     @property
     def peak_reserved_worst_bytes(self) -> int:
-        """Reserved at the worst reserved/allocated ratio measured on the fitting rows (1.54 on H200: a
-        small model whose gradient bucket and loss-path buffers fragment the cache). The ratio depends
-        on the order and sizes of the allocations, which one fitted ratio cannot follow."""
+        """Reserved at the worst reserved/allocated ratio measured on the fitting rows of this allocator
+        setting (H200: 1.73 by default, stage 3 with parameter offload and checkpointing; 1.36 with
+        expandable segments). The ratio depends on the order and sizes of the allocations, which one
+        fitted ratio cannot follow (README, "How far to trust it")."""
         return max(self.peak_reserved_bytes,
                    int(self.peak_bytes * self.allocator.get("reserved_over_allocated_worst", 1.0)))
 

@@ -59,6 +59,10 @@ def as_table(estimates) -> str:
               "fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst allocator overhead",
               "measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
               "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
+    tight = [e for e in estimates if e.fits and not e.fits_worst_case and not e.setup.expandable_segments]
+    if tight:
+        lines.append("tight: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lowered reserved on every H200 "
+                     "configuration tried; --expandable-segments estimates it.")
     why = {e.peak.why for e in estimates}
     lines += [f"Peak set by: stage {e.setup.stage:d} {e.peak.name}: {e.peak.why}" for e in estimates] if len(why) > 1 \
         else [f"Peak set by {e0.peak.name}: {e0.peak.why}"]
