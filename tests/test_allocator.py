@@ -96,3 +96,15 @@ def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
 
 def test_both_clean_histories_are_committed():
     assert len(CLEAN_HISTORIES) == 2
+
+
+def test_a_sequence_can_start_from_cached_segments():
+    # A 20 MiB segment at 1000 MiB from before the sequence: 5 MiB allocated (handle = its address), 15 MiB
+    # free. 10 MiB takes the front of the free 15 (5 MiB rest stays free); the old block is freed; 5 MiB
+    # then fits either 5 MiB hole exactly (no segment); 6 MiB fits nowhere: a new 20 MiB segment.
+    a = 1000 * MiB
+    cached = [(a, 20 * MiB, 0, False, [(a, 5 * MiB, True), (a + 5 * MiB, 15 * MiB, False)])]
+    r = replay([alloc("h1", 10 * MiB), free(a), alloc("h2", 5 * MiB), alloc("h3", 6 * MiB)], cached)
+    assert [s.size_bytes for s in r.segments] == [20 * MiB]
+    assert r.peak_reserved_bytes == 20 * MiB                # growth over the 20 MiB cached before
+    assert r.peak_allocated_bytes == (5 + 10 + 6) * MiB - 5 * MiB   # 21 MiB at the end, 5 of them before

@@ -118,11 +118,12 @@ def summarize(path: str, top: int = 15) -> str:
                  f"segments made during the step alive then: {len(segments)}, "
                  f"sizes (MiB): {sorted(round(s['size'] / 2**20, 1) for s in segments.values())[-12:]}")
     from zerocalc.allocator import replay as simulate
-    sim = simulate(allocator_events(trace))
+    start = snap.get("zerocalc_start_segments", ())
+    sim = simulate(allocator_events(trace), start if isinstance(start, list) else ())
     recorded = [e["size"] for e in trace if e["action"] == "segment_alloc"]
     same = [s.size_bytes for s in sim.segments] == recorded
     lines.append(f"  zerocalc's allocator simulation over these allocations: {len(sim.segments)} segments, "
                  f"{sim.peak_reserved_bytes / 2**30:.3f} GiB reserved (recorded: {len(recorded)}, "
                  f"{sum(recorded) / 2**30:.3f} GiB; {'the same segments' if same else 'they differ'}"
-                 f"{'' if same or not base_reserved else ': the history starts with cached segments it does not list'})")
+                 f"{'' if same or not base_reserved or 'zerocalc_start_segments' in snap else ': the history starts with cached segments it does not list'})")
     return "\n".join(lines)

@@ -87,6 +87,20 @@ SNAPSHOT_DIR = os.environ.get("VALIDATE_SNAPSHOT_DIR")   # diagnostics: rank 0's
 SNAPSHOT_SCOPE = os.environ.get("VALIDATE_SNAPSHOT_SCOPE", "step")
 
 
+def _cached_segments() -> list:
+    """The allocator's segments before a history, as `zerocalc.allocator.replay` takes them: (address,
+    size, stream, small pool, [(block address, size, allocated)]); a block's address is its segment's
+    plus the sizes of the blocks before it."""
+    out = []
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        addr, blocks = seg["address"], []
+        for b in seg["blocks"]:
+            blocks.append((addr, b["size"], b["state"] != "inactive"))
+            addr += b["size"]
+        out.append((seg["address"], seg["total_size"], seg["stream"], seg["segment_type"] == "small", blocks))
+    return out
+
+
 @contextlib.contextmanager
 def _memory_history(key, cuda, scope):
     """With VALIDATE_SNAPSHOT_DIR set and VALIDATE_SNAPSHOT_SCOPE == scope, record every allocation and
@@ -97,6 +111,10 @@ def _memory_history(key, cuda, scope):
         return
     torch.cuda.synchronize()
     base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    try:
+        start = _cached_segments()
+    except (KeyError, TypeError) as err:   # a torch whose snapshot reads differently: keep the history
+        start = f"not recorded: {type(err).__name__}: {err}"
     torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
     try:
         yield
@@ -104,6 +122,7 @@ def _memory_history(key, cuda, scope):
         torch.cuda.synchronize()
         snap = torch.cuda.memory._snapshot()
         snap["zerocalc_base_allocated"], snap["zerocalc_base_reserved"] = base, base_reserved
+        snap["zerocalc_start_segments"] = start
         snap["zerocalc_peak_allocated"] = torch.cuda.max_memory_allocated()
         snap["zerocalc_peak_reserved"] = torch.cuda.max_memory_reserved()
         torch.cuda.memory._record_memory_history(enabled=None)

@@ -69,10 +69,16 @@ class Replay:
     peak_allocated_bytes: int     # max_memory_allocated likewise (rounded block sizes)
 
 
-def replay(events) -> Replay:
-    """Run the allocator over events: ("alloc", handle, n_bytes, stream) and ("free", handle). A free of
-    a handle never allocated here (a block from before the sequence) is ignored."""
+def replay(events, cached=()) -> Replay:
+    """Run the allocator over events: ("alloc", handle, n_bytes, stream) and ("free", handle), starting
+    from the segments in `cached`: (address, size, stream, small, [(block address, size, allocated)])
+    each, as the worker records them before a history (an allocated one's handle is its address). A
+    free of a handle never allocated (a block from before the sequence, not listed) is ignored."""
     a = _Allocator()
+    for seg in cached:
+        a.seed(*seg)
+    a.base_reserved, a.base_allocated = a.reserved, a.allocated
+    a.peak_reserved, a.peak_allocated = a.reserved, a.allocated
     for i, e in enumerate(events):
         if e[0] == "alloc":
             a.malloc(e[1], e[2], e[3], i)
@@ -80,7 +86,7 @@ def replay(events) -> Replay:
             a.free(e[1])
         else:
             raise ValueError(f"unknown event {e[0]!r} at {i}: expected 'alloc' or 'free'")
-    return Replay(tuple(a.segments), a.peak_reserved, a.peak_allocated)
+    return Replay(tuple(a.segments), a.peak_reserved - a.base_reserved, a.peak_allocated - a.base_allocated)
 
 
 class _Block:
@@ -104,6 +110,21 @@ class _Allocator:
         self.live: dict = {}                    # handle -> block
         self.next_addr = 0
         self.reserved = self.allocated = self.peak_reserved = self.peak_allocated = 0
+
+    def seed(self, addr: int, size: int, stream: int, small: bool, blocks) -> None:
+        """A segment cached before the sequence, with its blocks (address, size, allocated)."""
+        pool = (bool(small), stream)
+        for block_addr, block_size, allocated in blocks:
+            b = _Block(block_addr, block_size, pool, addr, addr + size)
+            self._add(b)
+            if allocated:
+                b.free = False
+                self.live[block_addr] = b
+                self.allocated += block_size
+            else:
+                bisect.insort(self.free_blocks.setdefault(pool, []), (block_size, block_addr))
+        self.reserved += size
+        self.next_addr = max(self.next_addr, addr + size)
 
     def _add(self, b: _Block) -> None:
         self.starts[b.addr], self.ends[b.addr + b.size] = b, b
