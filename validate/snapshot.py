@@ -85,14 +85,17 @@ def load(path: str) -> dict:
 
 
 def allocator_events(trace) -> list[tuple]:
-    """The history's allocations and frees as `zerocalc.allocator.replay` takes them. A block is
-    reusable once its free completes (`free_completed`: after the streams that used it are done)."""
+    """The history's allocations, frees and cache emptying as `zerocalc.allocator.replay` takes them.
+    A block is reusable once its free completes (`free_completed`: after the streams that used it are
+    done); a run of `segment_free` events is one `empty_cache()`."""
     events = []
     for e in trace:
         if e["action"] == "alloc":
             events.append(("alloc", e["addr"], e["size"], e.get("stream", 0)))
         elif e["action"] == "free_completed":
             events.append(("free", e["addr"]))
+        elif e["action"] == "segment_free" and events[-1:] != [("empty_cache",)]:
+            events.append(("empty_cache",))
     return events
 
 
@@ -122,8 +125,8 @@ def summarize(path: str, top: int = 15) -> str:
     sim = simulate(allocator_events(trace), start if isinstance(start, list) else ())
     recorded = [e["size"] for e in trace if e["action"] == "segment_alloc"]
     same = [s.size_bytes for s in sim.segments] == recorded
-    lines.append(f"  zerocalc's allocator simulation over these allocations: {len(sim.segments)} segments, "
-                 f"{sim.peak_reserved_bytes / 2**30:.3f} GiB reserved (recorded: {len(recorded)}, "
-                 f"{sum(recorded) / 2**30:.3f} GiB; {'the same segments' if same else 'they differ'}"
+    lines.append(f"  zerocalc's allocator simulation over these allocations: {len(sim.segments)} segments made, "
+                 f"peak +{sim.peak_reserved_bytes / 2**30:.3f} GiB reserved (recorded: {len(recorded)}, "
+                 f"+{r_peak / 2**30:.3f} GiB; {'the same segments' if same else 'they differ'}"
                  f"{'' if same or not base_reserved or 'zerocalc_start_segments' in snap else ': the history starts with cached segments it does not list'})")
     return "\n".join(lines)

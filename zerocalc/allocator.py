@@ -17,12 +17,14 @@ max_split_size unlimited, no garbage-collection threshold, no empty_cache betwee
 - the block found is split when what remains is at least 512 B (small pool) or more than 1 MiB
   (large pool); the request takes the front (`should_split`, `alloc_found_block`);
 - a freed block merges with free neighbours of its segment (`free_block`, `try_merge_blocks`);
-  segments are never returned (DeepSpeed's `empty_cache` calls and out-of-memory retries are not
-  modelled).
+- segments are returned only by `torch.cuda.empty_cache()` (an "empty_cache" event: every segment
+  with nothing allocated in it; DeepSpeed's stage 3 calls it once at init, in `defragment`);
+  out-of-memory retries, which also return segments, are not modelled.
 
-Checked against the allocator's own history of real DeepSpeed jobs (data/snapshots/t3-warmup,
-`tests/test_allocator.py`): replaying their allocations and frees gives the same segments, in the
-same order and sizes, as the history records.
+Checked against the allocator's own history of five real DeepSpeed jobs on an H200 (stages 2 and 3,
+one to three streams, one starting from a non-empty cache, one with DeepSpeed's `empty_cache`;
+data/snapshots/t3-warmup*, `tests/test_allocator.py`): replaying their allocations and frees gives
+the same segments, in the same order, size and stream, as the history records.
 """
 import bisect
 from dataclasses import dataclass
@@ -70,7 +72,8 @@ class Replay:
 
 
 def replay(events, cached=()) -> Replay:
-    """Run the allocator over events: ("alloc", handle, n_bytes, stream) and ("free", handle), starting
+    """Run the allocator over events: ("alloc", handle, n_bytes, stream), ("free", handle) and
+    ("empty_cache",), starting
     from the segments in `cached`: (address, size, stream, small, [(block address, size, allocated)])
     each, as the worker records them before a history (an allocated one's handle is its address). A
     free of a handle never allocated (a block from before the sequence, not listed) is ignored."""
@@ -84,8 +87,10 @@ def replay(events, cached=()) -> Replay:
             a.malloc(e[1], e[2], e[3], i)
         elif e[0] == "free":
             a.free(e[1])
+        elif e[0] == "empty_cache":
+            a.empty_cache()
         else:
-            raise ValueError(f"unknown event {e[0]!r} at {i}: expected 'alloc' or 'free'")
+            raise ValueError(f"unknown event {e[0]!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
     return Replay(tuple(a.segments), a.peak_reserved - a.base_reserved, a.peak_allocated - a.base_allocated)
 
 
@@ -125,6 +130,16 @@ class _Allocator:
                 bisect.insort(self.free_blocks.setdefault(pool, []), (block_size, block_addr))
         self.reserved += size
         self.next_addr = max(self.next_addr, addr + size)
+
+    def empty_cache(self) -> None:
+        """Return every segment that is one free block."""
+        for pool, free in self.free_blocks.items():
+            whole = [(size, addr) for size, addr in free
+                     if self.starts[addr].seg_start == addr and self.starts[addr].seg_end == addr + size]
+            for size, addr in whole:
+                free.remove((size, addr))
+                self._drop(self.starts[addr])
+                self.reserved -= size
 
     def _add(self, b: _Block) -> None:
         self.starts[b.addr], self.ends[b.addr + b.size] = b, b
