@@ -80,15 +80,12 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     # forward, again what the reuse and prefetch rules released). Gradients: reduce-scatter of the
     # padded N·S3 per micro-step. Step: the fp64 norm per sub-group (8 B), fp16's overflow flag, and
     # an all-gather of the persistent parameters' shards.
-    # At N = 1 a parameter-offload fetch is a host-to-device copy, not a collective (none logged).
-    it = stage3_trace.simulate(model, setup) if n > 1 else stage3_trace.Stage3Iteration(0, 0, 0, 0, 0)
+    it = stage3_trace.simulate(model, setup)
     out = []
-    if it.forward_gather_elements:
-        out.append(_coll("all_gather_into_tensor", "forward", k * it.forward_gather_calls,
-                         k * it.forward_gather_elements, b, n))
-    if it.backward_gather_elements:
-        out.append(_coll("all_gather_into_tensor", "backward", k * it.backward_gather_calls,
-                         k * it.backward_gather_elements, b, n))
+    for phase in ("forward", "backward"):
+        calls, elements = it.all_gathers(phase)
+        if elements:
+            out.append(_coll("all_gather_into_tensor", phase, k * calls, k * elements, b, n))
     out.append(_coll("reduce_scatter_tensor", "backward", k * ceil(n * part.stage3_shard / setup.reduce_bucket_size),
                      k * n * part.stage3_shard, c, n))
     # The gradient norm per sub-group: fp64 (8 B) on the device, fp32 (4 B) when the optimizer is offloaded.

@@ -31,6 +31,17 @@ class Stage3Iteration:
     backward_gather_elements: int     # ... and during backward. A parameter released in forward can be
                                       # prefetched again before forward ends: only the sum is a phase-free fact
     kept_after_forward_elements: int  # padded elements still gathered when forward ends
+    copies: bool = False              # N = 1 with parameter offload: each fetch copies a host partition up;
+                                      # no collective (DeepSpeed's comms logger shows none)
+
+    def all_gathers(self, phase: str) -> tuple[int, int]:
+        """(calls, shard elements) of the all-gathers in 'forward' or 'backward': none when the
+        fetches are copies."""
+        if self.copies:
+            return 0, 0
+        if phase == "forward":
+            return self.forward_gather_calls, self.forward_gather_elements
+        return self.backward_gather_calls, self.backward_gather_elements
 
 
 def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
@@ -117,4 +128,4 @@ def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
                 n_available -= numel[p]
         if step == turn:
             kept_after_forward = gathered
-    return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], kept_after_forward)
+    return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], kept_after_forward, copies=n == 1)

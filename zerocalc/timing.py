@@ -131,9 +131,9 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
         "modules_fwd": len(model.trace) if s3 else 0,
         "modules_bwd": len(model.backward(ck)) if s3 else 0,
-        # collective calls only: at N = 1 a parameter-offload fetch is a copy (`fetch_bytes` below)
-        "gathers_fwd": it.forward_gather_calls if s3 and setup.dp > 1 else 0,
-        "gathers_bwd": it.backward_gather_calls if s3 and setup.dp > 1 else 0,
+        # collective calls only (a copy under parameter offload at N = 1 is `host_fetch_bytes` below)
+        "gathers_fwd": it.all_gathers("forward")[0] if s3 else 0,
+        "gathers_bwd": it.all_gathers("backward")[0] if s3 else 0,
         # per micro-step: the collectives are summed over GAS micro-steps
         "gather_fwd_at_link_s": by["forward"] / gas / link,
         "gather_bwd_at_link_s": by["backward"] / gas / link,
