@@ -52,7 +52,7 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 6.3%, 108 of 139 within 10%, worst 32% (issue 4's 10% on every row: not met). It was
+    # README: mean 6.5%, 110 of 142 within 10%, worst 32% (issue 4's 10% on every row: not met). It was
     # 96 of 121 before the third session's rows (worst reserved ratios again, larger models, repeats).
     assert err.mean() < 0.07 and err.max() < 0.33
     assert (err <= 0.10).mean() >= 0.77
@@ -83,9 +83,9 @@ def test_report_prints_every_table():
 def test_step_time_within_the_stated_error(rows):
     timed = rows[timed_whole_steps(rows)]
     err = ((timed["now_step_s"] - timed["measured_step_s"]) / timed["measured_step_s"]).abs()
-    # README: rows timed as training runs (99): mean 10.1%, 79 within 15%, worst 34% (issue 5's 15% on
-    # every row: not met; the medians of one configuration's jobs differ by 17.6% (median over 15 configurations)
+    # README: rows timed as training runs (102): mean 10.1%, 82 within 15%, worst 34% (issue 5's 15% on
+    # every row: not met; the medians of one configuration's jobs differ by 21% (median over 15 configurations)
     assert len(timed) >= 90
     assert err.mean() < 0.11
-    assert (err <= 0.15).mean() >= 0.79
+    assert (err <= 0.15).mean() >= 0.8
     assert err.max() < 0.35
