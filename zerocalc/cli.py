@@ -286,12 +286,15 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 @click.option("--price-per-gpu-hour", type=click.FloatRange(min=0, min_open=True), help="Rank by cost per token.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="Also list the rejected candidates and why.")
+@click.option("--expandable-segments", is_flag=True,
+              help="Judge fit with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less reserved).")
 @click.option("--calibration", "calibration_name", default="h200", show_default=True)
 @host_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
              ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, max_gpus, seq_len, global_batch, dtype, fewest,
-             price_per_gpu_hour, top, explain, calibration_name, cpu_adam_rate, host_link_gbps, fmt):
+             price_per_gpu_hour, top, explain, expandable_segments, calibration_name, cpu_adam_rate, host_link_gbps,
+             fmt):
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
 
     Enumerates stage × offload × GPU count (powers of two, whole nodes past one) × micro-batch ×
@@ -313,7 +316,7 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps)
     hw = hardware.gpu(gpu_name)
     memory = gpu_memory or hw.memory_bytes
-    base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa")
+    base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments)
     cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal)
     ranked = plan.rank(cands, price_per_gpu_hour)
     if fewest:
