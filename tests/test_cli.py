@@ -209,3 +209,5 @@ def test_expandable_segments_flag_reaches_the_estimate():
     assert exp["peak_bytes"] == plain["peak_bytes"]
     assert exp["peak_reserved_bytes"] < plain["peak_reserved_bytes"]
     assert exp["peak_reserved_bytes"] == pytest.approx(plain["peak_bytes"] * 1.1432, rel=1e-6)
+    assert "expandable_segments allocator" in run("--params", "1e9", "--dp", "8", "--expandable-segments").output
+    assert "expandable_segments" not in run("--params", "1e9", "--dp", "8").output

@@ -45,7 +45,8 @@ def as_table(estimates) -> str:
     s, m = e0.setup, e0.model
     head = (f"{m.name}: P = {m.num_params:,} ({m.num_params / 1e9:.3g}B), N = {s.dp}, {s.dtype}, "
             f"{s.optimizer.name}, GAS {s.gas}, micro-batch {s.micro_batch}"
-            + (f", seq {s.seq_len}" if s.seq_len else "") + f"  [DeepSpeed {DEEPSPEED_VERSION}]")
+            + (f", seq {s.seq_len}" if s.seq_len else "")
+            + (", expandable_segments allocator" if s.expandable_segments else "") + f"  [DeepSpeed {DEEPSPEED_VERSION}]")
     rows = [list(COLUMNS)] + [_row(e) for e in estimates]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = [head, ""]
