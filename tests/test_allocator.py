@@ -109,3 +109,32 @@ def test_the_committed_histories_cover_a_start_from_a_cache_and_an_empty_cache_c
     snaps = [load(p) for p in REPLAYABLE]
     assert any(s["zerocalc_base_reserved"] > 0 for s in snaps)
     assert any(("empty_cache",) in allocator_events(s["device_traces"][0]) for s in snaps)
+
+
+def test_releases_say_when_and_what_empty_cache_returned():
+    r = replay([alloc("a", 30 * MiB), alloc("b", 30 * MiB), free("a"), ("empty_cache",)])
+    assert r.releases == ((3, 30 * MiB),)     # event 3 returned a's segment; b's stays
+
+
+def _collapse_releases(timeline):
+    """One point per run of releases: an `empty_cache()` returns its segments in the allocator's pool
+    order, which the simulation does not copy (the total is what counts)."""
+    out = []
+    for j, v in timeline:
+        if len(out) >= 2 and v < out[-1][1] < out[-2][1]:
+            out[-1] = (j, v)
+        else:
+            out.append((j, v))
+    return out
+
+
+@pytest.mark.parametrize("path", REPLAYABLE, ids=lambda p: "/".join(p.split("/")[-2:])[:60])
+def test_the_reserved_timeline_follows_the_recorded_one_step_by_step(path):
+    """Every cudaMalloc, in order and to the byte, and what each `empty_cache` returned; the simulation
+    places a new segment at the allocation that causes it, right after the recorded segment event
+    (the allocator logs the cudaMalloc first)."""
+    from validate.snapshot import load, reserved_timelines
+    recorded, simulated = map(_collapse_releases, reserved_timelines(load(path)))
+    assert [v for _, v in recorded] == [v for _, v in simulated]
+    grown = [(r[0], s[0]) for r, s, prev in zip(recorded, simulated, [(0, 0)] + recorded) if r[1] > prev[1]]
+    assert all(0 < js - jr <= 2 for jr, js in grown)

@@ -84,19 +84,48 @@ def load(path: str) -> dict:
         return pickle.load(f)
 
 
+def _allocator_events_at(trace):
+    """(trace index, event) for `allocator_events`."""
+    last = None
+    for j, e in enumerate(trace):
+        if e["action"] == "alloc":
+            last = ("alloc", e["addr"], e["size"], e.get("stream", 0))
+        elif e["action"] == "free_completed":
+            last = ("free", e["addr"])
+        elif e["action"] == "segment_free" and last != ("empty_cache",):
+            last = ("empty_cache",)
+        else:
+            continue
+        yield j, last
+
+
 def allocator_events(trace) -> list[tuple]:
     """The history's allocations, frees and cache emptying as `zerocalc.allocator.replay` takes them.
     A block is reusable once its free completes (`free_completed`: after the streams that used it are
     done); a run of `segment_free` events is one `empty_cache()`."""
-    events = []
-    for e in trace:
-        if e["action"] == "alloc":
-            events.append(("alloc", e["addr"], e["size"], e.get("stream", 0)))
-        elif e["action"] == "free_completed":
-            events.append(("free", e["addr"]))
-        elif e["action"] == "segment_free" and events[-1:] != [("empty_cache",)]:
-            events.append(("empty_cache",))
-    return events
+    return [e for _, e in _allocator_events_at(trace)]
+
+
+def reserved_timelines(snap: dict) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Reserved bytes (growth since the history began) after each change, by trace index: as the
+    allocator recorded it, and as `zerocalc.allocator` simulates it from the allocations alone."""
+    from zerocalc.allocator import replay as simulate
+    trace = snap["device_traces"][0]
+    at = list(_allocator_events_at(trace))
+    start = snap.get("zerocalc_start_segments", ())
+    sim = simulate([e for _, e in at], start if isinstance(start, list) else ())
+    changes = sorted([(at[s.event][0], s.size_bytes) for s in sim.segments] +
+                     [(at[i][0], -size) for i, size in sim.releases])
+    recorded = [(j, e["size"] if e["action"] == "segment_alloc" else -e["size"])
+                for j, e in enumerate(trace) if e["action"] in ("segment_alloc", "segment_free")]
+
+    def cumulative(steps):
+        total, out = 0, []
+        for j, delta in steps:
+            total += delta
+            out.append((j, total))
+        return out
+    return cumulative(recorded), cumulative(changes)
 
 
 def summarize(path: str, top: int = 15) -> str:

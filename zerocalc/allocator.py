@@ -67,6 +67,7 @@ class Segment:
 @dataclass(frozen=True)
 class Replay:
     segments: tuple[Segment, ...]
+    releases: tuple[tuple[int, int], ...]   # (event index, bytes) of each segment `empty_cache` returned
     peak_reserved_bytes: int      # max_memory_reserved less what was reserved before the sequence
     peak_allocated_bytes: int     # max_memory_allocated likewise (rounded block sizes)
 
@@ -88,10 +89,11 @@ def replay(events, cached=()) -> Replay:
         elif e[0] == "free":
             a.free(e[1])
         elif e[0] == "empty_cache":
-            a.empty_cache()
+            a.empty_cache(i)
         else:
             raise ValueError(f"unknown event {e[0]!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
-    return Replay(tuple(a.segments), a.peak_reserved - a.base_reserved, a.peak_allocated - a.base_allocated)
+    return Replay(tuple(a.segments), tuple(a.releases), a.peak_reserved - a.base_reserved,
+                  a.peak_allocated - a.base_allocated)
 
 
 class _Block:
@@ -109,6 +111,7 @@ class _Allocator:
 
     def __init__(self):
         self.segments: list[Segment] = []
+        self.releases: list[tuple[int, int]] = []
         self.free_blocks: dict[tuple[bool, int], list[tuple[int, int]]] = {}   # (small, stream) -> [(size, addr)]
         self.starts: dict[int, _Block] = {}
         self.ends: dict[int, _Block] = {}
@@ -131,7 +134,7 @@ class _Allocator:
         self.reserved += size
         self.next_addr = max(self.next_addr, addr + size)
 
-    def empty_cache(self) -> None:
+    def empty_cache(self, event: int) -> None:
         """Return every segment that is one free block."""
         for pool, free in self.free_blocks.items():
             whole = [(size, addr) for size, addr in free
@@ -140,6 +143,7 @@ class _Allocator:
                 free.remove((size, addr))
                 self._drop(self.starts[addr])
                 self.reserved -= size
+                self.releases.append((event, size))
 
     def _add(self, b: _Block) -> None:
         self.starts[b.addr], self.ends[b.addr + b.size] = b, b
