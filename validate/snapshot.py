@@ -158,4 +158,7 @@ def summarize(path: str, top: int = 15) -> str:
                  f"peak +{sim.peak_reserved_bytes / 2**30:.3f} GiB reserved (recorded: {len(recorded)}, "
                  f"+{r_peak / 2**30:.3f} GiB; {'the same segments' if same else 'they differ'}"
                  f"{'' if same or not base_reserved or 'zerocalc_start_segments' in snap else ': the history starts with cached segments it does not list'})")
+    as_expandable = simulate(allocator_events(trace), start if isinstance(start, list) else (), expandable_segments=True)
+    lines.append(f"  the same allocations with expandable_segments:True: peak +{as_expandable.peak_reserved_bytes / 2**30:.3f} "
+                 f"GiB reserved")
     return "\n".join(lines)
