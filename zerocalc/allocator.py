@@ -7,7 +7,7 @@ reserved (the measured reserved/allocated ratios on H200 run from 1.08 to 1.73, 
 is the allocator's half of that prediction; the other half is the allocation sequence itself.
 
 Rules (c10/cuda/CUDACachingAllocator.cpp, torch 2.11, default settings: no expandable segments,
-max_split_size unlimited, no garbage-collection threshold, no empty_cache between events):
+max_split_size unlimited, no garbage-collection threshold):
 - a request is rounded up to a multiple of 512 B (`round_size`);
 - requests up to 1 MiB use the small pool, larger ones the large pool;
 - a request takes the smallest free cached block of its pool and stream that fits, the lowest
@@ -203,9 +203,9 @@ class _Allocator:
         bisect.insort(free, (b.size, b.addr))
 
 
-LARGE_PAGE_BYTES = 20 << 20          # an expandable segment maps 20 MiB pages in the large pool
-SMALL_PAGE_BYTES = 2 << 20           # and 2 MiB pages in the small one
-VIRTUAL_BYTES = 1 << 48              # its address range: far more than any GPU's memory
+LARGE_PAGE_BYTES = LARGE_SEGMENT_BYTES   # an expandable segment maps 20 MiB pages in the large pool
+SMALL_PAGE_BYTES = SMALL_SEGMENT_BYTES   # and 2 MiB pages in the small one (`find_expandable_block`)
+VIRTUAL_BYTES = 1 << 48                  # its address range: far more than any GPU's memory
 
 
 class _ExpandableAllocator(_Allocator):
