@@ -158,6 +158,44 @@ class _Allocator:
     def _drop(self, b: _Block) -> None:
         del self.starts[b.addr], self.ends[b.addr + b.size]
 
+    def _next(self, b):
+        return self.starts.get(b.addr + b.size) if b.addr + b.size < b.seg_end else None
+
+    def _prev(self, b):
+        return self.ends.get(b.addr) if b.addr > b.seg_start else None
+
+    def _split(self, b, size: int):
+        """Cut b after its first size bytes; return the rest (same mapping, not on any list)."""
+        self._drop(b)
+        rest = _Block(b.addr + size, b.size - size, b.pool, b.seg_start, b.seg_end, mapped=b.mapped)
+        b.size = size
+        self._add(b)
+        self._add(rest)
+        return rest
+
+    def _merge(self, b, listed: list):
+        """b merged with its free neighbours of the same mapping, which come off `listed` (their pool's
+        free list, or its unmapped addresses); return the merged block (on no list)."""
+        for other in (self._next(b), self._prev(b)):
+            if other is not None and other.free and other.mapped == b.mapped:
+                listed.remove((other.size, other.addr) if other.mapped else other.addr)
+                self._drop(other)
+                self._drop(b)
+                b = _Block(min(b.addr, other.addr), b.size + other.size, b.pool, b.seg_start, b.seg_end,
+                           mapped=b.mapped)
+                self._add(b)
+        return b
+
+    def _take(self, handle, b, size: int, split: bool) -> None:
+        """Hand out the front of free block b (off its list) for a request of size bytes."""
+        if split:
+            rest = self._split(b, size)
+            bisect.insort(self.free_blocks[b.pool], (rest.size, rest.addr))
+        b.free = False
+        self.live[handle] = b
+        self.allocated += b.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
     def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
         size = round_size(n_bytes)
         pool = (size <= SMALL_REQUEST_BYTES, stream)
@@ -173,17 +211,7 @@ class _Allocator:
             self.segments.append(Segment(seg, stream, event))
             self.reserved += seg
             self.peak_reserved = max(self.peak_reserved, self.reserved)
-        if should_split(b.size, size):
-            self._drop(b)
-            rest = _Block(b.addr + size, b.size - size, pool, b.seg_start, b.seg_end)
-            b.size = size
-            self._add(b)
-            self._add(rest)
-            bisect.insort(free, (rest.size, rest.addr))
-        b.free = False
-        self.live[handle] = b
-        self.allocated += b.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self._take(handle, b, size, should_split(b.size, size))
 
     def free(self, handle) -> None:
         b = self.live.pop(handle, None)
@@ -192,14 +220,7 @@ class _Allocator:
         self.allocated -= b.size
         b.free = True
         free = self.free_blocks[b.pool]
-        for other in (self.starts.get(b.addr + b.size) if b.addr + b.size < b.seg_end else None,
-                      self.ends.get(b.addr) if b.addr > b.seg_start else None):
-            if other is not None and other.free and other.mapped:
-                free.remove((other.size, other.addr))
-                self._drop(other)
-                self._drop(b)
-                b = _Block(min(b.addr, other.addr), b.size + other.size, b.pool, b.seg_start, b.seg_end)
-                self._add(b)
+        b = self._merge(b, free)
         bisect.insort(free, (b.size, b.addr))
 
 
@@ -219,12 +240,6 @@ class _ExpandableAllocator(_Allocator):
         super().__init__()
         self.unmapped: dict[tuple[bool, int], list[int]] = {}   # pool -> addresses of unmapped blocks
 
-    def _next(self, b):
-        return self.starts.get(b.addr + b.size) if b.addr + b.size < b.seg_end else None
-
-    def _prev(self, b):
-        return self.ends.get(b.addr) if b.addr > b.seg_start else None
-
     def _grown(self, b) -> int:
         nxt = self._next(b)
         return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
@@ -240,17 +255,7 @@ class _ExpandableAllocator(_Allocator):
             b = self.starts[free.pop(k)[1]]
         else:
             b = self._map_for(pool, size, stream, event)
-        if b.size - size >= MIN_BLOCK_BYTES:
-            self._drop(b)
-            rest = _Block(b.addr + size, b.size - size, pool, b.seg_start, b.seg_end)
-            b.size = size
-            self._add(b)
-            self._add(rest)
-            bisect.insort(free, (rest.size, rest.addr))
-        b.free = False
-        self.live[handle] = b
-        self.allocated += b.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self._take(handle, b, size, b.size - size >= MIN_BLOCK_BYTES)
 
     def _map_for(self, pool, size: int, stream: int, event: int):
         """The lowest addresses of free and unmapped blocks with room for size, mapped and merged
@@ -289,24 +294,13 @@ class _ExpandableAllocator(_Allocator):
         mapped = -(-size // page) * page
         self.unmapped[b.pool].remove(b.addr)
         if mapped < b.size:
-            self._drop(b)
-            rest = _Block(b.addr + mapped, b.size - mapped, b.pool, b.seg_start, b.seg_end, mapped=False)
-            b.size = mapped
-            self._add(b)
-            self._add(rest)
-            bisect.insort(self.unmapped[b.pool], rest.addr)
+            bisect.insort(self.unmapped[b.pool], self._split(b, mapped).addr)
         b.mapped = True
         self.segments.append(Segment(mapped, stream, event))
         self.reserved += mapped
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         free = self.free_blocks.setdefault(b.pool, [])
-        for other in (self._prev(b), self._next(b)):
-            if other is not None and other.free and other.mapped:
-                free.remove((other.size, other.addr))
-                self._drop(other)
-                self._drop(b)
-                b = _Block(min(b.addr, other.addr), b.size + other.size, b.pool, b.seg_start, b.seg_end)
-                self._add(b)
+        b = self._merge(b, free)
         bisect.insort(free, (b.size, b.addr))
         return b
 
@@ -331,12 +325,5 @@ class _ExpandableAllocator(_Allocator):
                 self._add(hole)
                 self.reserved -= hole.size
                 self.releases.append((event, hole.size))
-                for other in (self._prev(hole), self._next(hole)):
-                    if other is not None and not other.mapped:
-                        self.unmapped[pool].remove(other.addr)
-                        self._drop(other)
-                        self._drop(hole)
-                        hole = _Block(min(hole.addr, other.addr), hole.size + other.size, pool, b.seg_start,
-                                      b.seg_end, mapped=False)
-                        self._add(hole)
-                bisect.insort(self.unmapped.setdefault(pool, []), hole.addr)
+                unmapped = self.unmapped.setdefault(pool, [])
+                bisect.insort(unmapped, self._merge(hole, unmapped).addr)
