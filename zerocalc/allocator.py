@@ -196,11 +196,16 @@ class _Allocator:
         self.allocated += b.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
-    def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
+    def _best_fit(self, n_bytes: int, stream: int):
+        """(rounded size, pool, the pool's free list, index of its smallest block that fits — or the
+        list's length)."""
         size = round_size(n_bytes)
         pool = (size <= SMALL_REQUEST_BYTES, stream)
         free = self.free_blocks.setdefault(pool, [])
-        k = bisect.bisect_left(free, (size, -1))
+        return size, pool, free, bisect.bisect_left(free, (size, -1))
+
+    def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
+        size, pool, free, k = self._best_fit(n_bytes, stream)
         if k < len(free):
             b = self.starts[free.pop(k)[1]]
         else:
@@ -245,10 +250,7 @@ class _ExpandableAllocator(_Allocator):
         return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
     def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
-        size = round_size(n_bytes)
-        pool = (size <= SMALL_REQUEST_BYTES, stream)
-        free = self.free_blocks.setdefault(pool, [])
-        k = bisect.bisect_left(free, (size, -1))
+        size, pool, free, k = self._best_fit(n_bytes, stream)
         if k < len(free):
             while k + 1 < len(free) and self._grown(self.starts[free[k + 1][1]]) < self._grown(self.starts[free[k][1]]):
                 k += 1
