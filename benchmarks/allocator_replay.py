@@ -14,7 +14,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # validate/ beside zerocalc/
 os.chdir(sys.path[0])                                                               # data/ from anywhere
 
-from validate.snapshot import allocator_events, load  # noqa: E402
+from validate.snapshot import allocator_events, load, start_segments  # noqa: E402
 from zerocalc.allocator import replay  # noqa: E402
 from zerocalc.estimate import estimate  # noqa: E402
 from zerocalc.model import from_params  # noqa: E402
@@ -38,9 +38,8 @@ def main():
     print(f"one estimate (7e9, N = 8, stage 2)            {one_estimate * 1e3:8.2f} ms")
     for path in sorted(glob.glob("data/snapshots/t3-warmup*/*.json.gz")):
         snap = load(path)
-        start = snap.get("zerocalc_start_segments")
         events = allocator_events(snap["device_traces"][0])
-        s = best_of(lambda: replay(events, start if isinstance(start, list) else ()), args.repeat)
+        s = best_of(lambda: replay(events, start_segments(snap)), args.repeat)
         name = "/".join(path.split("/")[-2:])[:62]
         print(f"{name:62s} {len(events):7d} events {s * 1e3:8.1f} ms "
               f"{len(events) / s / 1e6:5.2f} M events/s  {s / one_estimate:7.0f}× an estimate")

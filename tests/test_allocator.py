@@ -77,9 +77,9 @@ def test_a_free_of_a_block_from_before_the_sequence_is_ignored_and_bad_events_ar
 
 def _replayable(path):
     """Histories that started with an empty cache, or that list the segments cached at their start."""
-    from validate.snapshot import load
+    from validate.snapshot import load, start_segments
     snap = load(path)
-    return snap["zerocalc_base_reserved"] == 0 or isinstance(snap.get("zerocalc_start_segments"), list)
+    return snap["zerocalc_base_reserved"] == 0 or bool(start_segments(snap))
 
 
 HISTORIES = sorted(glob.glob("data/snapshots/t3-warmup*/*.json.gz"))
@@ -93,12 +93,11 @@ def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
     the first left), seed-gpt 2048 x 24 stage 3 (three streams), Llama 768 x 12 stage 3 (DeepSpeed's
     init empties the cache). Every cudaMalloc the allocator recorded (size, stream, order), and so
     the reserved peak."""
-    from validate.snapshot import allocator_events, load, reserved_replay
+    from validate.snapshot import allocator_events, load, reserved_replay, start_segments
     snap = load(path)
     trace = snap["device_traces"][0]
     recorded = [(e["size"], e["stream"]) for e in trace if e["action"] == "segment_alloc"]
-    start = snap.get("zerocalc_start_segments")
-    r = replay(allocator_events(trace), start if isinstance(start, list) else ())
+    r = replay(allocator_events(trace), start_segments(snap))
     assert [(s.size_bytes, s.stream) for s in r.segments] == recorded
     assert r.peak_reserved_bytes == reserved_replay(trace)[0]
 
@@ -192,12 +191,10 @@ def test_expandable_what_if_from_a_default_history_matches_the_expandable_job(pa
     """The allocations of a job run with the default allocator, replayed as expandable_segments:True,
     against the same configuration's job run with it (measured on the H200): within 2% (seen: 0.0%,
     -0.1%, +0.2%, -1.9%; the two jobs' allocation orders can differ where streams race)."""
-    from validate.snapshot import allocator_events, load
+    from validate.snapshot import allocator_events, load, start_segments
     measured = _measured_expandable_reserved(path)
     assert measured is not None
     snap = load(path)
-    start = snap.get("zerocalc_start_segments")
-    r = replay(allocator_events(snap["device_traces"][0]), start if isinstance(start, list) else (),
-               expandable_segments=True)
+    r = replay(allocator_events(snap["device_traces"][0]), start_segments(snap), expandable_segments=True)
     predicted = r.peak_reserved_bytes + snap["zerocalc_base_reserved"]
     assert abs(predicted / measured - 1) < 0.02

@@ -84,6 +84,14 @@ def load(path: str) -> dict:
         return pickle.load(f)
 
 
+def start_segments(snap: dict):
+    """The cache's segments when the history began, as `zerocalc.allocator.replay` takes them: what
+    the worker recorded, or none (a history that started clean, or an older one that did not list
+    them; the worker stores a message instead when torch's snapshot could not be read)."""
+    start = snap.get("zerocalc_start_segments", ())
+    return start if isinstance(start, list) else ()
+
+
 def _allocator_events_at(trace):
     """(trace index, event) for `allocator_events`."""
     last = None
@@ -112,8 +120,7 @@ def reserved_timelines(snap: dict) -> tuple[list[tuple[int, int]], list[tuple[in
     from zerocalc.allocator import replay as simulate
     trace = snap["device_traces"][0]
     at = list(_allocator_events_at(trace))
-    start = snap.get("zerocalc_start_segments", ())
-    sim = simulate([e for _, e in at], start if isinstance(start, list) else ())
+    sim = simulate([e for _, e in at], start_segments(snap))
     changes = sorted([(at[s.event][0], s.size_bytes) for s in sim.segments] +
                      [(at[i][0], -size) for i, size in sim.releases])
     recorded = [(j, e["size"] if e["action"] == "segment_alloc" else -e["size"])
@@ -150,15 +157,15 @@ def summarize(path: str, top: int = 15) -> str:
                  f"segments made during the step alive then: {len(segments)}, "
                  f"sizes (MiB): {sorted(round(s['size'] / 2**20, 1) for s in segments.values())[-12:]}")
     from zerocalc.allocator import replay as simulate
-    start = snap.get("zerocalc_start_segments", ())
-    sim = simulate(allocator_events(trace), start if isinstance(start, list) else ())
+    events = allocator_events(trace)
+    sim = simulate(events, start_segments(snap))
     recorded = [e["size"] for e in trace if e["action"] == "segment_alloc"]
     same = [s.size_bytes for s in sim.segments] == recorded
     lines.append(f"  zerocalc's allocator simulation over these allocations: {len(sim.segments)} segments made, "
                  f"peak +{sim.peak_reserved_bytes / 2**30:.3f} GiB reserved (recorded: {len(recorded)}, "
                  f"+{r_peak / 2**30:.3f} GiB; {'the same segments' if same else 'they differ'}"
                  f"{'' if same or not base_reserved or 'zerocalc_start_segments' in snap else ': the history starts with cached segments it does not list'})")
-    as_expandable = simulate(allocator_events(trace), start if isinstance(start, list) else (), expandable_segments=True)
+    as_expandable = simulate(events, start_segments(snap), expandable_segments=True)
     lines.append(f"  the same allocations with expandable_segments:True: peak +{as_expandable.peak_reserved_bytes / 2**30:.3f} "
                  f"GiB reserved")
     return "\n".join(lines)
