@@ -5,7 +5,7 @@ import pandas as pd
 
 from zerocalc.estimate import estimate
 from validate.jobs import to_zerocalc
-from validate.rows import job_from_row, predicted_state_bytes
+from validate.rows import _cast, job_from_row, predicted_state_bytes
 
 GiB = 2**30
 CLEAN_BASE_BYTES = 2**28   # rows whose job started with less than this left over from an earlier engine
@@ -26,7 +26,7 @@ def expandable_rows(df: pd.DataFrame) -> pd.Series:
     """Rows run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (older files lack the column)."""
     if "expandable_segments" not in df:
         return pd.Series(False, index=df.index)
-    return df["expandable_segments"].astype(str).isin(["True", "true", "1"])
+    return df["expandable_segments"].map(lambda v: bool(_cast(v, bool)))   # read as job_from_row reads it
 
 
 def timed_whole_steps(df: pd.DataFrame) -> pd.Series:
