@@ -85,6 +85,9 @@ SNAPSHOT_DIR = os.environ.get("VALIDATE_SNAPSHOT_DIR")   # diagnostics: rank 0's
 # Which steps it records: "step" (default), the comm-logged steady-state step; "warmup", everything from
 # before the model is built to the end of the warm-up steps, where the reserved peak is usually set.
 SNAPSHOT_SCOPE = os.environ.get("VALIDATE_SNAPSHOT_SCOPE", "step")
+# VALIDATE_SNAPSHOT_STACKS=none records sizes and addresses without python stacks: recording stacks
+# has crashed stage-3 + offload + checkpointing jobs (a torch SystemError in an autograd Function).
+SNAPSHOT_STACKS = os.environ.get("VALIDATE_SNAPSHOT_STACKS", "python")
 
 
 def _cached_segments() -> list:
@@ -115,7 +118,10 @@ def _memory_history(key, cuda, scope):
         start = _cached_segments()
     except (KeyError, TypeError) as err:   # a torch whose snapshot reads differently: keep the history
         start = f"not recorded: {type(err).__name__}: {err}"
-    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+    if SNAPSHOT_STACKS == "none":
+        torch.cuda.memory._record_memory_history(max_entries=200_000, context=None)
+    else:
+        torch.cuda.memory._record_memory_history(max_entries=200_000, stacks=SNAPSHOT_STACKS)
     try:
         yield
     finally:
