@@ -37,6 +37,20 @@ def test_a_freed_bucket_taken_by_a_smaller_tensor_makes_the_next_bucket_a_new_se
     assert r.peak_allocated_bytes == (619 + 954) * MiB
 
 
+def test_equal_free_blocks_go_by_address_which_fresh_processes_lay_downwards():
+    # Segment A (40 MiB, freed, then split into a1 30 + a2 10) and B (30 MiB, made for b). With a1 and
+    # b freed there are two free 30 MiB blocks and x (30 MiB) takes the one at the lower address.
+    # Fresh processes on H200 got each large segment below the previous one, so x takes B: when a2
+    # is freed A is one free 40 MiB block again and y (40 MiB) fits in it — two segments.
+    seq = [alloc("A", 40 * MiB), free("A"), alloc("a1", 30 * MiB), alloc("a2", 10 * MiB), alloc("b", 30 * MiB),
+           free("a1"), free("b"), alloc("x", 30 * MiB), free("a2"), alloc("y", 40 * MiB)]
+    assert [s.size_bytes for s in replay(seq).segments] == [40 * MiB, 30 * MiB]
+    # The addresses a recorded history gives decide instead: A below B, x takes A's front, a2's 10 MiB
+    # stays apart from B's 30, and y needs a third segment.
+    r = replay(seq, segment_addresses=[1000 * MiB, 2000 * MiB, 3000 * MiB])
+    assert [s.size_bytes for s in r.segments] == [40 * MiB, 30 * MiB, 40 * MiB]
+
+
 def test_freed_neighbours_merge_back_into_one_block():
     # 40 MiB segment; 15 MiB at its front, the 25 MiB rest taken exactly; both freed merge into 40 MiB,
     # which a 40 MiB request then reuses: one segment.

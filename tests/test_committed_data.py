@@ -18,9 +18,10 @@ PATHS = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
 def rows():
     df = load(PATHS)
     failed = df[df["outcome"] != "ok"]
-    # A job that failed on the GPU stays in data/ with its error (e.g. a torch SystemError under the
-    # allocator-history recorder); only measured rows are compared.
-    assert failed["error"].notna().all() and len(failed) <= 2
+    # A job that failed on the GPU stays in data/ with its error; only measured rows are compared. Every
+    # failure so far is the torch SystemError that recording the allocator history with python stacks
+    # raises in stage-3 checkpointed jobs (data/README.md).
+    assert failed["error"].str.startswith("SystemError").all() and len(failed) <= 3
     return repredict(df[df["outcome"] == "ok"])
 
 
@@ -52,15 +53,19 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 6.5%, 110 of 142 within 10%, worst 32% (issue 4's 10% on every row: not met). It was
-    # 96 of 121 before the third session's rows (worst reserved ratios again, larger models, repeats).
-    assert err.mean() < 0.07 and err.max() < 0.33
-    assert (err <= 0.10).mean() >= 0.77
-    # With expandable_segments (8 rows, own fitted ratio 1.14): mean 8%, 5 of 8 within 10%, worst 18%.
+    # README: mean 3.8%, 136 of 158 within 10%, worst 32% (issue 4's 10% on every row: not met). It was
+    # 110 of 142, mean 6.5%, with one calibrated ratio for every row.
+    assert err.mean() < 0.04 and err.max() < 0.33
+    assert (err <= 0.10).mean() >= 0.85
+    # Simulated (stages 0-2: the generated allocation sequence through the allocator): mean 1.8%,
+    # 103 of 110 within 10%, worst 17.5%.
+    sim = clean["now_reserved_source"] == "simulated"
+    assert sim.sum() >= 100 and err[sim].mean() < 0.02 and (err[sim] <= 0.10).mean() >= 0.93
+    # With expandable_segments (8 rows; stages 0-2 simulated, stage 3 at its own ratio): 6 of 8, worst 18%.
     exp = rows[started_clean(rows) & expandable]
     err = ((exp["now_peak_reserved_bytes"] - exp["measured_peak_reserved_bytes"])
            / exp["measured_peak_reserved_bytes"]).abs()
-    assert len(exp) >= 8 and err.max() < 0.19
+    assert len(exp) >= 8 and err.max() < 0.19 and (err <= 0.10).sum() >= 6
 
 
 def test_reserved_repeats_to_the_percent(rows):

@@ -114,13 +114,19 @@ def allocator_events(trace) -> list[tuple]:
     return [e for _, e in _allocator_events_at(trace)]
 
 
+def segment_addresses(trace) -> list[int]:
+    """The addresses cudaMalloc returned during a history, in order: a replay given them breaks
+    ties between equal-sized free blocks as the real allocator did."""
+    return [e["addr"] for e in trace if e["action"] == "segment_alloc"]
+
+
 def reserved_timelines(snap: dict) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Reserved bytes (growth since the history began) after each change, by trace index: as the
     allocator recorded it, and as `zerocalc.allocator` simulates it from the allocations alone."""
     from zerocalc.allocator import replay as simulate
     trace = snap["device_traces"][0]
     at = list(_allocator_events_at(trace))
-    sim = simulate([e for _, e in at], start_segments(snap))
+    sim = simulate([e for _, e in at], start_segments(snap), segment_addresses=segment_addresses(trace))
     changes = sorted([(at[s.event][0], s.size_bytes) for s in sim.segments] +
                      [(at[i][0], -size) for i, size in sim.releases])
     recorded = [(j, e["size"] if e["action"] == "segment_alloc" else -e["size"])
@@ -158,7 +164,7 @@ def summarize(path: str, top: int = 15) -> str:
                  f"sizes (MiB): {sorted(round(s['size'] / 2**20, 1) for s in segments.values())[-12:]}")
     from zerocalc.allocator import replay as simulate
     events = allocator_events(trace)
-    sim = simulate(events, start_segments(snap))
+    sim = simulate(events, start_segments(snap), segment_addresses=segment_addresses(trace))
     recorded = [e["size"] for e in trace if e["action"] == "segment_alloc"]
     same = [s.size_bytes for s in sim.segments] == recorded
     lines.append(f"  zerocalc's allocator simulation over these allocations: {len(sim.segments)} segments made, "

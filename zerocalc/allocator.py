@@ -77,15 +77,21 @@ class Replay:
     peak_allocated_bytes: int     # max_memory_allocated likewise (rounded block sizes)
 
 
-def replay(events, cached=(), expandable_segments: bool = False) -> Replay:
+def replay(events, cached=(), expandable_segments: bool = False, segment_addresses=()) -> Replay:
     """Run the allocator over events: ("alloc", handle, n_bytes, stream), ("free", handle) and
     ("empty_cache",), starting
     from the segments in `cached`: (address, size, stream, small, [(block address, size, allocated)])
     each, as the worker records them before a history (an allocated one's handle is its address). A
     free of a handle never allocated (a block from before the sequence, not listed) is ignored.
     `expandable_segments`: the allocator of PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    (`_ExpandableAllocator`); `segments` are then the page ranges it maps."""
+    (`_ExpandableAllocator`); `segments` are then the page ranges it maps.
+    `segment_addresses`: the addresses cudaMalloc returned, in order (a recorded history's); without
+    them each new segment lies below the lowest so far, as the driver placed the large segments of
+    every fresh process recorded on H200 (`data/snapshots/`). Addresses only break ties between
+    equal-sized free blocks (the lowest address wins), but such ties decide where a gradient bucket
+    or an Adam moment lands."""
     a = _ExpandableAllocator() if expandable_segments else _Allocator()
+    a.addresses = iter(segment_addresses)
     for seg in cached:
         a.seed(*seg)
     a.base_reserved, a.base_allocated = a.reserved, a.allocated
@@ -123,7 +129,10 @@ class _Allocator:
         self.starts: dict[int, _Block] = {}
         self.ends: dict[int, _Block] = {}
         self.live: dict = {}                    # handle -> block
-        self.next_addr = 0
+        self.next_addr = 0                      # the expandable allocator's next virtual range
+        self.low_addr = 1 << 47                 # below every segment made or seeded so far
+        self.addresses = iter(())
+        self.held: list[tuple[int, int]] = []   # (start, end) of the segments held, sorted
         self.reserved = self.allocated = self.peak_reserved = self.peak_allocated = 0
 
     def seed(self, addr: int, size: int, stream: int, small: bool, blocks) -> None:
@@ -139,7 +148,9 @@ class _Allocator:
             else:
                 bisect.insort(self.free_blocks.setdefault(pool, []), (block_size, block_addr))
         self.reserved += size
+        bisect.insort(self.held, (addr, addr + size))
         self.next_addr = max(self.next_addr, addr + size)
+        self.low_addr = min(self.low_addr, addr)
 
     def empty_cache(self, event: int) -> None:
         """Return every segment that is one free block."""
@@ -149,6 +160,7 @@ class _Allocator:
             for size, addr in whole:
                 free.remove((size, addr))
                 self._drop(self.starts[addr])
+                self.held.remove((addr, addr + size))
                 self.reserved -= size
                 self.releases.append((event, size))
 
@@ -204,14 +216,28 @@ class _Allocator:
         free = self.free_blocks.setdefault(pool, [])
         return size, pool, free, bisect.bisect_left(free, (size, -1))
 
+    def _overlaps(self, addr: int, size: int) -> bool:
+        """Whether [addr, addr + size) meets a segment held now."""
+        k = bisect.bisect_right(self.held, (addr, float("inf")))
+        return (k > 0 and self.held[k - 1][1] > addr) or (k < len(self.held) and self.held[k][0] < addr + size)
+
+    def _segment_address(self, seg_bytes: int) -> int:
+        """Where cudaMalloc puts a new segment: the recorded address, else below every segment so far."""
+        addr = next(self.addresses, None)
+        if addr is None or self._overlaps(addr, seg_bytes):
+            addr = self.low_addr - seg_bytes   # none recorded, or the replay has diverged from the history
+        self.low_addr = min(self.low_addr, addr)
+        return addr
+
     def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
         size, pool, free, k = self._best_fit(n_bytes, stream)
         if k < len(free):
             b = self.starts[free.pop(k)[1]]
         else:
             seg = segment_size(size)
-            b = _Block(self.next_addr, seg, pool, self.next_addr, self.next_addr + seg)
-            self.next_addr += seg
+            addr = self._segment_address(seg)
+            bisect.insort(self.held, (addr, addr + seg))
+            b = _Block(addr, seg, pool, addr, addr + seg)
             self._add(b)
             self.segments.append(Segment(seg, stream, event))
             self.reserved += seg

@@ -1,6 +1,8 @@
 """`zerocalc plan`: every stage × offload × GPU count × micro-batch × accumulation × checkpointing that
 fits the GPU, ranked by predicted throughput (or cost). Built on `estimate` (memory, communication)
-and `timing` (step time); nothing new is modelled here."""
+and `timing` (step time); nothing new is modelled here. Candidates are judged with the calibrated
+reserved/allocated ratio (hundreds of allocator simulations would take seconds); the one
+`--min-gpus` picks is checked with `estimate`'s simulation, so the two agree on it."""
 from dataclasses import dataclass, replace
 
 from zerocalc.estimate import Estimate, estimate
@@ -54,7 +56,7 @@ def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int, g
                                                               f"micro-batch {micro} × {n} GPUs"))
                             continue
                         setup = replace(setup, gas=global_batch // (micro * n))
-                        e = estimate(model, setup, gpu_memory_bytes, cal, hw)
+                        e = estimate(model, setup, gpu_memory_bytes, cal, hw, simulate=False)
                         reason = None if e.fits else \
                             f"needs {e.device_bytes / 2**30:.1f} GiB per GPU ({e.peak.name} peak), has " \
                             f"{gpu_memory_bytes / 2**30:.1f}"
@@ -70,9 +72,11 @@ def rank(cands: list[Candidate], price_per_gpu_hour: float | None = None) -> lis
 
 
 def fewest_gpus(cands: list[Candidate]) -> Candidate | None:
-    """The fastest fitting candidate on the fewest GPUs."""
-    ok = [c for c in cands if c.rejected is None]
-    if not ok:
-        return None
-    least = min(c.setup.dp for c in ok)
-    return max((c for c in ok if c.setup.dp == least), key=lambda c: c.tokens_per_s)
+    """The fastest candidate on the fewest GPUs that fits by `estimate`'s own judgement (the
+    allocator simulation where it applies, which may reject what the ratio let through)."""
+    for c in sorted((c for c in cands if c.rejected is None), key=lambda c: (c.setup.dp, -c.tokens_per_s)):
+        e = c.estimate
+        full = estimate(e.model, c.setup, e.gpu_memory_bytes, e.calibration, e.hardware)
+        if full.fits:
+            return Candidate(c.setup, full, None)
+    return None

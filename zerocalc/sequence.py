@@ -226,17 +226,16 @@ class _Stage:
             t.free(*(self.grads.pop(i) for i in sorted(self.grads)))
             t.free(flat)
             return
-        # get_grad_norm_direct, twice (overflow check and clipping norm): an fp64 copy of each of the
-        # rank's gradient pieces in turn (rank 0's: the first S elements of the flat group).
+        # get_grad_norm_direct: an fp64 copy of each of the rank's gradient pieces in turn (rank 0's:
+        # the first S elements of the flat group).
         pieces, left = [], s
         for n in self.model.param_numels:
             pieces.append(min(n, left))
             left -= pieces[-1]
             if left <= 0:
                 break
-        for _ in range(2):
-            for n in pieces:
-                t.free(t.alloc(8 * n))
+        for n in pieces:
+            t.free(t.alloc(8 * n))
         flat = t.alloc(b * s)                         # flatten the partition gradients
         cast = t.alloc(4 * s)                         # their fp32 cast
         t.free(flat, self.partition_grads)
@@ -246,22 +245,44 @@ class _Stage:
         t.free(cast)
 
 
-def events(model: ModelSpec, setup: Setup, steps: int = 2):
-    """The allocation events of init and `steps` training steps, or None where not generated."""
+def generated(model: ModelSpec, setup: Setup) -> bool:
+    """Whether `events` generates this configuration: what the histories cover (stages 0-2 without
+    offload, seed-gpt and hf-llama, bf16/fp16 through DeepSpeed's ZeRO or FP16 optimizer, one
+    micro-step per step, one gradient bucket, gradients in the training dtype)."""
     arch = model.architecture
-    if (arch is None or setup.seq_len is None or setup.stage == Stage.PARAMETERS
-            or setup.offload_optimizer != "none" or arch.family not in ("hf-llama", "seed-gpt")
-            or not setup.mixed_precision or setup.gas != 1):
+    return (arch is not None and setup.seq_len is not None and setup.stage != Stage.PARAMETERS
+            and setup.offload_optimizer == "none" and arch.family in ("hf-llama", "seed-gpt")
+            and setup.attention == {"seed-gpt": "eager", "hf-llama": "sdpa"}[arch.family]
+            and setup.mixed_precision and setup.gas == 1 and not setup.overlap
+            and setup.grad_accum_dtype in (None, setup.dtype) and not setup.bf16_optimizer
+            and setup.contiguous_gradients)
+
+
+CUBLAS_WORKSPACE_BYTES = 32 << 20   # per cuBLAS handle and stream, made at its first matmul, kept (H200)
+
+
+def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool = True):
+    """The allocation events of init and `steps` training steps, or None where not generated.
+    cuBLAS takes a workspace at the first matmul of the main thread (forward) and of autograd's
+    thread (backward) and keeps it (32 MiB each: the histories' allocations without a free; later
+    jobs of a process start with 64 MiB allocated). fresh_process=False: a later job's, made before."""
+    arch = model.architecture
+    if not generated(model, setup):
         return None
     t = _Trace()
+    workspaces = [] if fresh_process else [t.alloc(CUBLAS_WORKSPACE_BYTES), t.alloc(CUBLAS_WORKSPACE_BYTES)]
     b, tok, v, h = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.vocab_size, arch.hidden_size
     th = b * tok * h
     params = [t.alloc(b * n) for n in model.param_numels]
     ds = _Stage(t, model, setup)
     ds.init(params)
-    per_layer = (len(model.param_numels) - 2 - (0 if arch.tie_embeddings else 1)) // arch.num_layers
+    final_norm = 2 if arch.family == "seed-gpt" else 1             # LayerNorm weight and bias; RMSNorm weight
+    head = 0 if arch.tie_embeddings else 1
+    per_layer = (len(model.param_numels) - 1 - final_norm - head) // arch.num_layers
     for _ in range(steps):
         x = t.alloc(th)                                       # embedding output
+        if not workspaces:   # forward's first matmul: the rotary angles (hf-llama), in_proj (seed-gpt)
+            workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
         layers = []
         for _ in range(arch.num_layers):
             if setup.activation_checkpointing:
@@ -280,6 +301,8 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2):
         logprobs = t.alloc(4 * tok * v)                       # log_softmax, kept for its backward
         t.free(fp32, logits)
         t.free(x)
+        if len(workspaces) < 2:   # autograd's thread: its first matmul
+            workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
         # backward of the loss path: nll's fp32 gradient, log_softmax's, the cast back
         g1 = t.alloc(4 * tok * v)
         g2 = t.alloc(4 * tok * v)
@@ -289,12 +312,12 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2):
         n_params = len(model.param_numels)
         # The head's weight gradient and the final norm's input gradient; the logits' gradient is
         # freed before the head's hook runs (the bucket comes after it).
-        head = None if arch.tie_embeddings else t.alloc(b * model.param_numels[-1])
+        head_grad = t.alloc(b * model.param_numels[-1]) if head else None
         grad = t.alloc(th)
         t.free(g3, norm)
-        if head is not None:
-            ds.grad_ready(n_params - 1, model.param_numels[-1], head)
-        for i in range(n_params - 2 - (0 if arch.tie_embeddings else 1), n_params - (0 if arch.tie_embeddings else 1)):
+        if head:
+            ds.grad_ready(n_params - 1, model.param_numels[-1], head_grad)
+        for i in range(n_params - head - final_norm, n_params - head):
             ds.grad_ready(i, model.param_numels[i])                  # final norm
         for layer in reversed(range(arch.num_layers)):
             kept = layers[layer]
