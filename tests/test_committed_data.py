@@ -53,14 +53,14 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 3.8%, 136 of 158 within 10%, worst 32% (issue 4's 10% on every row: not met). It was
+    # README: mean 3.2%, 140 of 158 within 10%, worst 32% (issue 4's 10% on every row: not met). It was
     # 110 of 142, mean 6.5%, with one calibrated ratio for every row.
-    assert err.mean() < 0.04 and err.max() < 0.33
-    assert (err <= 0.10).mean() >= 0.85
-    # Simulated (stages 0-2: the generated allocation sequence through the allocator): mean 1.8%,
-    # 103 of 110 within 10%, worst 17.5%.
+    assert err.mean() < 0.035 and err.max() < 0.33
+    assert (err <= 0.10).mean() >= 0.88
+    # Simulated (stages 0-2: the generated allocation sequence through the allocator): mean 1.0%,
+    # 107 of 110 within 10%, worst 12.5%.
     sim = clean["now_reserved_source"] == "simulated"
-    assert sim.sum() >= 100 and err[sim].mean() < 0.02 and (err[sim] <= 0.10).mean() >= 0.93
+    assert sim.sum() >= 100 and err[sim].mean() < 0.012 and (err[sim] <= 0.10).mean() >= 0.97
     # With expandable_segments (8 rows; stages 0-2 simulated, stage 3 at its own ratio): 6 of 8, worst 18%.
     exp = rows[started_clean(rows) & expandable]
     err = ((exp["now_peak_reserved_bytes"] - exp["measured_peak_reserved_bytes"])

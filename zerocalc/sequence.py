@@ -19,7 +19,7 @@ histories allocation by allocation. Stages 0-2 without offload are generated; ot
 """
 from zerocalc.allocator import replay
 from zerocalc.model import ModelSpec
-from zerocalc.partition import partition
+from zerocalc.partition import max_grads_in_partition, partition
 from zerocalc.training import Setup, Stage
 
 
@@ -39,90 +39,297 @@ class _Trace:
             self.events.append(("free", h))
 
 
-def _layer_forward(t: _Trace, arch, setup: Setup, x: int, keep_input: bool) -> tuple[int, list]:
-    """One layer's forward on input handle x: (output handle, handles kept for backward with sizes).
-    keep_input: the input outlives the layer (activation checkpointing saves it)."""
-    b, tok = setup.param_bytes, setup.micro_batch * setup.seq_len
-    h, f, heads = arch.hidden_size, arch.ffn_hidden_size, arch.num_heads
-    th = b * tok * h
-    kept = []
+class _SeedGpt:
+    """seed-gpt's layer (LayerNorm → nn.MultiheadAttention, eager with need_weights → LayerNorm →
+    Linear, GELU, Linear): forward allocation by allocation as the H200 histories record it;
+    backward at the granularity of the kept tensors (each freed beside a gradient of its size),
+    which reproduces the seed-gpt histories' reserved to the MiB."""
 
-    def keep(n):
-        kept.append((t.alloc(n), n))
-        return kept[-1][0]
+    def __init__(self, t: _Trace, arch, setup: Setup):
+        self.t, self.arch, self.setup = t, arch, setup
+        self.th = setup.param_bytes * setup.micro_batch * setup.seq_len * arch.hidden_size
 
-    if arch.family == "hf-llama":
-        kv = b * tok * arch.num_kv_heads * arch.head_dim
+    def _forward(self, x: int) -> tuple[int, list]:
+        t, arch, setup = self.t, self.arch, self.setup
+        b, tok = setup.param_bytes, setup.micro_batch * setup.seq_len
+        h, f, heads = arch.hidden_size, arch.ffn_hidden_size, arch.num_heads
+        th = b * tok * h
+        kept = []
 
-        def rms_norm():   # LlamaRMSNorm: fp32 copy, pow (freed), normalised fp32 (freed), cast, weight
-            keep(2 * th)
-            tmp = t.alloc(2 * th)
-            t.free(tmp)
-            tmp = t.alloc(2 * th)
+        def keep(n):
+            kept.append((t.alloc(n), n))
+            return kept[-1][0]
+
+        # seed-gpt: LayerNorm → nn.MultiheadAttention (eager, need_weights) → LayerNorm → MLP
+        kept.append((x, th))                          # the layer's input stays alive for its backward
+        att = b * setup.micro_batch * heads * setup.seq_len ** 2
+        for _ in range(3):                            # ln1(x) once each for query, key and value
             keep(th)
-            out = keep(th)
-            t.free(tmp)
-            return out
-
-        def rotary(n):    # q·cos + rotate_half(q)·sin: the sum is kept
-            a = t.alloc(n)
-            half = t.alloc(n // 2)
-            cat = t.alloc(n)
-            t.free(half)
-            s = t.alloc(n)
-            t.free(cat)
-            keep(n)
-            t.free(a, s)
-
-        rms_norm()
-        q, k = t.alloc(th), t.alloc(kv)
-        keep(kv)                                  # v
-        rotary(th)
-        rotary(kv)
-        t.free(q, k)
-        keep(th)                                  # sdpa output
-        keep(4 * tok * heads // 1)                # its log-sum-exp, fp32 per head
-        o = t.alloc(th)
-        res1 = t.alloc(th)
-        t.free(o)
-        if not keep_input:
-            t.free(x)
-        rms_norm()
-        for _ in range(4):                        # gate, SiLU, up, product
-            keep(b * tok * f)
-        down = t.alloc(th)
+        for _ in range(3):                            # q, k, v projections
+            keep(th)
+        qs = t.alloc(th)
+        scores = t.alloc(att)
+        keep(att)                                     # softmax
+        t.free(scores)
+        ao = t.alloc(th)
+        keep(th)                                      # attention output made contiguous
+        t.free(ao)
+        proj = t.alloc(th)
+        avg = t.alloc(b * setup.micro_batch * setup.seq_len ** 2)   # head-averaged weights (need_weights)
+        t.free(qs, avg)
+        res1 = keep(th)
+        t.free(proj)
+        keep(th)                                      # ln2
+        keep(b * tok * f)                             # fc1
+        keep(b * tok * f)                             # GELU
+        fc2 = t.alloc(th)
         out = t.alloc(th)
-        t.free(down, res1)
+        t.free(fc2)
+        del res1
         return out, kept
 
-    # seed-gpt: LayerNorm → nn.MultiheadAttention (eager, need_weights) → LayerNorm → MLP
-    kept.append((x, th))                          # the layer's input stays alive for its backward
-    del keep_input
-    att = b * setup.micro_batch * heads * setup.seq_len ** 2
-    for _ in range(3):                            # ln1(x) once each for query, key and value
-        keep(th)
-    for _ in range(3):                            # q, k, v projections
-        keep(th)
-    qs = t.alloc(th)
-    scores = t.alloc(att)
-    keep(att)                                     # softmax
-    t.free(scores)
-    ao = t.alloc(th)
-    keep(th)                                      # attention output made contiguous
-    t.free(ao)
-    proj = t.alloc(th)
-    avg = t.alloc(b * setup.micro_batch * setup.seq_len ** 2)   # head-averaged weights (need_weights)
-    t.free(qs, avg)
-    res1 = keep(th)
-    t.free(proj)
-    keep(th)                                      # ln2
-    keep(b * tok * f)                             # fc1
-    keep(b * tok * f)                             # GELU
-    fc2 = t.alloc(th)
-    out = t.alloc(th)
-    t.free(fc2)
-    del res1
+    def final_norm(self, x: int):
+        """The final LayerNorm's output; its input, the last layer's output, lives to the loss."""
+        out = self.t.alloc(self.th)
+        return out, {"input": x, "out": out}
+
+    def after_loss(self, saved: dict) -> None:
+        self.t.free(saved["input"])
+
+    def final_norm_backward(self, saved: dict, g_out: int) -> int:
+        return g_out
+
+    def forward(self, x: int, first: bool):
+        """(output, what backward needs): the kept tensors, or under checkpointing the input alone."""
+        out, kept = self._forward(x)
+        if not self.setup.activation_checkpointing:
+            return out, kept
+        self.t.free(*(handle for handle, _n in kept if handle != x))
+        return out, [(x, self.th)]
+
+    def backward(self, kept: list, grad: int, hook) -> int:
+        t = self.t
+        if self.setup.activation_checkpointing:        # rebuild the layer from its saved input
+            y, rebuilt = self._forward(kept[0][0])
+            t.free(y)
+            kept = kept[:1] + [k for k in rebuilt if k[0] != kept[0][0]]
+        for handle, n in reversed(kept):
+            g = t.alloc(n)
+            t.free(handle, g)
+        g_in = t.alloc(self.th)
+        t.free(grad)
+        for k in reversed(range(12)):                  # _seed_gpt_layer's parameters, last first
+            hook(k)
+        return g_in
+
+
+class _LlamaSizes:
+    """Bytes of one hf-llama layer's tensors (T = micro-batch · sequence tokens, b = dtype bytes)."""
+
+    def __init__(self, arch, setup: Setup):
+        b, tok = setup.param_bytes, setup.micro_batch * setup.seq_len
+        kv_dim = arch.num_kv_heads * arch.head_dim
+        self.h = b * tok * arch.hidden_size               # hidden states
+        self.f32 = 4 * tok * arch.hidden_size             # RMSNorm's fp32 upcast
+        self.f = b * tok * arch.ffn_hidden_size           # MLP activations
+        self.kv = b * tok * kv_dim                        # k, v
+        self.lse = 4 * tok * arch.num_heads               # sdpa's log-sum-exp, fp32 per head
+        self.w_q = b * arch.hidden_size ** 2              # q_proj, o_proj weight gradients
+        self.w_kv = b * kv_dim * arch.hidden_size         # k_proj, v_proj
+        self.w_f = b * arch.ffn_hidden_size * arch.hidden_size   # gate, up, down
+
+
+def _rms_norm(t: _Trace, z: _LlamaSizes, kept: dict, name: str) -> None:
+    """LlamaRMSNorm saving for backward: fp32 copy (kept), pow (freed), rsqrt·x in fp32 (freed),
+    the cast back and the weight's product (kept)."""
+    kept[name + "_f32"] = t.alloc(z.f32)
+    t.free(t.alloc(z.f32))
+    tmp = t.alloc(z.f32)
+    kept[name + "_cast"] = t.alloc(z.h)
+    kept[name + "_out"] = t.alloc(z.h)
+    t.free(tmp)
+
+
+def _llama_forward(t: _Trace, z: _LlamaSizes, x: int, keep_input: bool, recompute: bool = False):
+    """LlamaDecoderLayer with sdpa, allocation by allocation as the H200 histories record it
+    (transformers 5.17: modeling_llama.py). Returns (output handle or None, kept handles by name).
+    recompute: checkpointing's rebuild in backward, which stops once the MLP's saved tensors exist
+    (torch.utils.checkpoint's early stop) and frees the attention residual."""
+    kept = {}
+
+    def rms_norm(name):
+        _rms_norm(t, z, kept, name)
+
+    def rotary(name, n):  # q·cos + rotate_half(q)·sin: the sum is kept
+        a, half = t.alloc(n), t.alloc(n // 2)
+        cat = t.alloc(n)
+        t.free(half)
+        s = t.alloc(n)
+        t.free(cat)
+        kept[name] = t.alloc(n)
+        t.free(a, s)
+
+    rms_norm("n1")
+    q, k = t.alloc(z.h), t.alloc(z.kv)
+    kept["v"] = t.alloc(z.kv)
+    rotary("q_rot", z.h)
+    rotary("k_rot", z.kv)
+    t.free(q, k)
+    kept["attn"], kept["lse"] = t.alloc(z.h), t.alloc(z.lse)
+    o = t.alloc(z.h)
+    res1 = t.alloc(z.h)
+    t.free(o)
+    if not keep_input:
+        t.free(x)
+    rms_norm("n2")
+    for name in ("gate", "silu", "up", "prod"):
+        kept[name] = t.alloc(z.f)
+    if recompute:
+        t.free(res1)
+        return None, kept
+    down = t.alloc(z.h)
+    out = t.alloc(z.h)
+    t.free(down, res1)
     return out, kept
+
+
+def _llama_forward_unsaved(t: _Trace, z: _LlamaSizes, x: int) -> int:
+    """The layer's forward under activation checkpointing: nothing is saved for backward, so each
+    tensor is freed as soon as the code drops it (H200 history, events 866-991); x, the layer's
+    input, is what checkpointing keeps. Returns the output."""
+    def rms_norm(inp):
+        f32, pow_ = t.alloc(z.f32), t.alloc(z.f32)
+        t.free(pow_)
+        xr = t.alloc(z.f32)
+        t.free(f32)
+        cast = t.alloc(z.h)
+        out = t.alloc(z.h)
+        t.free(cast, xr)
+        return out
+
+    def rotary(n):
+        c, half = t.alloc(n), t.alloc(n // 2)
+        cat = t.alloc(n)
+        t.free(half)
+        s = t.alloc(n)
+        t.free(cat)
+        out = t.alloc(n)
+        t.free(c, s)
+        return out
+
+    n1 = rms_norm(x)
+    q, k, v = t.alloc(z.h), t.alloc(z.kv), t.alloc(z.kv)
+    qe, ke = rotary(z.h), rotary(z.kv)
+    t.free(q, k)
+    o = t.alloc(z.h)
+    t.free(t.alloc(z.lse))
+    p = t.alloc(z.h)
+    t.free(o, qe, ke, v, n1)
+    res1 = t.alloc(z.h)
+    t.free(p)
+    n2 = rms_norm(res1)
+    gate, silu = t.alloc(z.f), t.alloc(z.f)
+    t.free(gate)
+    up = t.alloc(z.f)
+    prod = t.alloc(z.f)
+    t.free(silu, up)
+    down = t.alloc(z.h)
+    t.free(prod, n2)
+    out = t.alloc(z.h)
+    t.free(down, res1)
+    return out
+
+
+def _rms_norm_backward(t: _Trace, z: _LlamaSizes, kept: dict, name: str, g_in: int, keep_grad: bool):
+    """LlamaRMSNorm's backward through its fp32 upcast (the history's events 3750-3807): frees the
+    norm's saved tensors and g_in, the gradient of its output. keep_grad: return the gradient of its
+    input (the final norm's, which flows into the last layer), else it is added in place."""
+    a1, a2 = t.alloc(z.h), t.alloc(z.h)
+    t.free(kept[name + "_cast"])
+    t.free(t.alloc(z.f32))                     # the weight's gradient, summed in fp32
+    t.free(a2, g_in)
+    b1 = t.alloc(z.f32)
+    t.free(a1)
+    b2, b3 = t.alloc(z.f32), t.alloc(z.f32)
+    t.free(b2, b1)
+    c = [t.alloc(z.f32) for _ in range(4)]
+    t.free(c[2], c[1], kept[name + "_f32"], c[0], c[3])
+    d = t.alloc(z.h)
+    t.free(b3)
+    if keep_grad:
+        return d
+    t.free(d)
+    return None
+
+
+def _llama_backward(t: _Trace, z: _LlamaSizes, kept: dict, hook) -> None:
+    """One LlamaDecoderLayer's backward (autograd's thread: no call sites are recorded, so the order
+    is the H200 history's, `data/snapshots/t4-warmup/hf-llama-h2048-l22-s2-...-0729e40f46`, events
+    3710-3957, with its sizes as these formulas). `hook(name, handle)` hands a weight gradient to
+    DeepSpeed. The gradient flowing between layers is accumulated in place: not allocated here."""
+    def rms_norm_backward(name, g_in):
+        _rms_norm_backward(t, z, kept, name, g_in, keep_grad=False)
+
+    # MLP
+    w = t.alloc(z.w_f)                             # down_proj's weight gradient
+    g_prod = t.alloc(z.f)
+    t.free(kept["prod"])
+    hook("down", w)
+    g_silu, g_up = t.alloc(z.f), t.alloc(z.f)
+    t.free(kept["silu"], kept["up"], g_prod)
+    w = t.alloc(z.w_f)                             # up_proj
+    gx_up = t.alloc(z.h)
+    t.free(g_silu)
+    hook("up", w)
+    g_gate = t.alloc(z.f)
+    t.free(kept["gate"], g_up)
+    w = t.alloc(z.w_f)                             # gate_proj
+    gx_gate = t.alloc(z.h)
+    t.free(kept["n2_out"], g_gate)
+    gx = t.alloc(z.h)
+    t.free(gx_up, gx_gate)
+    hook("gate", w)
+    rms_norm_backward("n2", gx)
+    # attention
+    w = t.alloc(z.w_q)                             # o_proj
+    g_attn = t.alloc(z.h)
+    hook("o", w)
+    g_q, g_k, g_v = t.alloc(z.h), t.alloc(z.kv), t.alloc(z.kv)
+    t.free(t.alloc(2 * z.f32 + z.lse))             # sdpa's backward workspace
+    t.free(kept["attn"], kept["lse"], kept["v"], kept["q_rot"], kept["k_rot"], g_attn)
+    r1, r2 = t.alloc(z.kv), t.alloc(z.kv // 2)     # rotary backward, k
+    r3 = t.alloc(z.kv)
+    t.free(r2)
+    r4 = t.alloc(z.kv)
+    t.free(r1, r4)
+    r5 = t.alloc(z.kv)
+    t.free(g_k, r5)
+    s1, s2 = t.alloc(z.h), t.alloc(z.h // 2)       # rotary backward, q
+    s3 = t.alloc(z.h)
+    t.free(s2)
+    s4 = t.alloc(z.h)
+    t.free(s1, s4)
+    s5 = t.alloc(z.h)
+    t.free(g_q, s5)
+    w = t.alloc(z.w_kv)                            # v_proj
+    gx_v = t.alloc(z.h)
+    t.free(g_v)
+    hook("v", w)
+    tmp = t.alloc(z.kv)
+    t.free(r3)
+    w = t.alloc(z.w_kv)                            # k_proj
+    gx_k = t.alloc(z.h)
+    t.free(tmp)
+    gx = t.alloc(z.h)
+    t.free(gx_v, gx_k)
+    hook("k", w)
+    u = t.alloc(z.h)
+    t.free(s3)
+    w = t.alloc(z.w_q)                             # q_proj
+    gx_q = t.alloc(z.h)
+    t.free(kept["n1_out"], u, gx_q)
+    hook("q", w)
+    rms_norm_backward("n1", gx)
 
 
 def _layer_backward(t: _Trace, kept: list, grad: int, grad_bytes: int) -> int:
@@ -137,6 +344,53 @@ def _layer_backward(t: _Trace, kept: list, grad: int, grad_bytes: int) -> int:
     return g_in
 
 
+LLAMA_PARAMS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 5, "down": 6}   # _llama_layer's order
+
+
+class _Llama:
+    """hf-llama's layer through `_llama_forward` / `_llama_backward`; under checkpointing only the
+    input is kept and backward rebuilds the layer first."""
+
+    def __init__(self, t: _Trace, arch, setup: Setup):
+        self.t, self.z, self.ckpt = t, _LlamaSizes(arch, setup), setup.activation_checkpointing
+
+    def forward(self, x: int, first: bool):
+        """The first layer's input is the embeddings, which LlamaModel.forward holds to its end."""
+        if self.ckpt:
+            return _llama_forward_unsaved(self.t, self.z, x), {"input": x}
+        if first:
+            self.embeddings = x
+        return _llama_forward(self.t, self.z, x, keep_input=first)
+
+    def final_norm(self, x: int):
+        """The model's last RMSNorm (saved for backward); then LlamaModel.forward returns, dropping
+        the last layer's output and the embeddings. Returns (output, saved)."""
+        saved = {}
+        _rms_norm(self.t, self.z, saved, "final")
+        self.t.free(x)
+        if not self.ckpt:
+            self.t.free(self.embeddings)
+        return saved["final_out"], saved
+
+    def after_loss(self, saved: dict) -> None:
+        pass
+
+    def final_norm_backward(self, saved: dict, g_out: int) -> int:
+        """The gradient flowing into the last layer, from the norm's output gradient g_out."""
+        return _rms_norm_backward(self.t, self.z, saved, "final", g_out, keep_grad=True)
+
+    def backward(self, saved: dict, grad: int, hook) -> int:
+        kept = saved
+        if self.ckpt:
+            _, kept = _llama_forward(self.t, self.z, saved["input"], keep_input=True, recompute=True)
+        _llama_backward(self.t, self.z, kept, lambda name, g: hook(LLAMA_PARAMS[name], g))
+        hook(7)                                        # the two RMSNorm weights
+        hook(8)
+        if self.ckpt:
+            self.t.free(saved["input"])
+        return grad                                    # accumulated in place
+
+
 class _Stage:
     """DeepSpeed's init, per-gradient hook, end of backward and step for stages 0-2 (no offload)."""
 
@@ -145,6 +399,10 @@ class _Stage:
         self.b = setup.param_bytes
         self.part = partition(model.param_numels, setup)
         self.grads, self.bucket, self.bucket_fill, self.partition_grads = {}, None, 0, None
+        self.bucket_ranks: set[int] = set()
+        self.offsets = [0]                            # each parameter's start in the flat group
+        for n in model.param_numels[:-1]:
+            self.offsets.append(self.offsets[-1] + n)
         self.moments = None
 
     def init(self, params: list) -> None:
@@ -167,10 +425,9 @@ class _Stage:
             return
         flat = t.alloc(b * p)                         # flatten_dense_tensors_aligned
         t.free(*params)                               # the module's tensors become views of it
-        clone = t.alloc(b * s) if self.setup.dp == 1 else None
+        clone = t.alloc(b * s)                        # the rank's slice cloned, then cast to fp32
         t.alloc(4 * s)                                # fp32 master partition
-        if clone:
-            t.free(clone)
+        t.free(clone)
         zero = t.alloc(4 * s)                         # initialize_optimizer_states: freed again
         t.free(zero)
         del flat
@@ -185,20 +442,29 @@ class _Stage:
         if self.bucket is None:                       # setup_buckets at the first hook of a backward
             self.bucket = t.alloc(self.setup.comm_bytes * self.setup.reduce_bucket_size)
         if self.setup.stage == Stage.GRADIENTS:
-            self._into_bucket(numel)
+            self._into_bucket(index, numel)
             t.free(g)
         else:
             self.grads[index] = g                     # ZeRO-1: moved at the end of backward
 
-    def _into_bucket(self, numel: int) -> None:
+    def _into_bucket(self, index: int, numel: int) -> None:
         if self.bucket_fill + numel > self.setup.reduce_bucket_size and self.bucket_fill:
             self._reduce()
         self.bucket_fill += numel
+        start = self.offsets[index]                   # the ranks whose flat slices this gradient touches
+        self.bucket_ranks.update(range(start // self.part.flat_shard,
+                                       min((start + numel - 1) // self.part.flat_shard, self.setup.dp - 1) + 1))
 
     def _reduce(self) -> None:
-        if self.partition_grads is None:              # copy_grads_in_partition, first reduction
-            self.partition_grads = self.t.alloc(self.b * self.part.flat_shard)
-        self.bucket_fill = 0
+        """average_tensor: the bucket's slices go to their ranks; slices for more than one rank are
+        flattened into one tensor first (`allreduce_bucket`; a single slice is reduced in place).
+        Rank 0 copies its gradients out at the first reduction that holds any (`copy_grads_in_partition`:
+        every parameter overlapping the slice, whole; sized for the busiest rank)."""
+        if len(self.bucket_ranks) > 1:
+            self.t.free(self.t.alloc(self.setup.comm_bytes * self.bucket_fill))
+        if self.partition_grads is None and 0 in self.bucket_ranks:
+            self.partition_grads = self.t.alloc(self.b * max_grads_in_partition(self.model.param_numels, self.setup))
+        self.bucket_fill, self.bucket_ranks = 0, set()
 
     def end_backward(self) -> None:
         t, b = self.t, self.b
@@ -208,7 +474,7 @@ class _Stage:
             return
         if self.setup.stage == Stage.OPTIMIZER_STATES:
             for index in sorted(self.grads, reverse=True):
-                self._into_bucket(self.model.param_numels[index])
+                self._into_bucket(index, self.model.param_numels[index])
                 t.free(self.grads.pop(index))
         self._reduce()
         t.free(self.bucket)
@@ -279,56 +545,44 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool =
     final_norm = 2 if arch.family == "seed-gpt" else 1             # LayerNorm weight and bias; RMSNorm weight
     head = 0 if arch.tie_embeddings else 1
     per_layer = (len(model.param_numels) - 1 - final_norm - head) // arch.num_layers
+    layer = (_Llama if arch.family == "hf-llama" else _SeedGpt)(t, arch, setup)
     for _ in range(steps):
         x = t.alloc(th)                                       # embedding output
         if not workspaces:   # forward's first matmul: the rotary angles (hf-llama), in_proj (seed-gpt)
             workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
-        layers = []
-        for _ in range(arch.num_layers):
-            if setup.activation_checkpointing:
-                y, kept = _layer_forward(t, arch, setup, x, keep_input=True)
-                for handle, _n in kept:
-                    if handle != x:
-                        t.free(handle)
-                layers.append([(x, th)])
-                x = y
-            else:
-                x, kept = _layer_forward(t, arch, setup, x, keep_input=False)
-                layers.append(kept)
-        norm = t.alloc(th)                                    # final norm output
+        saved = []
+        for i in range(arch.num_layers):
+            x, kept = layer.forward(x, first=i == 0)
+            saved.append(kept)
+        norm, norm_saved = layer.final_norm(x)
         logits = t.alloc(b * tok * v)
         fp32 = t.alloc(4 * tok * v)                           # logits.float()
         logprobs = t.alloc(4 * tok * v)                       # log_softmax, kept for its backward
         t.free(fp32, logits)
-        t.free(x)
-        if len(workspaces) < 2:   # autograd's thread: its first matmul
-            workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+        layer.after_loss(norm_saved)
         # backward of the loss path: nll's fp32 gradient, log_softmax's, the cast back
         g1 = t.alloc(4 * tok * v)
         g2 = t.alloc(4 * tok * v)
-        t.free(g1)
+        t.free(g1, logprobs)
         g3 = t.alloc(b * tok * v)
-        t.free(g2, logprobs)
+        t.free(g2)
         n_params = len(model.param_numels)
-        # The head's weight gradient and the final norm's input gradient; the logits' gradient is
-        # freed before the head's hook runs (the bucket comes after it).
+        # The head's weight gradient (autograd's thread takes its cuBLAS workspace at this first
+        # matmul) and the final norm's output gradient; the logits' gradient is freed before the
+        # head's hook runs (the bucket comes after it).
         head_grad = t.alloc(b * model.param_numels[-1]) if head else None
-        grad = t.alloc(th)
+        if len(workspaces) < 2:
+            workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+        grad = t.alloc(th)                                            # of the final norm's output
         t.free(g3, norm)
         if head:
             ds.grad_ready(n_params - 1, model.param_numels[-1], head_grad)
+        grad = layer.final_norm_backward(norm_saved, grad)
         for i in range(n_params - head - final_norm, n_params - head):
             ds.grad_ready(i, model.param_numels[i])                  # final norm
-        for layer in reversed(range(arch.num_layers)):
-            kept = layers[layer]
-            if setup.activation_checkpointing:
-                y, rebuilt = _layer_forward(t, arch, setup, kept[0][0], keep_input=True)
-                t.free(y)
-                kept = kept[:1] + [k for k in rebuilt if k[0] != kept[0][0]]
-            grad = _layer_backward(t, kept, grad, th)
-            first = 1 + layer * per_layer
-            for i in reversed(range(first, first + per_layer)):
-                ds.grad_ready(i, model.param_numels[i])
+        for i in reversed(range(arch.num_layers)):
+            first = 1 + i * per_layer
+            grad = layer.backward(saved[i], grad, lambda k, g=None: ds.grad_ready(first + k, model.param_numels[first + k], g))
         t.free(grad)
         ds.grad_ready(0, model.param_numels[0])                      # the embedding
         ds.end_backward()
