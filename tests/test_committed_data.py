@@ -53,19 +53,21 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 3.2%, 140 of 158 within 10%, worst 32% (issue 4's 10% on every row: not met). It was
+    # README: mean 3.0%, 141 of 158 within 10%, worst 29% (issue 4's 10% on every row: not met). It was
     # 110 of 142, mean 6.5%, with one calibrated ratio for every row.
-    assert err.mean() < 0.035 and err.max() < 0.33
+    assert err.mean() < 0.035 and err.max() < 0.30
     assert (err <= 0.10).mean() >= 0.88
     # Simulated (stages 0-2: the generated allocation sequence through the allocator): mean 1.0%,
     # 107 of 110 within 10%, worst 12.5%.
     sim = clean["now_reserved_source"] == "simulated"
     assert sim.sum() >= 100 and err[sim].mean() < 0.012 and (err[sim] <= 0.10).mean() >= 0.97
-    # With expandable_segments (8 rows; stages 0-2 simulated, stage 3 at its own ratio): 6 of 8, worst 18%.
+    # The ratio where nothing is simulated (stage 3, offload; 48 rows): mean 7.7%, 34 within 10%.
+    assert err[~sim].mean() < 0.08 and (err[~sim] <= 0.10).sum() >= 34
+    # With expandable_segments (8 rows; stages 0-2 simulated, stage 3 at its own ratio): 6 of 8, worst 12%.
     exp = rows[started_clean(rows) & expandable]
     err = ((exp["now_peak_reserved_bytes"] - exp["measured_peak_reserved_bytes"])
            / exp["measured_peak_reserved_bytes"]).abs()
-    assert len(exp) >= 8 and err.max() < 0.19 and (err <= 0.10).sum() >= 6
+    assert len(exp) >= 8 and err.max() < 0.13 and (err <= 0.10).sum() >= 6
 
 
 def test_reserved_repeats_to_the_percent(rows):

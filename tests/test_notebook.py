@@ -16,7 +16,7 @@ def test_predicted_vs_measured_notebook_runs():
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
     for name in ("predicted_vs_measured.png", "error_per_configuration.png", "phase_breakdown.png", "step_time.png",
-                 "allocator_replay.png"):
+                 "allocator_replay.png", "generated_sequence.png"):
         assert os.path.getsize(os.path.join(ROOT, "docs", "figures", name)) > 10_000
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "case study, stage 3, N = 2: predicted" in outputs

@@ -4,12 +4,13 @@ training split of the measured GPU rows; the held-out split is reported, never f
 Constants (all named in the calibration JSON):
 - activations.hf-llama.h, .kv: bytes per token per layer of Llama's attention and RMSNorm part in
   units of the dtype (the MLP's 4f is counted by hand), from the memory at the end of forward.
-- allocator.reserved_over_allocated, allocator.reserved_extra_bytes: PyTorch's caching allocator
-  keeps freed blocks; reserved peak ≈ ratio · allocated peak + extra (fitted on rows that start clean,
-  in relative error);
-  reserved_over_allocated_worst, the largest measured ratio, for the "tight" verdict.
-- allocator_expandable.*: the same ratio (no offset) and worst ratio on the rows run with
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which the default ratio's fit leaves out.
+- allocator.reserved_over_allocated: PyTorch's caching allocator keeps freed blocks; where zerocalc
+  does not simulate the allocation sequence (stage 3, offload, ...: `zerocalc.sequence.generated`),
+  reserved peak ≈ ratio · allocated peak, fitted on those rows that start clean, in relative error
+  (reserved_extra_bytes, an offset, is kept at 0);
+  reserved_over_allocated_worst, the largest measured ratio over all clean rows, for the "tight" verdict.
+- allocator_expandable.*: the same ratio (no offset) on the rows run with
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True that are not simulated, and the worst ratio of all.
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
 - time.*: the step-time model's constants (`zerocalc/timing.py`; only the offload rows depend on,
@@ -27,7 +28,7 @@ import pandas as pd
 from validate.jobs import to_zerocalc
 from validate.report import expandable_rows, load, started_clean, timed_whole_steps
 from validate.rows import job_from_row
-from zerocalc import calibration
+from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
 from zerocalc.timing import STEP_CLASSES, features, phase_times, whole_step_s
 
@@ -167,28 +168,31 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
         lines.append(f"activations.hf-llama: h {ch:.3f}, kv {ckv:.3f} (units of b per token per layer; "
                      f"{len(act)} rows)")
     expandable = expandable_rows(train)
-    clean = train[started_clean(train) & ~expandable]
+    simulated = train.apply(lambda r: sequence.generated(*to_zerocalc(job_from_row(r.to_dict()))), axis=1)
+    every = train[started_clean(train) & ~expandable]
+    clean = every[~simulated.loc[every.index]]
     if len(clean) >= 2:
-        # Least squares on the relative error (each row weighted by 1/measured): the target is relative,
-        # and plain bytes would let the largest runs decide the ratio alone.
-        reserved = clean["measured_peak_reserved_bytes"].astype(float).to_numpy()
-        x = np.vstack([clean["measured_peak_allocated_bytes"].astype(float), np.ones(len(clean))]).T / reserved[:, None]
-        (ratio, extra), *_ = np.linalg.lstsq(x, np.ones(len(clean)), rcond=None)
-        worst = float((clean["measured_peak_reserved_bytes"] / clean["measured_peak_allocated_bytes"]).max())
-        cal["allocator"] = {"reserved_over_allocated": round(float(ratio), 4), "reserved_extra_bytes": int(extra),
+        # One ratio (an offset fitted beside it came out negative on these rows, which would put a
+        # small model's reserved below its allocated), least squares on the relative error, the
+        # target being relative: r = sum(a/m) / sum((a/m)^2).
+        q = (clean["measured_peak_allocated_bytes"] / clean["measured_peak_reserved_bytes"]).astype(float).to_numpy()
+        ratio = float(q.sum() / (q * q).sum())
+        worst = float((every["measured_peak_reserved_bytes"] / every["measured_peak_allocated_bytes"]).max())
+        cal["allocator"] = {"reserved_over_allocated": round(ratio, 4), "reserved_extra_bytes": 0,
                             "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(clean))}
-        lines.append(f"allocator: reserved = {ratio:.3f} × allocated + {extra / 2**30:.2f} GiB, worst measured ratio "
-                     f"{worst:.3f} ({len(clean)} clean rows)")
-    exp = train[started_clean(train) & expandable]
+        lines.append(f"allocator: reserved = {ratio:.3f} × allocated ({len(clean)} clean rows not simulated), worst "
+                     f"measured ratio {worst:.3f} ({len(every)} clean rows)")
+    every = train[started_clean(train) & expandable]
+    exp = every[~simulated.loc[every.index]]
     if len(exp) >= 2:
         # One ratio, least squares on the relative error: r = sum(a/m) / sum((a/m)^2).
         q = (exp["measured_peak_allocated_bytes"] / exp["measured_peak_reserved_bytes"]).astype(float).to_numpy()
         ratio = float(q.sum() / (q * q).sum())
-        worst = float((1 / q).max())
+        worst = float((every["measured_peak_reserved_bytes"] / every["measured_peak_allocated_bytes"]).max())
         cal["allocator_expandable"] = {"reserved_over_allocated": round(ratio, 4), "reserved_extra_bytes": 0,
                                        "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(exp))}
         lines.append(f"allocator_expandable: reserved = {ratio:.3f} × allocated, worst measured ratio {worst:.3f} "
-                     f"({len(exp)} clean rows with expandable_segments)")
+                     f"({len(exp)} clean rows with expandable_segments not simulated)")
     timed = train[timed_whole_steps(train)]
     if len(timed) >= 14:
         cal["time"] = fit_time(timed, cal)
