@@ -96,29 +96,29 @@ def _replayable(path):
     return snap["zerocalc_base_reserved"] == 0 or bool(start_segments(snap))
 
 
-HISTORIES = sorted(glob.glob("data/snapshots/t3-warmup*/*.json.gz"))
+HISTORIES = sorted(glob.glob("data/snapshots/t3-warmup*/*.json.gz") + glob.glob("data/snapshots/t4-warmup/*.json.gz"))
 REPLAYABLE = [p for p in HISTORIES if _replayable(p)]
 
 
 @pytest.mark.parametrize("path", REPLAYABLE, ids=lambda p: "/".join(p.split("/")[-2:])[:60])
 def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
-    """Real DeepSpeed jobs on an H200, from model build to the end of warm-up: seed-gpt 768 x 12 stage 2
-    (bf16 1 x 2048 checkpointed; fp16 4 x 512, the second job of its launch, starting from the cache
-    the first left), seed-gpt 2048 x 24 stage 3 (three streams), Llama 768 x 12 stage 3 (DeepSpeed's
-    init empties the cache). Every cudaMalloc the allocator recorded (size, stream, order), and so
-    the reserved peak."""
-    from validate.snapshot import allocator_events, load, reserved_replay, start_segments
+    """Real DeepSpeed jobs on an H200, from model build to the end of warm-up: GPT and Llama, stages
+    0-3, N = 1 and 2, with and without offload and checkpointing; first jobs of a process and later
+    ones starting from the cache the earlier left (the segments listed); stage 3 on up to three
+    streams, its init emptying the cache. Replayed at the addresses cudaMalloc returned: every
+    cudaMalloc the allocator recorded (size, stream, order), and so the reserved peak."""
+    from validate.snapshot import allocator_events, load, reserved_replay, segment_addresses, start_segments
     snap = load(path)
     trace = snap["device_traces"][0]
     recorded = [(e["size"], e["stream"]) for e in trace if e["action"] == "segment_alloc"]
-    r = replay(allocator_events(trace), start_segments(snap))
+    r = replay(allocator_events(trace), start_segments(snap), segment_addresses=segment_addresses(trace))
     assert [(s.size_bytes, s.stream) for s in r.segments] == recorded
     assert r.peak_reserved_bytes == reserved_replay(trace)[0]
 
 
 def test_the_committed_histories_cover_a_start_from_a_cache_and_an_empty_cache_call():
     from validate.snapshot import allocator_events, load
-    assert len(REPLAYABLE) == 5 and len(HISTORIES) == 7
+    assert len(REPLAYABLE) == 22 and len(HISTORIES) == 24
     snaps = [load(p) for p in REPLAYABLE]
     assert any(s["zerocalc_base_reserved"] > 0 for s in snaps)
     assert any(("empty_cache",) in allocator_events(s["device_traces"][0]) for s in snaps)

@@ -26,10 +26,14 @@ through that allocator's rules instead (`_ExpandableAllocator`). Replaying the h
 run with the default allocator this way gives what the same configurations reserved when run with
 expandable segments within 2% (4.574 vs 4.574, 4.627 vs 4.652, 6.760 vs 6.748, 11.40 vs 11.61 GiB).
 
-Checked against the allocator's own history of five real DeepSpeed jobs on an H200 (stages 2 and 3,
-one to three streams, one starting from a non-empty cache, one with DeepSpeed's `empty_cache`;
-data/snapshots/t3-warmup*, `tests/test_allocator.py`): replaying their allocations and frees gives
-the same segments, in the same order, size and stream, as the history records.
+A new segment lies below every segment so far (as the driver placed the large segments of every
+fresh process recorded), or at the address a recorded history gives (`segment_addresses`): the
+address only breaks ties between equal-sized free blocks, the lowest winning.
+
+Checked against the allocator's own history of 22 real DeepSpeed jobs on an H200 (stages 0-3, N = 1
+and 2, one to three streams, later jobs starting from a non-empty cache, DeepSpeed's `empty_cache`;
+data/snapshots/, `tests/test_allocator.py`): replaying their allocations and frees at their
+addresses gives the same segments, in the same order, size and stream, as the history records.
 """
 import bisect
 from dataclasses import dataclass

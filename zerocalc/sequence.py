@@ -1,21 +1,21 @@
 """The allocation sequence of a DeepSpeed job's first two training steps, generated from the
 architecture and the setup, for `zerocalc.allocator` to replay: the reserved peak without a ratio.
 
-What it emits (sizes in bytes; H200 allocator histories, `data/snapshots/t3-warmup*`, `t4-warmup`):
+What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/t3-warmup*`,
+`t4-warmup`, and DeepSpeed 0.19.8's `runtime/zero/stage_1_and_2.py` / `fp16/fused_optimizer.py`):
 - init: the module's parameters as `model.to(device)` makes them, then DeepSpeed's flatten and
   partition copies and their frees, per stage;
-- forward per layer: every activation of at least T·h/4 bytes (T = micro-batch · sequence tokens)
-  in the order the layer's code makes it, kept ones to their layer's backward, temporaries freed
-  where the history frees them; the logits, their fp32 copy and the fp32 log-softmax;
-- backward: the loss path's fp32 gradients, then per layer (recomputing it first under activation
-  checkpointing) a gradient of each kept activation's size while it is freed, and the layer's
-  parameter gradients, each through DeepSpeed's hook for the stage (kept; copied into the ipg
-  bucket and freed);
-- step: DeepSpeed's flatten, fp32 cast and Adam's lazily made moments (first step), per stage.
+- forward per layer: the activations of the family's code in the order it makes them, kept ones to
+  their layer's backward, temporaries freed where the history frees them (under checkpointing: the
+  forward that saves nothing); the final norm, the logits, their fp32 copy, the fp32 log-softmax;
+- backward: the loss path's fp32 gradients, the head's weight gradient, then per layer (rebuilt
+  first under checkpointing) hf-llama's backward as its history records it, seed-gpt's at the
+  granularity of its kept tensors; each weight gradient through DeepSpeed's hook for the stage;
+- step: DeepSpeed's norm, flatten, fp32 cast and Adam's lazily made moments (first step), per stage;
+- cuBLAS's workspaces.
 
-Backward is approximate: its temporaries are not recorded with a call site (autograd's C++ threads),
-so it frees and allocates at the granularity of the kept tensors; forward, init and step follow the
-histories allocation by allocation. Stages 0-2 without offload are generated; others return None.
+Every stage 0-2 configuration recorded as the first job of a fresh process is reproduced to 0.1%
+(`tests/test_sequence.py`). Stages 0-2 without offload are generated (`generated`); others: None.
 """
 from zerocalc.allocator import replay
 from zerocalc.model import ModelSpec
