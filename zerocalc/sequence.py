@@ -513,12 +513,13 @@ class _Stage:
 
 def generated(model: ModelSpec, setup: Setup) -> bool:
     """Whether `events` generates this configuration: what the histories cover (stages 0-2 without
-    offload, seed-gpt and hf-llama, bf16/fp16 through DeepSpeed's ZeRO or FP16 optimizer, one
-    micro-step per step, one gradient bucket, gradients in the training dtype)."""
+    offload, seed-gpt — nn.MultiheadAttention whatever --attention says — and hf-llama with sdpa,
+    bf16/fp16 through DeepSpeed's ZeRO or FP16 optimizer, one micro-step per step, one gradient
+    bucket, gradients in the training dtype)."""
     arch = model.architecture
     return (arch is not None and setup.seq_len is not None and setup.stage != Stage.PARAMETERS
             and setup.offload_optimizer == "none" and arch.family in ("hf-llama", "seed-gpt")
-            and setup.attention == {"seed-gpt": "eager", "hf-llama": "sdpa"}[arch.family]
+            and (arch.family == "seed-gpt" or setup.attention == "sdpa")   # seed-gpt's one attention path
             and setup.mixed_precision and setup.gas == 1 and not setup.overlap
             and setup.grad_accum_dtype in (None, setup.dtype) and not setup.bf16_optimizer
             and setup.contiguous_gradients)
