@@ -9,6 +9,8 @@ Constants (all named in the calibration JSON):
   reserved peak ≈ ratio · allocated peak, fitted on those rows that start clean, in relative error
   (reserved_extra_bytes, an offset, is kept at 0);
   reserved_over_allocated_worst, the largest measured ratio over all clean rows, for the "tight" verdict.
+- allocator_simulated.measured_over_simulated_worst: the largest measured/simulated reserved over the
+  clean rows zerocalc simulates (either allocator setting), for their "tight" verdict.
 - allocator_expandable.*: the same ratio (no offset) on the rows run with
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True that are not simulated, and the worst ratio of all.
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
@@ -26,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from validate.jobs import to_zerocalc
-from validate.report import expandable_rows, load, started_clean, timed_whole_steps
+from validate.report import expandable_rows, load, predicted_reserved, started_clean, timed_whole_steps
 from validate.rows import job_from_row
 from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
@@ -182,6 +184,13 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                             "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(clean))}
         lines.append(f"allocator: reserved = {ratio:.3f} × allocated ({len(clean)} clean rows not simulated), worst "
                      f"measured ratio {worst:.3f} ({len(every)} clean rows)")
+    sim = train[started_clean(train) & simulated]
+    if len(sim) >= 2:
+        predicted = sim.apply(lambda r: predicted_reserved(estimate(*to_zerocalc(job_from_row(r.to_dict()))),
+                                                           r.to_dict()), axis=1)
+        worst = float((sim["measured_peak_reserved_bytes"].astype(float) / predicted).max())
+        cal["allocator_simulated"] = {"measured_over_simulated_worst": round(worst, 4), "rows": int(len(sim))}
+        lines.append(f"allocator_simulated: measured reserved at most {worst:.3f} × simulated ({len(sim)} clean rows)")
     every = train[started_clean(train) & expandable]
     exp = every[~simulated.loc[every.index]]
     if len(exp) >= 2:

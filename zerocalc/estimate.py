@@ -87,10 +87,14 @@ class Estimate:
 
     @property
     def peak_reserved_worst_bytes(self) -> int:
-        """Reserved at the worst reserved/allocated ratio measured on the fitting rows of this allocator
-        setting (H200: 1.73 by default, stage 3 with parameter offload and checkpointing; 1.36 with
-        expandable segments). The ratio depends on the order and sizes of the allocations, which one
-        fitted ratio cannot follow (README, "How far to trust it")."""
+        """Reserved at the worst the prediction has missed by on the fitting rows: where simulated, the
+        simulation times its largest measured/simulated (`allocator_simulated`, H200: 1.14); else the
+        worst reserved/allocated ratio measured on the fitting rows of this allocator setting (H200:
+        1.73 by default, stage 3 with parameter offload and checkpointing; 1.36 with expandable
+        segments), which one fitted ratio cannot follow (README, "How far to trust it")."""
+        if self.simulated_reserved_bytes is not None:
+            worst = self.cal.get("allocator_simulated", {}).get("measured_over_simulated_worst", 1.0)
+            return int(self.simulated_reserved_bytes * max(worst, 1.0))
         return max(self.peak_reserved_bytes,
                    int(self.peak_bytes * self.allocator.get("reserved_over_allocated_worst", 1.0)))
 

@@ -57,8 +57,8 @@ def as_table(estimates) -> str:
     lines += ["",
               "GiB per rank: params, grads and buffers at their largest in a step, optim = fp32 master + moments;",
               "peak = predicted max_memory_allocated and the phase that sets it; reserved = max_memory_reserved;",
-              "fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst allocator overhead",
-              "measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
+              "fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst miss of the reserved",
+              "prediction measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
               "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
     tight = [e for e in estimates if e.fits and not e.fits_worst_case and not e.setup.expandable_segments]
     if tight:
