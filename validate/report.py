@@ -3,7 +3,7 @@ import json
 
 import pandas as pd
 
-from zerocalc import allocator, sequence
+from zerocalc import sequence
 from zerocalc.estimate import estimate
 from validate.jobs import to_zerocalc
 from validate.rows import _cast, job_from_row, predicted_state_bytes
@@ -71,8 +71,7 @@ def predicted_reserved(e, row: dict) -> int:
     base = row.get("measured_base_allocated_bytes")
     if e.reserved_source != "simulated" or not base == base or base < sequence.CUBLAS_WORKSPACE_BYTES:
         return e.peak_reserved_bytes
-    events = sequence.events(e.model, e.setup, fresh_process=False)
-    return allocator.replay(events, expandable_segments=e.setup.expandable_segments).peak_reserved_bytes
+    return sequence.peak_reserved_bytes(e.model, e.setup, fresh_process=False)
 
 
 def repredict(df: pd.DataFrame) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from functools import cached_property
 
-from zerocalc import activations, allocator, calibration, comm, peak, reference, sequence, states, timing
+from zerocalc import activations, calibration, comm, peak, reference, sequence, states, timing
 from zerocalc.hardware import Hardware
 from zerocalc.model import ModelSpec
 from zerocalc.training import Setup, validate_setup
@@ -64,10 +64,7 @@ class Estimate:
         caching allocator (`zerocalc.sequence`, `zerocalc.allocator`); None where no sequence is
         generated (stage 3, offload, no architecture: see `sequence.generated`) or simulate is off.
         Milliseconds for a 7B model, ~0.1 s for a 70B one: `plan` ranks with the ratio instead."""
-        ev = sequence.events(self.model, self.setup) if self.simulate else None
-        if ev is None:
-            return None
-        return allocator.replay(ev, expandable_segments=self.setup.expandable_segments).peak_reserved_bytes
+        return sequence.peak_reserved_bytes(self.model, self.setup) if self.simulate else None
 
     @property
     def reserved_source(self) -> str:

@@ -77,7 +77,7 @@ class _SeedGpt:
         proj = t.alloc(th)
         avg = t.alloc(b * setup.micro_batch * setup.seq_len ** 2)   # head-averaged weights (need_weights)
         t.free(qs, avg)
-        res1 = keep(th)
+        keep(th)                                      # the residual after attention
         t.free(proj)
         keep(th)                                      # ln2
         keep(b * tok * f)                             # fc1
@@ -85,7 +85,6 @@ class _SeedGpt:
         fc2 = t.alloc(th)
         out = t.alloc(th)
         t.free(fc2)
-        del res1
         return out, kept
 
     def final_norm(self, x: int):
@@ -150,30 +149,29 @@ def _rms_norm(t: _Trace, z: _LlamaSizes, kept: dict, name: str) -> None:
     t.free(tmp)
 
 
+def _rotary(t: _Trace, n: int) -> int:
+    """apply_rotary_pos_emb on a tensor of n bytes: q·cos, rotate_half's half and concatenation,
+    ·sin, the sum (returned; the rest freed)."""
+    a, half = t.alloc(n), t.alloc(n // 2)
+    cat = t.alloc(n)
+    t.free(half)
+    s = t.alloc(n)
+    t.free(cat)
+    out = t.alloc(n)
+    t.free(a, s)
+    return out
+
+
 def _llama_forward(t: _Trace, z: _LlamaSizes, x: int, keep_input: bool, recompute: bool = False):
     """LlamaDecoderLayer with sdpa, allocation by allocation as the H200 histories record it
     (transformers 5.17: modeling_llama.py). Returns (output handle or None, kept handles by name).
     recompute: checkpointing's rebuild in backward, which stops once the MLP's saved tensors exist
     (torch.utils.checkpoint's early stop) and frees the attention residual."""
     kept = {}
-
-    def rms_norm(name):
-        _rms_norm(t, z, kept, name)
-
-    def rotary(name, n):  # q·cos + rotate_half(q)·sin: the sum is kept
-        a, half = t.alloc(n), t.alloc(n // 2)
-        cat = t.alloc(n)
-        t.free(half)
-        s = t.alloc(n)
-        t.free(cat)
-        kept[name] = t.alloc(n)
-        t.free(a, s)
-
-    rms_norm("n1")
+    _rms_norm(t, z, kept, "n1")
     q, k = t.alloc(z.h), t.alloc(z.kv)
     kept["v"] = t.alloc(z.kv)
-    rotary("q_rot", z.h)
-    rotary("k_rot", z.kv)
+    kept["q_rot"], kept["k_rot"] = _rotary(t, z.h), _rotary(t, z.kv)
     t.free(q, k)
     kept["attn"], kept["lse"] = t.alloc(z.h), t.alloc(z.lse)
     o = t.alloc(z.h)
@@ -181,7 +179,7 @@ def _llama_forward(t: _Trace, z: _LlamaSizes, x: int, keep_input: bool, recomput
     t.free(o)
     if not keep_input:
         t.free(x)
-    rms_norm("n2")
+    _rms_norm(t, z, kept, "n2")
     for name in ("gate", "silu", "up", "prod"):
         kept[name] = t.alloc(z.f)
     if recompute:
@@ -197,7 +195,7 @@ def _llama_forward_unsaved(t: _Trace, z: _LlamaSizes, x: int) -> int:
     """The layer's forward under activation checkpointing: nothing is saved for backward, so each
     tensor is freed as soon as the code drops it (H200 history, events 866-991); x, the layer's
     input, is what checkpointing keeps. Returns the output."""
-    def rms_norm(inp):
+    def rms_norm():   # its fp32 copy is freed once the normalised product exists
         f32, pow_ = t.alloc(z.f32), t.alloc(z.f32)
         t.free(pow_)
         xr = t.alloc(z.f32)
@@ -207,19 +205,9 @@ def _llama_forward_unsaved(t: _Trace, z: _LlamaSizes, x: int) -> int:
         t.free(cast, xr)
         return out
 
-    def rotary(n):
-        c, half = t.alloc(n), t.alloc(n // 2)
-        cat = t.alloc(n)
-        t.free(half)
-        s = t.alloc(n)
-        t.free(cat)
-        out = t.alloc(n)
-        t.free(c, s)
-        return out
-
-    n1 = rms_norm(x)
+    n1 = rms_norm()
     q, k, v = t.alloc(z.h), t.alloc(z.kv), t.alloc(z.kv)
-    qe, ke = rotary(z.h), rotary(z.kv)
+    qe, ke = _rotary(t, z.h), _rotary(t, z.kv)
     t.free(q, k)
     o = t.alloc(z.h)
     t.free(t.alloc(z.lse))
@@ -227,7 +215,7 @@ def _llama_forward_unsaved(t: _Trace, z: _LlamaSizes, x: int) -> int:
     t.free(o, qe, ke, v, n1)
     res1 = t.alloc(z.h)
     t.free(p)
-    n2 = rms_norm(res1)
+    n2 = rms_norm()
     gate, silu = t.alloc(z.f), t.alloc(z.f)
     t.free(gate)
     up = t.alloc(z.f)
@@ -262,14 +250,24 @@ def _rms_norm_backward(t: _Trace, z: _LlamaSizes, kept: dict, name: str, g_in: i
     return None
 
 
+def _rotary_backward(t: _Trace, n: int, g_rot: int) -> int:
+    """apply_rotary_pos_emb's backward for a tensor of n bytes (the history's events 3835-3863):
+    frees g_rot, the rotated tensor's gradient; returns a gradient the projection's backward frees."""
+    a, half = t.alloc(n), t.alloc(n // 2)
+    kept = t.alloc(n)
+    t.free(half)
+    b = t.alloc(n)
+    t.free(a, b)
+    c = t.alloc(n)
+    t.free(g_rot, c)
+    return kept
+
+
 def _llama_backward(t: _Trace, z: _LlamaSizes, kept: dict, hook) -> None:
     """One LlamaDecoderLayer's backward (autograd's thread: no call sites are recorded, so the order
     is the H200 history's, `data/snapshots/t4-warmup/hf-llama-h2048-l22-s2-...-0729e40f46`, events
     3710-3957, with its sizes as these formulas). `hook(name, handle)` hands a weight gradient to
     DeepSpeed. The gradient flowing between layers is accumulated in place: not allocated here."""
-    def rms_norm_backward(name, g_in):
-        _rms_norm_backward(t, z, kept, name, g_in, keep_grad=False)
-
     # MLP
     w = t.alloc(z.w_f)                             # down_proj's weight gradient
     g_prod = t.alloc(z.f)
@@ -289,7 +287,7 @@ def _llama_backward(t: _Trace, z: _LlamaSizes, kept: dict, hook) -> None:
     gx = t.alloc(z.h)
     t.free(gx_up, gx_gate)
     hook("gate", w)
-    rms_norm_backward("n2", gx)
+    _rms_norm_backward(t, z, kept, "n2", gx, keep_grad=False)
     # attention
     w = t.alloc(z.w_q)                             # o_proj
     g_attn = t.alloc(z.h)
@@ -297,20 +295,8 @@ def _llama_backward(t: _Trace, z: _LlamaSizes, kept: dict, hook) -> None:
     g_q, g_k, g_v = t.alloc(z.h), t.alloc(z.kv), t.alloc(z.kv)
     t.free(t.alloc(2 * z.f32 + z.lse))             # sdpa's backward workspace
     t.free(kept["attn"], kept["lse"], kept["v"], kept["q_rot"], kept["k_rot"], g_attn)
-    r1, r2 = t.alloc(z.kv), t.alloc(z.kv // 2)     # rotary backward, k
-    r3 = t.alloc(z.kv)
-    t.free(r2)
-    r4 = t.alloc(z.kv)
-    t.free(r1, r4)
-    r5 = t.alloc(z.kv)
-    t.free(g_k, r5)
-    s1, s2 = t.alloc(z.h), t.alloc(z.h // 2)       # rotary backward, q
-    s3 = t.alloc(z.h)
-    t.free(s2)
-    s4 = t.alloc(z.h)
-    t.free(s1, s4)
-    s5 = t.alloc(z.h)
-    t.free(g_q, s5)
+    r3 = _rotary_backward(t, z.kv, g_k)
+    s3 = _rotary_backward(t, z.h, g_q)
     w = t.alloc(z.w_kv)                            # v_proj
     gx_v = t.alloc(z.h)
     t.free(g_v)
@@ -329,7 +315,7 @@ def _llama_backward(t: _Trace, z: _LlamaSizes, kept: dict, hook) -> None:
     gx_q = t.alloc(z.h)
     t.free(kept["n1_out"], u, gx_q)
     hook("q", w)
-    rms_norm_backward("n1", gx)
+    _rms_norm_backward(t, z, kept, "n1", gx, keep_grad=False)
 
 
 def _layer_backward(t: _Trace, kept: list, grad: int, grad_bytes: int) -> int:
@@ -412,7 +398,7 @@ class _Stage:
             # buffer, the module's tensors freed; a clone and its fp32 master; fp32 zero gradients for
             # the dummy step that makes Adam's moments, then freed.
             copies = [t.alloc(b * n) for n in self.model.param_numels]
-            flat = t.alloc(b * p)
+            t.alloc(b * p)                            # the flat bit16 group, kept
             t.free(*copies)
             t.free(*params)
             clone = t.alloc(b * p)
@@ -421,16 +407,14 @@ class _Stage:
             zero = t.alloc(4 * p)
             self.moments = (t.alloc(4 * p), t.alloc(4 * p))
             t.free(zero)
-            del flat
             return
-        flat = t.alloc(b * p)                         # flatten_dense_tensors_aligned
+        t.alloc(b * p)                                # flatten_dense_tensors_aligned: the flat group, kept
         t.free(*params)                               # the module's tensors become views of it
         clone = t.alloc(b * s)                        # the rank's slice cloned, then cast to fp32
         t.alloc(4 * s)                                # fp32 master partition
         t.free(clone)
         zero = t.alloc(4 * s)                         # initialize_optimizer_states: freed again
         t.free(zero)
-        del flat
 
     def grad_ready(self, index: int, numel: int, g: int | None = None) -> None:
         """Parameter `index`'s gradient (allocated here unless given) reaches DeepSpeed's hook."""
@@ -591,8 +575,10 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool =
     return t.events
 
 
-def peak_reserved_bytes(model: ModelSpec, setup: Setup) -> int | None:
-    ev = events(model, setup)
+def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> int | None:
+    """`max_memory_reserved()` of the generated sequence through the allocator simulation (the
+    allocator `setup.expandable_segments` says), None where no sequence is generated."""
+    ev = events(model, setup, fresh_process=fresh_process)
     if ev is None:
         return None
     return replay(ev, expandable_segments=setup.expandable_segments).peak_reserved_bytes
