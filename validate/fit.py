@@ -156,6 +156,14 @@ def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
     return rounded | {"rows": int(len(train))}
 
 
+def _reserved_ratio(rows: pd.DataFrame) -> float:
+    """The reserved/allocated ratio r minimizing the squared relative error of r·allocated against the
+    measured reserved (the target is relative; bytes would let the largest runs decide alone):
+    r = Σ(a/m) / Σ(a/m)²."""
+    q = (rows["measured_peak_allocated_bytes"] / rows["measured_peak_reserved_bytes"]).astype(float).to_numpy()
+    return float(q.sum() / (q * q).sum())
+
+
 def fit(paths, out_path=None) -> tuple[dict, str]:
     cal = json.loads(json.dumps(calibration.default()))
     df = gpu_rows(paths)
@@ -174,11 +182,9 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     every = train[started_clean(train) & ~expandable]
     clean = every[~simulated.loc[every.index]]
     if len(clean) >= 2:
-        # One ratio (an offset fitted beside it came out negative on these rows, which would put a
-        # small model's reserved below its allocated), least squares on the relative error, the
-        # target being relative: r = sum(a/m) / sum((a/m)^2).
-        q = (clean["measured_peak_allocated_bytes"] / clean["measured_peak_reserved_bytes"]).astype(float).to_numpy()
-        ratio = float(q.sum() / (q * q).sum())
+        # One ratio: an offset fitted beside it came out negative on these rows, which would put a
+        # small model's reserved below its allocated.
+        ratio = _reserved_ratio(clean)
         worst = float((every["measured_peak_reserved_bytes"] / every["measured_peak_allocated_bytes"]).max())
         cal["allocator"] = {"reserved_over_allocated": round(ratio, 4), "reserved_extra_bytes": 0,
                             "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(clean))}
@@ -194,9 +200,7 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     every = train[started_clean(train) & expandable]
     exp = every[~simulated.loc[every.index]]
     if len(exp) >= 2:
-        # One ratio, least squares on the relative error: r = sum(a/m) / sum((a/m)^2).
-        q = (exp["measured_peak_allocated_bytes"] / exp["measured_peak_reserved_bytes"]).astype(float).to_numpy()
-        ratio = float(q.sum() / (q * q).sum())
+        ratio = _reserved_ratio(exp)
         worst = float((every["measured_peak_reserved_bytes"] / every["measured_peak_allocated_bytes"]).max())
         cal["allocator_expandable"] = {"reserved_over_allocated": round(ratio, 4), "reserved_extra_bytes": 0,
                                        "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(exp))}

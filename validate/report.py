@@ -69,7 +69,7 @@ def predicted_reserved(e, row: dict) -> int:
     measured_base_allocated_bytes is at least one), so its allocation sequence is simulated with them
     made before init (`sequence.events(..., fresh_process=False)`). The ratio is used as estimate uses it."""
     base = row.get("measured_base_allocated_bytes")
-    if e.reserved_source != "simulated" or not base == base or base < sequence.CUBLAS_WORKSPACE_BYTES:
+    if e.reserved_source != "simulated" or pd.isna(base) or base < sequence.CUBLAS_WORKSPACE_BYTES:
         return e.peak_reserved_bytes
     return sequence.peak_reserved_bytes(e.model, e.setup, fresh_process=False)
 

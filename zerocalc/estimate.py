@@ -76,7 +76,7 @@ class Estimate:
     def peak_reserved_bytes(self) -> int:
         """Predicted `torch.cuda.max_memory_reserved()` in a fresh process: simulated where the
         allocation sequence is generated, else the caching allocator's blocks around the peak as a
-        calibrated ratio and offset (`python -m validate fit`)."""
+        calibrated ratio to it (`python -m validate fit`)."""
         if self.simulated_reserved_bytes is not None:
             return self.simulated_reserved_bytes
         a = self.allocator
@@ -85,7 +85,7 @@ class Estimate:
     @property
     def peak_reserved_worst_bytes(self) -> int:
         """Reserved at the worst the prediction has missed by on the fitting rows: where simulated, the
-        simulation times its largest measured/simulated (`allocator_simulated`, H200: 1.14); else the
+        simulation times its largest measured/simulated (`allocator_simulated`, H200: 1.07); else the
         worst reserved/allocated ratio measured on the fitting rows of this allocator setting (H200:
         1.73 by default, stage 3 with parameter offload and checkpointing; 1.36 with expandable
         segments), which one fitted ratio cannot follow (README, "How far to trust it")."""
