@@ -53,16 +53,17 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 2.9%, 147 of 164 within 10%, worst 29% (issue 4's 10% on every row: not met). It was
-    # 110 of 142, mean 6.5%, with one calibrated ratio for every row.
-    assert err.mean() < 0.035 and err.max() < 0.30
-    assert (err <= 0.10).mean() >= 0.88
+    # README: mean 2.5%, 151 of 164 within 10%, worst 14% (issue 4's 10% on every row: not met). It was
+    # 110 of 142, mean 6.5%, worst 32%, with one calibrated ratio for every row.
+    assert err.mean() < 0.03 and err.max() < 0.15
+    assert (err <= 0.10).mean() >= 0.91
     # Simulated (stages 0-2: the generated allocation sequence through the allocator): mean 0.9%,
     # 113 of 116 within 10%, worst 12.5%.
     sim = clean["now_reserved_source"] == "simulated"
     assert sim.sum() >= 100 and err[sim].mean() < 0.012 and (err[sim] <= 0.10).mean() >= 0.97
-    # The ratio where nothing is simulated (stage 3, offload; 48 rows): mean 7.7%, 34 within 10%.
-    assert err[~sim].mean() < 0.08 and (err[~sim] <= 0.10).sum() >= 34
+    # The ratio where nothing is simulated (stage 3, offload; 48 rows; its own ratio with parameter
+    # offload): mean 6.2%, 38 within 10%.
+    assert err[~sim].mean() < 0.065 and (err[~sim] <= 0.10).sum() >= 38
     # With expandable_segments (8 rows; stages 0-2 simulated, stage 3 at its own ratio): 6 of 8, worst 12%.
     exp = rows[started_clean(rows) & expandable]
     err = ((exp["now_peak_reserved_bytes"] - exp["measured_peak_reserved_bytes"])
