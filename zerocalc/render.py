@@ -60,6 +60,11 @@ def as_table(estimates) -> str:
               "fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst miss of the reserved",
               "prediction measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
               "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
+    sources = {e.reserved_source for e in estimates}
+    lines.append("reserved: " + ("the job's allocation sequence through PyTorch's caching allocator, simulated"
+                                 if sources == {"simulated"} else "allocated × the reserved/allocated ratio measured "
+                                 "on H200" if sources == {"ratio"} else "simulated from the allocation sequence at "
+                                 "stages 0-2, a measured ratio elsewhere") + " (docs/reserved-memory.md).")
     tight = [e for e in estimates if e.fits and not e.fits_worst_case and not e.setup.expandable_segments]
     if tight:
         lines.append("tight: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lowered reserved on every H200 "
