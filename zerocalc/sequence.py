@@ -457,7 +457,8 @@ class _Stage:
             t.free(t.alloc(b * min(self.part.num_params, 500_000_000)))
             return
         if self.setup.stage == Stage.OPTIMIZER_STATES:
-            for index in sorted(self.grads, reverse=True):
+            # ZeRO-1 moves the gradients into buckets now, in parameter order (stage_1_and_2.py:971).
+            for index in sorted(self.grads):
                 self._into_bucket(index, self.model.param_numels[index])
                 t.free(self.grads.pop(index))
         self._reduce()
