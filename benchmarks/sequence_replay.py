@@ -7,24 +7,15 @@ same estimate with the simulation off (the ratio). Prints times and ratios, no t
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from allocator_replay import best_of  # noqa: E402  (beside this script)
 from zerocalc import allocator, sequence  # noqa: E402
 from zerocalc.arch import preset  # noqa: E402
 from zerocalc.estimate import estimate  # noqa: E402
 from zerocalc.model import from_architecture  # noqa: E402
 from zerocalc.training import Setup, Stage  # noqa: E402
-
-
-def best_of(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main():

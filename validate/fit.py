@@ -167,6 +167,17 @@ def _reserved_ratio(rows: pd.DataFrame) -> float:
     return float(q.sum() / (q * q).sum())
 
 
+def _allocator(fitted: pd.DataFrame, every: pd.DataFrame | None = None) -> dict:
+    """A calibration entry: the reserved/allocated ratio fitted on `fitted` (no offset) and, given
+    `every`, the largest ratio measured on those rows, for the "tight" verdict."""
+    entry = {"reserved_over_allocated": round(_reserved_ratio(fitted), 4), "reserved_extra_bytes": 0,
+             "rows": int(len(fitted))}
+    if every is not None:
+        worst = (every["measured_peak_reserved_bytes"] / every["measured_peak_allocated_bytes"]).max()
+        entry["reserved_over_allocated_worst"] = round(float(worst), 4)
+    return entry
+
+
 def fit(paths, out_path=None) -> tuple[dict, str]:
     cal = json.loads(json.dumps(calibration.default()))
     df = gpu_rows(paths)
@@ -184,24 +195,18 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     simulated = train.apply(lambda r: sequence.generated(*to_zerocalc(job_from_row(r.to_dict()))), axis=1)
     every = train[started_clean(train) & ~expandable]
     param_offload = every["offload_param"] != "none"
-    clean = every[~simulated.loc[every.index] & ~param_offload]
-    off = every[param_offload]
+    off, clean = every[param_offload], every[~simulated.loc[every.index] & ~param_offload]
     if len(off) >= 2:
-        ratio = _reserved_ratio(off)
-        cal["allocator_param_offload"] = {"reserved_over_allocated": round(ratio, 4), "reserved_extra_bytes": 0,
-                                          "rows": int(len(off))}
-        lines.append(f"allocator_param_offload: reserved = {ratio:.3f} × allocated ({len(off)} clean rows with "
-                     "parameter offload)")
+        cal["allocator_param_offload"] = _allocator(off)
+        lines.append(f"allocator_param_offload: reserved = {cal['allocator_param_offload']['reserved_over_allocated']:.3f}"
+                     f" × allocated ({len(off)} clean rows with parameter offload)")
     if len(clean) >= 2:
         # One ratio: an offset fitted beside it came out negative on these rows, which would put a
         # small model's reserved below its allocated.
-        ratio = _reserved_ratio(clean)
-        worst = float((every["measured_peak_reserved_bytes"] / every["measured_peak_allocated_bytes"]).max())
-        cal["allocator"] = {"reserved_over_allocated": round(ratio, 4), "reserved_extra_bytes": 0,
-                            "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(clean))}
-        lines.append(f"allocator: reserved = {ratio:.3f} × allocated ({len(clean)} clean rows not simulated, without "
-                     f"parameter offload), worst "
-                     f"measured ratio {worst:.3f} ({len(every)} clean rows)")
+        a = cal["allocator"] = _allocator(clean, every)
+        lines.append(f"allocator: reserved = {a['reserved_over_allocated']:.3f} × allocated ({len(clean)} clean rows not "
+                     f"simulated, without parameter offload), worst measured ratio "
+                     f"{a['reserved_over_allocated_worst']:.3f} ({len(every)} clean rows)")
     sim = train[started_clean(train) & simulated]
     if len(sim) >= 2:
         predicted = sim.apply(lambda r: predicted_reserved(estimate(*to_zerocalc(job_from_row(r.to_dict()))),
@@ -212,12 +217,10 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     every = train[started_clean(train) & expandable]
     exp = every[~simulated.loc[every.index]]
     if len(exp) >= 2:
-        ratio = _reserved_ratio(exp)
-        worst = float((every["measured_peak_reserved_bytes"] / every["measured_peak_allocated_bytes"]).max())
-        cal["allocator_expandable"] = {"reserved_over_allocated": round(ratio, 4), "reserved_extra_bytes": 0,
-                                       "reserved_over_allocated_worst": round(worst, 4), "rows": int(len(exp))}
-        lines.append(f"allocator_expandable: reserved = {ratio:.3f} × allocated, worst measured ratio {worst:.3f} "
-                     f"({len(exp)} clean rows with expandable_segments not simulated)")
+        a = cal["allocator_expandable"] = _allocator(exp, every)
+        lines.append(f"allocator_expandable: reserved = {a['reserved_over_allocated']:.3f} × allocated, worst measured "
+                     f"ratio {a['reserved_over_allocated_worst']:.3f} ({len(exp)} clean rows with expandable_segments "
+                     "not simulated)")
     timed = train[timed_whole_steps(train)]
     if len(timed) >= 14:
         cal["time"] = fit_time(timed, cal)
