@@ -17,7 +17,10 @@ What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/t
 Every stage 0-2 configuration recorded as the first job of a fresh process is reproduced to 0.1%
 (`tests/test_sequence.py`). Stages 0-2 without offload are generated (`generated`); others: None.
 """
+from itertools import accumulate
+
 from zerocalc.allocator import replay
+from zerocalc.comm import MEMORY_OPT_ALLREDUCE_SIZE
 from zerocalc.model import ModelSpec
 from zerocalc.partition import max_grads_in_partition, partition
 from zerocalc.training import Setup, Stage
@@ -386,9 +389,7 @@ class _Stage:
         self.part = partition(model.param_numels, setup)
         self.grads, self.bucket, self.bucket_fill, self.partition_grads = {}, None, 0, None
         self.bucket_ranks: set[int] = set()
-        self.offsets = [0]                            # each parameter's start in the flat group
-        for n in model.param_numels[:-1]:
-            self.offsets.append(self.offsets[-1] + n)
+        self.offsets = [0, *accumulate(model.param_numels[:-1])]   # each parameter's start in the flat group
         self.moments = None
 
     def init(self, params: list) -> None:
@@ -454,7 +455,7 @@ class _Stage:
         t, b = self.t, self.b
         if self.setup.stage == Stage.DISABLED:
             # allreduce_bucket flattens each bucket of MEMORY_OPT_ALLREDUCE_SIZE elements.
-            t.free(t.alloc(b * min(self.part.num_params, 500_000_000)))
+            t.free(t.alloc(b * min(self.part.num_params, MEMORY_OPT_ALLREDUCE_SIZE)))
             return
         if self.setup.stage == Stage.OPTIMIZER_STATES:
             # ZeRO-1 moves the gradients into buckets now, in parameter order (stage_1_and_2.py:971).
