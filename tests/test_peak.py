@@ -78,3 +78,17 @@ def test_reserved_follows_the_allocator_setting():
     older = {"allocator": cal["allocator"]}
     fallback = estimate(spec, Setup(stage=Stage.GRADIENTS, dp=8, expandable_segments=True), cal=older)
     assert fallback.peak_reserved_bytes == int(peak * 1.5 + 100)
+
+
+def test_a_later_micro_step_carries_what_the_earlier_ones_left():
+    """GAS 2 on 1e9 parameters (100 equal tensors of 1e7), N = 8, bf16: the forward phase of a later
+    micro-step holds, beside what one micro-step holds,
+    - stage 0: every bit16 gradient, 2 B × 1e9 = 2.0e9 B;
+    - stage 1: those and the ipg bucket ZeRO-1 keeps to the boundary, 2e9 + 2 B × 5e8 = 3.0e9 B;
+    - stage 2: the first micro-step's partition gradients; each rank's slice is 1.25e8 elements and
+      cuts through a tensor at one end, so the busiest holds 13 whole tensors: 2 B × 1.3e8 = 2.6e8 B."""
+    model = from_params(1e9)
+    for stage, extra in ((0, 2_000_000_000), (1, 3_000_000_000), (2, 260_000_000)):
+        one = phase(estimate(model, Setup(stage=Stage(stage), dp=8, dtype="bf16")), "forward")
+        two = phase(estimate(model, Setup(stage=Stage(stage), dp=8, dtype="bf16", gas=2)), "forward")
+        assert two.total_bytes - one.total_bytes == extra

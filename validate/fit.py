@@ -54,6 +54,8 @@ def _llama_activation_rows(df, cal):
     for _, r in df[(df["family"] == "hf-llama") & ~df["activation_checkpointing"].astype(bool)].iterrows():
         if int(r["stage"]) == 3 and int(r["nproc"]) > 1:
             continue   # gathered parameters sit beside the activations there
+        if int(r["gas"]) > 1:
+            continue   # the measured forward is the last micro-step's: earlier gradients sit beside it
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
         resident = estimate(spec, setup, cal=cal).states.resident_bytes
         tokens = int(r["micro_batch"]) * int(r["seq_len"])

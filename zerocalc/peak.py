@@ -34,21 +34,47 @@ def _worst(*candidates: Phase) -> Phase:
     return max(candidates, key=lambda ph: ph.total_bytes)
 
 
-def _forward(resident, gathered, act, why="activations and the loss on top of model states"):
-    return Phase("forward", resident, 0, gathered, act.forward_peak_bytes, why)
+def _forward(resident, gathered, act, why="activations and the loss on top of model states", accumulated=(0, 0)):
+    """accumulated: (gradient bytes, buffer bytes) a later micro-step carries from the earlier ones
+    under gradient accumulation ((0, 0) with one micro-step per step)."""
+    grads, buffers = accumulated
+    if grads or buffers:
+        why += " + the gradients accumulated by the earlier micro-steps"
+    return Phase("forward", resident, grads, gathered + buffers, act.forward_peak_bytes, why)
 
 
-def _backward(resident, gathered, act, first_grads, first_buffers, end_grads, end_buffers, end_why):
+def _accumulated(model, setup, st) -> tuple[int, int]:
+    """What a later micro-step's forward and backward start with under gradient accumulation (GAS > 1;
+    H200 allocator histories `data/snapshots/t4-gas/`): stage 0 the bit16 gradients of every
+    parameter; stage 1 those and the ipg bucket, which ZeRO-1 releases only at the boundary; stage 2
+    the first micro-step's partition gradients, the accumulator. Stage 3: not measured, (0, 0)."""
+    if setup.gas == 1 or setup.offload_optimizer != "none":
+        return 0, 0
+    if setup.stage == Stage.DISABLED:
+        return setup.grad_accum_bytes * model.num_params, 0
+    b = setup.param_bytes
+    if setup.stage == Stage.OPTIMIZER_STATES:
+        bucket = setup.comm_bytes * setup.reduce_bucket_size if setup.contiguous_gradients else 0
+        return b * model.num_params, bucket
+    if setup.stage == Stage.GRADIENTS:
+        return b * max_grads_in_partition(model.param_numels, setup), 0
+    return 0, 0
+
+
+def _backward(resident, gathered, act, first_grads, first_buffers, end_grads, end_buffers, end_why,
+              accumulated=(0, 0)):
     """Backward's worst moment of three (H200 allocator histories, `data/snapshots/`):
     - the loss's backward: everything kept and the loss path's fp32 gradients;
     - the last layer's backward: the loss path is gone, the layers' activations (and with
       checkpointing the layer rebuilt) are alive beside the first gradient (the head's) and what
       its hook allocated (`first_grads`, `first_buffers`);
     - its end: gradients and DeepSpeed's reduction buffers."""
-    loss = Phase("backward", resident, 0, gathered, act.loss_backward_peak_bytes,
-                 "activations + the loss path's fp32 gradients at the start of backward")
-    first = Phase("backward", resident, first_grads, gathered + first_buffers, act.first_layer_backward_bytes,
-                  "activations + the first gradient and what its hook allocates")
+    acc_grads, acc_buffers = accumulated
+    loss = Phase("backward", resident, acc_grads, gathered + acc_buffers, act.loss_backward_peak_bytes,
+                 "activations + the loss path's fp32 gradients at the start of backward"
+                 + (" + the gradients accumulated by the earlier micro-steps" if acc_grads else ""))
+    first = Phase("backward", resident, first_grads + acc_grads, gathered + max(first_buffers, acc_buffers),
+                  act.first_layer_backward_bytes, "activations + the first gradient and what its hook allocates")
     end = Phase("backward", resident, end_grads, end_buffers, 0, end_why)
     return _worst(loss, first, end)
 
@@ -67,9 +93,9 @@ def _stage0(model, setup, st, act):
         Phase("init", resident - st.moments_bytes, 0, 0, 0, "parameters")
     return (
         init,
-        _forward(resident, 0, act),
+        _forward(resident, 0, act, accumulated=_accumulated(model, setup, st)),
         _backward(resident, 0, act, b * model.head_numel, 0, grads, flatten,
-                  "full gradients + the all-reduce flatten copy"),
+                  "full gradients + the all-reduce flatten copy", _accumulated(model, setup, st)),
         Phase("step", resident, grads + step_copies, 0, 0,
               "gradients + per-parameter fp32 copies + a flat fp32 copy (FP16_Optimizer)"
               if setup.mixed_precision else "gradients"),
@@ -126,8 +152,9 @@ def _stage12(model, setup, st, act):
         step = Phase("step", resident, b * g_in, b * s + cast, 0, "partition gradients + flatten + fp32 cast")
     return (
         init,
-        _forward(resident, 0, act),
-        _backward(resident, 0, act, b * model.head_numel, ipg, end_grads, end_buffers, why),
+        _forward(resident, 0, act, accumulated=_accumulated(model, setup, st)),
+        _backward(resident, 0, act, b * model.head_numel, ipg, end_grads, end_buffers, why,
+                  _accumulated(model, setup, st)),
         step,
     )
 

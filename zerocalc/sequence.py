@@ -15,7 +15,8 @@ What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/t
 - cuBLAS's workspaces.
 
 Every stage 0-2 configuration recorded as the first job of a fresh process is reproduced to 0.1%
-(`tests/test_sequence.py`). Stages 0-2 without offload are generated (`generated`); others: None.
+(`tests/test_sequence.py`) but stage 0 with gradient accumulation (7.5% low). Stages 0-2 without
+offload are generated (`generated`); others: None.
 """
 from itertools import accumulate
 
@@ -389,6 +390,7 @@ class _Stage:
         self.part = partition(model.param_numels, setup)
         self.grads, self.bucket, self.bucket_fill, self.partition_grads = {}, None, 0, None
         self.bucket_ranks: set[int] = set()
+        self.micro_grads, self.later_micro_step = None, False   # stage 2's per-micro-step copy (GAS > 1)
         self.offsets = [0, *accumulate(model.param_numels[:-1])]   # each parameter's start in the flat group
         self.moments = None
 
@@ -400,7 +402,7 @@ class _Stage:
             # the dummy step that makes Adam's moments, then freed.
             copies = [t.alloc(b * n) for n in self.model.param_numels]
             t.alloc(b * p)                            # the flat bit16 group, kept
-            t.free(*copies)
+            t.free(*reversed(copies))                 # a list's items are released last first
             t.free(*params)
             clone = t.alloc(b * p)
             t.alloc(4 * p)
@@ -421,16 +423,16 @@ class _Stage:
         """Parameter `index`'s gradient (allocated here unless given) reaches DeepSpeed's hook."""
         t, b = self.t, self.b
         g = t.alloc(b * numel) if g is None else g
-        if self.setup.stage == Stage.DISABLED:
-            self.grads[index] = g
-            return
-        if self.bucket is None:                       # setup_buckets at the first hook of a backward
+        if self.setup.stage != Stage.DISABLED and self.bucket is None:
+            # setup_buckets at the first hook of a backward (ZeRO-1 keeps it to the boundary)
             self.bucket = t.alloc(self.setup.comm_bytes * self.setup.reduce_bucket_size)
         if self.setup.stage == Stage.GRADIENTS:
             self._into_bucket(index, numel)
             t.free(g)
+        elif index in self.grads:                     # a later micro-step: added into .grad in place
+            t.free(g)
         else:
-            self.grads[index] = g                     # ZeRO-1: moved at the end of backward
+            self.grads[index] = g                     # kept (ZeRO-1: moved at the boundary)
 
     def _into_bucket(self, index: int, numel: int) -> None:
         if self.bucket_fill + numel > self.setup.reduce_bucket_size and self.bucket_fill:
@@ -447,12 +449,23 @@ class _Stage:
         every parameter overlapping the slice, whole; sized for the busiest rank)."""
         if len(self.bucket_ranks) > 1:
             self.t.free(self.t.alloc(self.setup.comm_bytes * self.bucket_fill))
-        if self.partition_grads is None and 0 in self.bucket_ranks:
-            self.partition_grads = self.t.alloc(self.b * max_grads_in_partition(self.model.param_numels, self.setup))
+        if 0 in self.bucket_ranks:
+            # With gradient accumulation (stage 2) the first micro-step's buffer accumulates; each later
+            # micro-step copies into a buffer of its own, added in and freed by its epilogue.
+            numel = max_grads_in_partition(self.model.param_numels, self.setup)
+            if self.partition_grads is None:
+                self.partition_grads = self.t.alloc(self.b * numel)
+            elif self.micro_grads is None and self.setup.stage == Stage.GRADIENTS and self.later_micro_step:
+                self.micro_grads = self.t.alloc(self.b * numel)
         self.bucket_fill, self.bucket_ranks = 0, set()
 
-    def end_backward(self) -> None:
+    def end_backward(self, boundary: bool = True) -> None:
+        """The end of a micro-step's backward; `boundary`: the last micro-step of the optimizer step.
+        Stages 0 and 1 reduce only at the boundary (the engine's `allreduce_gradients`); stage 2
+        runs its epilogue after every micro-step."""
         t, b = self.t, self.b
+        if self.setup.stage != Stage.GRADIENTS and not boundary:
+            return
         if self.setup.stage == Stage.DISABLED:
             # allreduce_bucket flattens each bucket of MEMORY_OPT_ALLREDUCE_SIZE elements.
             t.free(t.alloc(b * min(self.part.num_params, MEMORY_OPT_ALLREDUCE_SIZE)))
@@ -464,7 +477,10 @@ class _Stage:
                 t.free(self.grads.pop(index))
         self._reduce()
         t.free(self.bucket)
-        self.bucket, self.bucket_fill = None, 0
+        if self.micro_grads is not None:
+            t.free(self.micro_grads)
+        self.bucket, self.bucket_fill, self.micro_grads = None, 0, None
+        self.later_micro_step = not boundary
 
     def step(self) -> None:
         t, b, s = self.t, self.b, self.part.flat_shard
@@ -500,13 +516,13 @@ class _Stage:
 def generated(model: ModelSpec, setup: Setup) -> bool:
     """Whether `events` generates this configuration: what the histories cover (stages 0-2 without
     offload, seed-gpt — nn.MultiheadAttention whatever --attention says — and hf-llama with sdpa,
-    bf16/fp16 through DeepSpeed's ZeRO or FP16 optimizer, one micro-step per step, one gradient
+    bf16/fp16 through DeepSpeed's ZeRO or FP16 optimizer, any number of micro-steps, one gradient
     bucket, gradients in the training dtype)."""
     arch = model.architecture
     return (arch is not None and setup.seq_len is not None and setup.stage != Stage.PARAMETERS
             and setup.offload_optimizer == "none" and arch.family in ("hf-llama", "seed-gpt")
             and (arch.family == "seed-gpt" or setup.attention == "sdpa")   # seed-gpt's one attention path
-            and setup.mixed_precision and setup.gas == 1 and not setup.overlap
+            and setup.mixed_precision and not setup.overlap
             and setup.grad_accum_dtype in (None, setup.dtype) and not setup.bf16_optimizer
             and setup.contiguous_gradients)
 
@@ -534,45 +550,46 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool =
     per_layer = (len(model.param_numels) - 1 - final_norm - head) // arch.num_layers
     layer = (_Llama if arch.family == "hf-llama" else _SeedGpt)(t, arch, setup)
     for _ in range(steps):
-        x = t.alloc(th)                                       # embedding output
-        if not workspaces:   # forward's first matmul: the rotary angles (hf-llama), in_proj (seed-gpt)
-            workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
-        saved = []
-        for i in range(arch.num_layers):
-            x, kept = layer.forward(x, first=i == 0)
-            saved.append(kept)
-        norm, norm_saved = layer.final_norm(x)
-        logits = t.alloc(b * tok * v)
-        fp32 = t.alloc(4 * tok * v)                           # logits.float()
-        logprobs = t.alloc(4 * tok * v)                       # log_softmax, kept for its backward
-        t.free(fp32, logits)
-        layer.after_loss(norm_saved)
-        # backward of the loss path: nll's fp32 gradient, log_softmax's, the cast back
-        g1 = t.alloc(4 * tok * v)
-        g2 = t.alloc(4 * tok * v)
-        t.free(g1, logprobs)
-        g3 = t.alloc(b * tok * v)
-        t.free(g2)
-        n_params = len(model.param_numels)
-        # The head's weight gradient (autograd's thread takes its cuBLAS workspace at this first
-        # matmul) and the final norm's output gradient; the logits' gradient is freed before the
-        # head's hook runs (the bucket comes after it).
-        head_grad = t.alloc(b * model.param_numels[-1]) if head else None
-        if len(workspaces) < 2:
-            workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
-        grad = t.alloc(th)                                            # of the final norm's output
-        t.free(g3, norm)
-        if head:
-            ds.grad_ready(n_params - 1, model.param_numels[-1], head_grad)
-        grad = layer.final_norm_backward(norm_saved, grad)
-        for i in range(n_params - head - final_norm, n_params - head):
-            ds.grad_ready(i, model.param_numels[i])                  # final norm
-        for i in reversed(range(arch.num_layers)):
-            first = 1 + i * per_layer
-            grad = layer.backward(saved[i], grad, lambda k, g=None: ds.grad_ready(first + k, model.param_numels[first + k], g))
-        t.free(grad)
-        ds.grad_ready(0, model.param_numels[0])                      # the embedding
-        ds.end_backward()
+        for micro in range(setup.gas):                        # micro-steps of one optimizer step
+            x = t.alloc(th)                                       # embedding output
+            if not workspaces:   # forward's first matmul: the rotary angles (hf-llama), in_proj (seed-gpt)
+                workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+            saved = []
+            for i in range(arch.num_layers):
+                x, kept = layer.forward(x, first=i == 0)
+                saved.append(kept)
+            norm, norm_saved = layer.final_norm(x)
+            logits = t.alloc(b * tok * v)
+            fp32 = t.alloc(4 * tok * v)                           # logits.float()
+            logprobs = t.alloc(4 * tok * v)                       # log_softmax, kept for its backward
+            t.free(fp32, logits)
+            layer.after_loss(norm_saved)
+            # backward of the loss path: nll's fp32 gradient, log_softmax's, the cast back
+            g1 = t.alloc(4 * tok * v)
+            g2 = t.alloc(4 * tok * v)
+            t.free(g1, logprobs)
+            g3 = t.alloc(b * tok * v)
+            t.free(g2)
+            n_params = len(model.param_numels)
+            # The head's weight gradient (autograd's thread takes its cuBLAS workspace at this first
+            # matmul) and the final norm's output gradient; the logits' gradient is freed before the
+            # head's hook runs (the bucket comes after it).
+            head_grad = t.alloc(b * model.param_numels[-1]) if head else None
+            if len(workspaces) < 2:
+                workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+            grad = t.alloc(th)                                            # of the final norm's output
+            t.free(g3, norm)
+            if head:
+                ds.grad_ready(n_params - 1, model.param_numels[-1], head_grad)
+            grad = layer.final_norm_backward(norm_saved, grad)
+            for i in range(n_params - head - final_norm, n_params - head):
+                ds.grad_ready(i, model.param_numels[i])                  # final norm
+            for i in reversed(range(arch.num_layers)):
+                first = 1 + i * per_layer
+                grad = layer.backward(saved[i], grad, lambda k, g=None: ds.grad_ready(first + k, model.param_numels[first + k], g))
+            t.free(grad)
+            ds.grad_ready(0, model.param_numels[0])                      # the embedding
+            ds.end_backward(boundary=micro == setup.gas - 1)
         ds.step()
     return t.events
 
