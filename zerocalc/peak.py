@@ -43,7 +43,7 @@ def _forward(resident, gathered, act, why="activations and the loss on top of mo
     return Phase("forward", resident, grads, gathered + buffers, act.forward_peak_bytes, why)
 
 
-def _accumulated(model, setup, st) -> tuple[int, int]:
+def _accumulated(model, setup) -> tuple[int, int]:
     """What a later micro-step's forward and backward start with under gradient accumulation (GAS > 1;
     H200 allocator histories `data/snapshots/t4-gas/`): stage 0 the bit16 gradients of every
     parameter; stage 1 those and the ipg bucket, which ZeRO-1 releases only at the boundary; stage 2
@@ -91,11 +91,12 @@ def _stage0(model, setup, st, act):
     init = Phase("init", resident, 4 * p, 0, 0, "parameters, fp32 master, Adam state and the dummy step's "
                  "fp32 gradients") if setup.mixed_precision else \
         Phase("init", resident - st.moments_bytes, 0, 0, 0, "parameters")
+    acc = _accumulated(model, setup)
     return (
         init,
-        _forward(resident, 0, act, accumulated=_accumulated(model, setup, st)),
+        _forward(resident, 0, act, accumulated=acc),
         _backward(resident, 0, act, b * model.head_numel, 0, grads, flatten,
-                  "full gradients + the all-reduce flatten copy", _accumulated(model, setup, st)),
+                  "full gradients + the all-reduce flatten copy", acc),
         Phase("step", resident, grads + step_copies, 0, 0,
               "gradients + per-parameter fp32 copies + a flat fp32 copy (FP16_Optimizer)"
               if setup.mixed_precision else "gradients"),
@@ -150,11 +151,11 @@ def _stage12(model, setup, st, act):
                      "module parameters beside the flat buffer they are copied into (Adam state comes at the first step)")
         # Step: partition gradients, their flat copy b·S and its fp32 cast 4S (measured to the 0.1%).
         step = Phase("step", resident, b * g_in, b * s + cast, 0, "partition gradients + flatten + fp32 cast")
+    acc = _accumulated(model, setup)
     return (
         init,
-        _forward(resident, 0, act, accumulated=_accumulated(model, setup, st)),
-        _backward(resident, 0, act, b * model.head_numel, ipg, end_grads, end_buffers, why,
-                  _accumulated(model, setup, st)),
+        _forward(resident, 0, act, accumulated=acc),
+        _backward(resident, 0, act, b * model.head_numel, ipg, end_grads, end_buffers, why, acc),
         step,
     )
 
