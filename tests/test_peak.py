@@ -80,6 +80,20 @@ def test_reserved_follows_the_allocator_setting():
     assert fallback.peak_reserved_bytes == int(peak * 1.5 + 100)
 
 
+def test_parameter_offload_has_its_own_ratio_and_keeps_a_worst_case():
+    """Stage 3 with parameter offload reserves at its own ratio, and its "tight" verdict still has a
+    worst ratio to judge by (the shipped fit gives it the worst of all clean rows)."""
+    from zerocalc import calibration
+    shipped = calibration.default()["allocator_param_offload"]
+    assert shipped["reserved_over_allocated_worst"] >= shipped["reserved_over_allocated"] > 1
+    cal = {"allocator": {"reserved_over_allocated": 1.25, "reserved_over_allocated_worst": 1.7},
+           "allocator_param_offload": {"reserved_over_allocated": 1.5, "reserved_over_allocated_worst": 1.8}}
+    e = estimate(from_params(1e9), Setup(stage=Stage.PARAMETERS, dp=8, offload_optimizer="cpu",
+                                         offload_param="cpu"), cal=cal)
+    assert e.peak_reserved_bytes == int(e.peak_bytes * 1.5)
+    assert e.peak_reserved_worst_bytes == int(e.peak_bytes * 1.8)
+
+
 def test_a_later_micro_step_carries_what_the_earlier_ones_left():
     """GAS 2 on 1e9 parameters (100 equal tensors of 1e7), N = 8, bf16: the forward phase of a later
     micro-step holds, beside what one micro-step holds,

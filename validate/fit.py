@@ -199,7 +199,7 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     param_offload = every["offload_param"] != "none"
     off, clean = every[param_offload], every[~simulated.loc[every.index] & ~param_offload]
     if len(off) >= 2:
-        cal["allocator_param_offload"] = _allocator(off)
+        cal["allocator_param_offload"] = _allocator(off, every)   # its "tight" verdict: the worst of all
         lines.append(f"allocator_param_offload: reserved = {cal['allocator_param_offload']['reserved_over_allocated']:.3f}"
                      f" × allocated ({len(off)} clean rows with parameter offload)")
     if len(clean) >= 2:
