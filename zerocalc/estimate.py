@@ -89,7 +89,7 @@ class Estimate:
     @property
     def peak_reserved_worst_bytes(self) -> int:
         """Reserved at the worst the prediction has missed by on the fitting rows: where simulated, the
-        simulation times its largest measured/simulated (`allocator_simulated`, H200: 1.06); else the
+        simulation times its largest measured/simulated (`allocator_simulated`, H200: 1.08); else the
         worst reserved/allocated ratio measured on the fitting rows of this allocator setting (H200:
         1.73 by default, stage 3 with parameter offload and checkpointing; 1.36 with expandable
         segments), which one fitted ratio cannot follow (README, "How far to trust it")."""

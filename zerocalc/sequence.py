@@ -545,9 +545,10 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool =
     params = [t.alloc(b * n) for n in model.param_numels]
     ds = _Stage(t, model, setup)
     ds.init(params)
+    n_params = len(model.param_numels)
     final_norm = 2 if arch.family == "seed-gpt" else 1             # LayerNorm weight and bias; RMSNorm weight
     head = 0 if arch.tie_embeddings else 1
-    per_layer = (len(model.param_numels) - 1 - final_norm - head) // arch.num_layers
+    per_layer = (n_params - 1 - final_norm - head) // arch.num_layers
     layer = (_Llama if arch.family == "hf-llama" else _SeedGpt)(t, arch, setup)
     for _ in range(steps):
         # The micro-steps of one optimizer step: the first, one in the middle (the rest repeat it on
@@ -573,7 +574,6 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool =
             t.free(g1, logprobs)
             g3 = t.alloc(b * tok * v)
             t.free(g2)
-            n_params = len(model.param_numels)
             # The head's weight gradient (autograd's thread takes its cuBLAS workspace at this first
             # matmul) and the final norm's output gradient; the logits' gradient is freed before the
             # head's hook runs (the bucket comes after it).
