@@ -73,6 +73,7 @@ def _backward(resident, gathered, act, first_grads, first_buffers, end_grads, en
     loss = Phase("backward", resident, acc_grads, gathered + acc_buffers, act.loss_backward_peak_bytes,
                  "activations + the loss path's fp32 gradients at the start of backward"
                  + (" + the gradients accumulated by the earlier micro-steps" if acc_grads else ""))
+    # ZeRO-1's accumulated buffer is the bucket the first hook would make: counted once.
     first = Phase("backward", resident, first_grads + acc_grads, gathered + max(first_buffers, acc_buffers),
                   act.first_layer_backward_bytes, "activations + the first gradient and what its hook allocates")
     end = Phase("backward", resident, end_grads, end_buffers, 0, end_why)
