@@ -15,7 +15,7 @@ from zerocalc.training import Setup, Stage
 PER_CLASS = lambda v: {"stage0": v, "stage12": v, "stage3": v}  # noqa: E731
 CAL = {"activations": {"hf-llama": {"h": 10, "kv": 2, "f": 4}},
        "time": {"efficiency": 0.5, "launch_fwd_s_per_layer": 0.0, "launch_bwd_s_per_layer": 0.0, "module_hook_s": 0.0,
-                "gather_call_s": 0.0, "link_efficiency": 1.0, "grad_hook_s": 0.0,
+                "gather_call_s": 0.0, "link_efficiency": 1.0, "grad_hook_s": 0.0, "grad_move_s": 0.0,
                 "step_overhead_s": PER_CLASS(0.01), "optimizer_s_per_element": PER_CLASS(1e-12)}}
 
 

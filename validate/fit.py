@@ -79,9 +79,9 @@ def time_features(df, cal=None):
 # The time constants, fitted in log space (all positive); the link efficiency through a logistic (0 < ε ≤ 1).
 _SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer",
             "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s",
-            "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s")
+            "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s")
 _START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
-          "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5,
+          "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5, "grad_move_s": 3e-5,
           "host_link_bytes_per_s": 25e9, "host_adam_elements_per_s": 1e9, "host_pageable_bytes_per_s": 10e9,
           "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.02),
           "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}
@@ -233,7 +233,7 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"{t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass; stage-3 hook "
                      f"{t['module_hook_s'] * 1e3:.3f} ms per module step, {t['gather_call_s'] * 1e3:.3f} ms per all-gather "
                      f"call; link efficiency {t['link_efficiency']:.3f}; gradient hook {t['grad_hook_s'] * 1e6:.1f} us "
-                     f"per tensor; offload host: link {t['host_link_bytes_per_s'] / 1e9:.1f} GB/s, CPU Adam "
+                     f"per tensor (stage 2), end-of-backward move {t['grad_move_s'] * 1e6:.1f} us per tensor (stage 1); offload host: link {t['host_link_bytes_per_s'] / 1e9:.1f} GB/s, CPU Adam "
                      f"{t['host_adam_elements_per_s'] / 1e9:.2f}e9 elements/s, pageable upload "
                      f"{t['host_pageable_bytes_per_s'] / 1e9:.1f} GB/s ({int(timed['offload_optimizer'].ne('none').sum())} offload rows); optimizer step " + ", ".join(
                          f"{c} {t['step_overhead_s'][c] * 1e3:.1f} ms + {t['optimizer_s_per_element'][c] * 1e12:.1f} ps/element"

@@ -5,9 +5,9 @@ what waits on communication:
     forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·(t_launch_fwd + ck·t_ckpt_fwd) + m_fwd·t_hook) + g_fwd·t_gather
                 + W_fwd / (ε·link)
     backward  = max(F_bwd / (η·peak) + μ·(2+ck)·M / hbm, L·(1+ck)·t_launch_bwd + m_bwd·t_hook)
-                + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stages 1/2)
+                + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stage 2)
     step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
-    step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + step  (+ offload)
+    step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + n_tensors·t_grad_move (stage 1) + step  (+ offload)
 
 - F: FLOPs per micro-step. Forward 2·P·T + 4·L·h·s·T (the attention scores and values), backward
   twice that, plus one more forward with activation checkpointing (Kaplan et al. 2020; Korthikanti
@@ -28,8 +28,12 @@ what waits on communication:
   call) and its wire bytes W cross the link; the gradient reduce-scatter overlaps backward
   (overlap_comm is on at stage 3) and is taken as hidden.
 - Stages 0–2 at N > 1: gradient all-reduce wire bytes W_reduce (overlap_comm is off by default:
-  exposed), stages 1/2 the all-gather of updated parameters at the step. Stages 1/2 also spend
-  t_grad_hook per parameter tensor copying each gradient into the ipg buffer.
+  exposed), stages 1/2 the all-gather of updated parameters at the step. Stage 2 also spends
+  t_grad_hook per parameter tensor in its hook copying each gradient into the ipg buffer during
+  backward; stage 1 keeps the gradients and moves them into the buckets once, at the end of the
+  step's last backward (`stage_1_and_2.py:971`): t_grad_move per tensor. Fitted apart, the move costs a
+  fifth of the hook (21 vs 99 us per tensor on H200); with one shared constant stage 1 was
+  over-predicted by 17% on average at N = 2.
 - Offload (measured on a 2×H200 host with 32 vCPUs and a 1×H200 host with 16, which agreed to 1–4%
   on the same jobs; `data/h200-t2-offload-*.csv`): the host's memory, PCIe root and cores are shared
   by the R = min(N, GPUs per node) ranks on it, so each term counts the host's bytes or elements, R
@@ -42,7 +46,7 @@ what waits on communication:
   1.7 s step for 1.4B). With parameter offload each forward and backward fetch the shard up again
   (b·S per pass); DeepSpeed prefetches on its own stream, so a pass takes the longer of its compute
   and that copy (measured: no slower than without parameter offload).
-The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t0[·], t_element[·] and
+The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·] and
 the three host rates are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`;
 the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another GPU they are
 assumed to carry over, which is a guess until it is measured. They are fitted on, and judged
@@ -139,7 +143,10 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "gather_bwd_at_link_s": by["backward"] / gas / link,
         "step_gather_at_link_s": by["step"] / link,
         "reduce_at_link_s": by["reduce"] / link,
-        "grad_hooks": len(model.param_numels) if setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) else 0,
+        # ZeRO-2 copies each gradient into the bucket in its hook, during backward; ZeRO-1 keeps the
+        # gradients and moves them into buckets at the end of backward (stage_1_and_2.py:971), once per step
+        "grad_hooks": len(model.param_numels) if setup.stage == Stage.GRADIENTS else 0,
+        "grad_moves": len(model.param_numels) if setup.stage == Stage.OPTIMIZER_STATES else 0,
         "step_class": STEP_CLASSES[0 if setup.stage == Stage.DISABLED else 2 if s3 else 1],
         "optimizer_elements": elements,
         **offload_features(setup, elements, hw),
@@ -180,7 +187,7 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
         backward += f["host_grad_bytes"] / k["host_link_bytes_per_s"]
         optimizer = host_step_s(f, k)
     step = k["step_overhead_s"][f["step_class"]] + optimizer + f["step_gather_at_link_s"] / eff
-    return forward, backward, step, f["reduce_at_link_s"] / eff
+    return forward, backward, step, f["reduce_at_link_s"] / eff + f["grad_moves"] * k["grad_move_s"]
 
 
 def host_step_s(f: dict, k: dict) -> float:
