@@ -26,7 +26,7 @@ def main():
           f"{'no sim':>8s} {'ratio':>6s}")
     for name in ("seed-gpt", "llama-2-7b", "llama-2-70b"):
         model = from_architecture(preset(name), name)
-        for stage, ckpt in ((2, False), (2, True), (0, False)):
+        for stage, ckpt in ((2, False), (2, True), (0, False), (3, False)):
             setup = Setup(stage=Stage(stage), dp=8, seq_len=4096, micro_batch=1, activation_checkpointing=ckpt)
             events = sequence.events(model, setup)
             gen = best_of(lambda: sequence.events(model, setup), args.repeat)

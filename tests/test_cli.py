@@ -201,11 +201,13 @@ def test_a_calibration_file_without_the_host_rates_takes_the_shipped_ones(tmp_pa
 
 
 def test_expandable_segments_flag_reaches_the_estimate():
-    """Without an architecture reserved is the calibrated ratio, a lower one with expandable segments
-    (fitted on H200 rows, data/h200-t3-expandable-n1.csv): the flag must pick that ratio, lower
-    reserved and leave allocated alone."""
+    """Without an architecture reserved is the calibrated ratio, lowered by the factor expandable
+    segments were measured to bring (H200 rows, data/h200-t3-expandable-n1.csv): the flag must apply
+    it, lower reserved and leave allocated alone."""
     from zerocalc import calibration
-    ratios = {k: calibration.default()[k]["reserved_over_allocated"] for k in ("allocator", "allocator_expandable")}
+    cal = calibration.default()
+    ratio = cal["allocator"]["reserved_over_allocated"]
+    ratios = {"allocator": ratio, "allocator_expandable": ratio * cal["allocator_expandable"]["factor"]}
     args = ("--params", "1e9", "--dp", "8", "--stage", "2", "--format", "json")
     plain = json.loads(run(*args).output)["estimates"][0]
     exp = json.loads(run(*args, "--expandable-segments").output)["estimates"][0]

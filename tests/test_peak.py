@@ -60,21 +60,26 @@ def test_stage_3_parameter_offload_starts_with_the_whole_module_on_the_device():
 
 
 def test_reserved_follows_the_allocator_setting():
-    """Reserved = peak × the ratio of the run's allocator setting (+ the default's offset); the worst
-    case uses that setting's worst ratio; a calibration without an expandable-segments fit falls back
-    to the default allocator's constants."""
+    """Reserved = peak × the ratio of the run's allocator setting (+ the default's offset): with
+    expandable segments the default's (or parameter offload's) ratio times the measured factor; the
+    worst case uses that setting's worst ratio; a calibration without an expandable-segments fit falls
+    back to the default allocator's constants."""
     spec = from_params(1e9)
     cal = {"allocator": {"reserved_over_allocated": 1.5, "reserved_extra_bytes": 100,
                          "reserved_over_allocated_worst": 2.0},
-           "allocator_expandable": {"reserved_over_allocated": 1.25, "reserved_over_allocated_worst": 1.5}}
+           "allocator_param_offload": {"reserved_over_allocated": 1.75, "reserved_over_allocated_worst": 2.0},
+           "allocator_expandable": {"factor": 0.8, "reserved_over_allocated_worst": 1.5}}
     default = estimate(spec, Setup(stage=Stage.GRADIENTS, dp=8), cal=cal)
     expandable = estimate(spec, Setup(stage=Stage.GRADIENTS, dp=8, expandable_segments=True), cal=cal)
     peak = default.peak_bytes
     assert expandable.peak_bytes == peak                  # allocated is the same tensors either way
     assert default.peak_reserved_bytes == int(peak * 1.5 + 100)
     assert default.peak_reserved_worst_bytes == int(peak * 2.0)
-    assert expandable.peak_reserved_bytes == int(peak * 1.25)
+    assert expandable.peak_reserved_bytes == int(peak * 1.5 * 0.8 + 100)
     assert expandable.peak_reserved_worst_bytes == int(peak * 1.5)
+    offload = Setup(stage=Stage.PARAMETERS, dp=8, offload_optimizer="cpu", offload_param="cpu", expandable_segments=True)
+    e = estimate(spec, offload, cal=cal)
+    assert e.peak_reserved_bytes == int(e.peak_bytes * 1.75 * 0.8)
     older = {"allocator": cal["allocator"]}
     fallback = estimate(spec, Setup(stage=Stage.GRADIENTS, dp=8, expandable_segments=True), cal=older)
     assert fallback.peak_reserved_bytes == int(peak * 1.5 + 100)

@@ -5,7 +5,7 @@ Constants (all named in the calibration JSON):
 - activations.hf-llama.h, .kv: bytes per token per layer of Llama's attention and RMSNorm part in
   units of the dtype (the MLP's 4f is counted by hand), from the memory at the end of forward.
 - allocator.reserved_over_allocated: PyTorch's caching allocator keeps freed blocks; where zerocalc
-  does not simulate the allocation sequence (stage 3, offload, ...: `zerocalc.sequence.generated`),
+  does not simulate the allocation sequence (offload, stage 3 with GAS > 1, ...: `zerocalc.sequence.generated`),
   reserved peak ≈ ratio · allocated peak, fitted on those rows that start clean, in relative error
   (reserved_extra_bytes, an offset, is kept at 0);
   reserved_over_allocated_worst, the largest measured ratio over all clean rows, for the "tight" verdict.
@@ -14,8 +14,11 @@ Constants (all named in the calibration JSON):
   partitions move to the host: 1.43-1.75× on H200).
 - allocator_simulated.measured_over_simulated_worst: the largest measured/simulated reserved over the
   clean rows zerocalc simulates (either allocator setting), for their "tight" verdict.
-- allocator_expandable.*: the same ratio (no offset) on the rows run with
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True that are not simulated, and the worst ratio of all.
+- allocator_expandable.factor: what PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True does to the
+  reserved/allocated ratio where the allocation sequence is not simulated: the mean, over the
+  configurations run with both allocators, of the one ratio over the other (each configuration's rows
+  averaged); applied to `allocator` or `allocator_param_offload`. Its worst: the largest ratio measured
+  with the flag.
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
 - time.*: the step-time model's constants (`zerocalc/timing.py`; only the offload rows depend on,
@@ -31,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from validate.jobs import to_zerocalc
-from validate.report import expandable_rows, load, predicted_reserved, started_clean, timed_whole_steps
+from validate.report import configuration, expandable_rows, load, predicted_reserved, started_clean, timed_whole_steps
 from validate.rows import job_from_row
 from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
@@ -169,6 +172,20 @@ def _reserved_ratio(rows: pd.DataFrame) -> float:
     return float(q.sum() / (q * q).sum())
 
 
+def _expandable_factors(clean: pd.DataFrame) -> list[float]:
+    """Per configuration run with both allocators: its reserved/allocated ratio with
+    expandable_segments:True over the ratio with the default allocator (each the mean of its rows)."""
+    ratio = clean["measured_peak_reserved_bytes"] / clean["measured_peak_allocated_bytes"]
+    expandable = expandable_rows(clean)
+    conf = clean.apply(lambda r: configuration(r.to_dict(), allocator=False), axis=1)
+    factors = []
+    for c in sorted(set(conf[expandable])):
+        default = ratio[(conf == c) & ~expandable]
+        if len(default):
+            factors.append(float(ratio[(conf == c) & expandable].mean() / default.mean()))
+    return factors
+
+
 def _allocator(fitted: pd.DataFrame, every: pd.DataFrame | None = None) -> dict:
     """A calibration entry: the reserved/allocated ratio fitted on `fitted` (no offset) and, given
     `every`, the largest ratio measured on those rows, for the "tight" verdict."""
@@ -216,13 +233,15 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
         worst = float((sim["measured_peak_reserved_bytes"].astype(float) / predicted).max())
         cal["allocator_simulated"] = {"measured_over_simulated_worst": round(worst, 4), "rows": int(len(sim))}
         lines.append(f"allocator_simulated: measured reserved at most {worst:.3f} × simulated ({len(sim)} clean rows)")
-    every = train[started_clean(train) & expandable]
-    exp = every[~simulated.loc[every.index]]
-    if len(exp) >= 2:
-        a = cal["allocator_expandable"] = _allocator(exp, every)
-        lines.append(f"allocator_expandable: reserved = {a['reserved_over_allocated']:.3f} × allocated, worst measured "
-                     f"ratio {a['reserved_over_allocated_worst']:.3f} ({len(exp)} clean rows with expandable_segments "
-                     "not simulated)")
+    factors = _expandable_factors(train[started_clean(train)])
+    if len(factors) >= 2:
+        worst = (train["measured_peak_reserved_bytes"] / train["measured_peak_allocated_bytes"])[
+            started_clean(train) & expandable].max()
+        a = cal["allocator_expandable"] = {"factor": round(float(np.mean(factors)), 4), "pairs": len(factors),
+                                           "reserved_over_allocated_worst": round(float(worst), 4)}
+        lines.append(f"allocator_expandable: reserved/allocated × {a['factor']:.3f} (mean over {len(factors)} "
+                     f"configurations run with both allocators: {min(factors):.3f}-{max(factors):.3f}), worst measured "
+                     f"ratio {a['reserved_over_allocated_worst']:.3f}")
     timed = train[timed_whole_steps(train)]
     if len(timed) >= 14:
         cal["time"] = fit_time(timed, cal)

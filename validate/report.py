@@ -48,11 +48,13 @@ def step_range(df: pd.DataFrame) -> pd.DataFrame:
                          "slowest": times.map(lambda t: max(t) if t else float("nan"))}, index=df.index)
 
 
-def configuration(row: dict) -> str:
+def configuration(row: dict, allocator: bool = True) -> str:
     """What a row ran, without its key: rows of one configuration measured more than once (a repeat,
-    or a key made by an older zerocalc) share it."""
+    or a key made by an older zerocalc) share it. allocator=False: the same with either allocator."""
     job = job_from_row(row)
     job.pop("key")
+    if not allocator:
+        job.pop("expandable_segments", None)
     return json.dumps(job, sort_keys=True)
 
 
@@ -204,8 +206,8 @@ def report(paths) -> tuple[str, bool]:
         simulated = gpu["now_reserved_source"] == "simulated"
         for rows_, name in ((~expandable, "rows that started clean"),
                             (~expandable & simulated, "rows that started clean, simulated (allocation sequence "
-                                                      "through the allocator: stages 0-2)"),
-                            (~expandable & ~simulated, "rows that started clean, calibrated ratio (stage 3, offload)"),
+                                                      "through the allocator: stages 0-3 without offload)"),
+                            (~expandable & ~simulated, "rows that started clean, calibrated ratio (offload)"),
                             (expandable, "rows run with expandable_segments:True that started clean")):
             clean = gpu[started_clean(gpu) & rows_]
             if not clean.empty:

@@ -12,18 +12,25 @@ What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/t
   first under checkpointing) hf-llama's backward as its history records it, seed-gpt's at the
   granularity of its kept tensors; each weight gradient through DeepSpeed's hook for the stage;
 - step: DeepSpeed's norm, flatten, fp32 cast and Adam's lazily made moments (first step), per stage;
+- stage 3 (`_Stage3`): init's per-parameter partitions, `empty_cache` and flat buffers, the gradient
+  bucket's flatten on the reduction stream, the parameters' all-gathers and releases on the all-gather
+  stream as the coordinator runs them (`stage3_trace.fetches`: per module in the first iteration,
+  prefetched in coalesced calls after), LinearFunctionForZeroStage3's bias-gradient temporaries, the
+  fp16 overflow check and the per-sub-group step;
 - cuBLAS's workspaces.
 
-Every stage 0-2 configuration recorded as the first job of a fresh process is reproduced to 0.1%
-(`tests/test_sequence.py`) but stage 0 with gradient accumulation (7.5% low). Stages 0-2 without
-offload are generated (`generated`); others: None.
+Every configuration without offload recorded as the first job of a fresh process is reproduced to
+0.1% (`tests/test_sequence.py`: stages 0-3, N = 1 and 2) but stage 0 with gradient accumulation (7.5%
+low). Stages 0-3 without offload are generated (stage 3 with one micro-step; `generated`); others: None.
 """
 from itertools import accumulate
+from math import ceil
 
+from zerocalc import stage3_trace
 from zerocalc.allocator import replay
 from zerocalc.comm import MEMORY_OPT_ALLREDUCE_SIZE
 from zerocalc.model import ModelSpec
-from zerocalc.partition import max_grads_in_partition, partition
+from zerocalc.partition import max_grads_in_partition, partition, persistent_mask, sub_groups
 from zerocalc.training import Setup, Stage
 
 
@@ -33,10 +40,13 @@ class _Trace:
     def __init__(self):
         self.events, self._next = [], 0
 
-    def alloc(self, n_bytes: int) -> int:
+    def alloc(self, n_bytes: int, stream: int = 0) -> int:
         self._next += 1
-        self.events.append(("alloc", self._next, int(n_bytes), 0))
+        self.events.append(("alloc", self._next, int(n_bytes), stream))
         return self._next
+
+    def empty_cache(self) -> None:
+        self.events.append(("empty_cache",))
 
     def free(self, *handles) -> None:
         for h in handles:
@@ -110,15 +120,26 @@ class _SeedGpt:
         self.t.free(*(handle for handle, _n in kept if handle != x))
         return out, [(x, self.th)]
 
+    def _bias_grads(self, widths) -> None:
+        """ZeRO-3's LinearFunctionForZeroStage3.backward sums a 3-d output gradient for the bias
+        through a temporary of 8 bytes per output element (H200 histories: 128 MiB for the 1.4B GPT's
+        fc1 at 2x1024 tokens, 96 MiB for the 160M one's at 4x1024)."""
+        if self.setup.stage == Stage.PARAMETERS:
+            tok = self.setup.micro_batch * self.setup.seq_len
+            for w in widths:
+                self.t.free(self.t.alloc(8 * tok * w))
+
     def backward(self, kept: list, grad: int, hook) -> int:
-        t = self.t
+        t, arch = self.t, self.arch
         if self.setup.activation_checkpointing:        # rebuild the layer from its saved input
             y, rebuilt = self._forward(kept[0][0])
             t.free(y)
             kept = kept[:1] + [k for k in rebuilt if k[0] != kept[0][0]]
+        self._bias_grads((arch.hidden_size, arch.ffn_hidden_size))          # fc2, fc1
         for handle, n in reversed(kept):
             g = t.alloc(n)
             t.free(handle, g)
+        self._bias_grads((arch.hidden_size,) * 3)                           # v, k, q (in_proj)
         g_in = t.alloc(self.th)
         t.free(grad)
         for k in reversed(range(12)):                  # _seed_gpt_layer's parameters, last first
@@ -513,16 +534,152 @@ class _Stage:
         t.free(cast)
 
 
+class _Stage3:
+    """DeepSpeed's ZeRO-3 (no offload) as the H200 histories record it (`data/snapshots/t4-warmup/*-s3-*`;
+    DeepSpeed 0.19.8 `runtime/zero/stage3.py`, `partition_parameters.py`, `linear.py`)."""
+
+    GATHER_STREAM = 1     # the coordinator's all-gather stream: fetched parameters live in its pool
+    REDUCE_STREAM = 2     # reduce_and_partition_stream: the bucket's flatten, the fp16 overflow check
+
+    def __init__(self, t: _Trace, model: ModelSpec, setup: Setup):
+        self.t, self.model, self.setup = t, model, setup
+        self.b, self.n = setup.param_bytes, setup.dp
+        self.part = partition(model.param_numels, setup)
+        self.shards = [ceil(x / self.n) for x in model.param_numels]
+        self.groups = sub_groups(self.shards, setup.sub_group_size)
+        self.bucket_fill, self.moments = 0, None
+        self.gathered, self.calls = {}, {}      # parameter -> its gathered tensor; -> its coalesced call
+        self.iterations = 0
+
+    def fetch(self, backward: bool) -> None:
+        """The parameters' all-gathers and releases of one forward or backward (at N > 1; at N = 1 a
+        fetched parameter is a view of its partition). The first iteration records the trace: each
+        module's parameters are gathered when it runs and released after it; later ones prefetch
+        (`stage3_trace.fetches`). A call of one parameter gathers it whole, padded (its buffer is the
+        parameter's data: `_all_gather_sequential`); a call of several gathers into one flat buffer
+        and, at the first wait for any of them, copies each out (`AllGatherCoalescedHandle.wait`:
+        torch.cat of its slices); the flat buffer is freed once every parameter of the call has been
+        waited for. All on the all-gather stream."""
+        if self.n == 1:
+            return
+        steps = stage3_trace.fetches(self.model, self.setup, record=self.iterations == 0)
+        forward_steps = len(self.model.trace)
+        t, b, numel, s = self.t, self.b, self.model.param_numels, self.GATHER_STREAM
+        for actions in (steps[forward_steps:] if backward else steps[:forward_steps]):
+            for kind, what in actions:
+                if kind == "gather" and len(what) == 1:
+                    self.gathered[what[0]] = t.alloc(b * self.shards[what[0]] * self.n, stream=s)
+                elif kind == "gather":
+                    call = {"flat": t.alloc(b * self.n * sum(self.shards[p] for p in what), stream=s),
+                            "params": what, "waiting": set(what), "copied": False}
+                    self.calls.update(dict.fromkeys(what, call))
+                elif kind == "wait" and what in self.calls:
+                    call = self.calls.pop(what)
+                    if not call["copied"]:
+                        for p in call["params"]:
+                            self.gathered[p] = t.alloc(b * numel[p], stream=s)
+                        call["copied"] = True
+                    call["waiting"].discard(what)
+                    if not call["waiting"]:
+                        t.free(call["flat"])
+                elif kind == "release":
+                    t.free(self.gathered.pop(what))
+        if backward:       # release_and_reset_all at the end of backward
+            t.free(*self.gathered.values())
+            self.gathered = {}
+            self.iterations += 1
+
+    def init(self, params: list) -> None:
+        t, b = self.t, self.b
+        # zero.Init off: each module parameter is copied into its partition and freed (_partition_param)
+        parts = []
+        for p, s in zip(params, self.shards):
+            parts.append(t.alloc(b * s))
+            t.free(p)
+        # _create_fp16_partitions_with_defragmentation: the partitions are freed, the cache emptied,
+        # and one flat bit16 buffer of all of them made (utils.defragment)
+        t.free(*parts)
+        t.empty_cache()
+        t.alloc(b * self.part.stage3_shard)
+        # _create_fp32_partitions: per sub-group an fp32 cast and its clone (kept); the cast is freed
+        # once the next sub-group's cast exists
+        cast = None
+        for g in self.groups:
+            new = t.alloc(4 * g)
+            if cast is not None:
+                t.free(cast)
+            t.alloc(4 * g)
+            cast = new
+        t.free(cast)
+        t.free(t.alloc(4 * max(self.groups)))        # initialize_optimizer_states' zero buffer
+        t.alloc(b * self.setup.reduce_bucket_size)   # the ipg bucket's flat buffer, kept
+        t.alloc(b * self.part.stage3_shard)          # the flat gradient partitions, kept
+        # create_reduce_and_remove_grad_hooks gathers (at N = 1: copies) each parameter once and
+        # partitions it again, but for the persistent ones (kept whole on every rank at N > 1)
+        for s, keep in zip(self.shards, persistent_mask(self.model.param_numels, self.setup)):
+            h = t.alloc(b * s * self.n)
+            if not keep or self.n == 1:
+                t.free(h)
+
+    def grad_ready(self, index: int, numel: int, g: int | None = None) -> None:
+        """The hook copies the gradient into the ipg bucket (reducing it first when the gradient
+        would overflow it) and frees it."""
+        g = self.t.alloc(self.b * numel) if g is None else g
+        if self.bucket_fill + numel > self.setup.reduce_bucket_size and self.bucket_fill:
+            self._reduce()
+        self.bucket_fill += numel
+        self.t.free(g)
+
+    def _reduce(self) -> None:
+        """reduce_scatter_coalesced flattens the bucket's gradients, each padded to a multiple of N,
+        on the reduction stream; the rank's slices are copied into the flat gradient partitions."""
+        n = self.n
+        padded = ceil(self.bucket_fill / n) * n
+        self.t.free(self.t.alloc(self.b * padded, stream=self.REDUCE_STREAM))
+        self.bucket_fill = 0
+
+    def end_backward(self, boundary: bool = True) -> None:
+        if self.bucket_fill:
+            self._reduce()
+
+    def step(self) -> None:
+        """get_grad_norm_direct: an fp64 copy of each gradient partition in turn; then per sub-group
+        _prepare_fp32_grad_for_sub_group (a bit16 copy of the sub-group's gradients, their fp32 cast)
+        and Adam's moments, made at the first step."""
+        t, b = self.t, self.b
+        if self.setup.dtype == "fp16":
+            # has_overflow on the reduction stream: isinf and isnan over the flat gradient partitions
+            # (an fp16 temporary and a bool per element; H200 histories)
+            r, s3 = self.REDUCE_STREAM, self.part.stage3_shard
+            tmp = t.alloc(2 * s3, stream=r)
+            inf = t.alloc(s3, stream=r)
+            t.free(tmp, inf)
+            t.free(t.alloc(s3, stream=r))
+        for s in self.shards:
+            t.free(t.alloc(8 * s))
+        moments = []
+        for g in self.groups:
+            low = t.alloc(b * g)
+            fp32 = t.alloc(4 * g)
+            t.free(low)
+            if self.moments is None:
+                moments += [t.alloc(4 * g), t.alloc(4 * g)]
+            t.free(fp32)
+        self.moments = self.moments or moments
+
+
 def generated(model: ModelSpec, setup: Setup) -> bool:
-    """Whether `events` generates this configuration: what the histories cover (stages 0-2 without
+    """Whether `events` generates this configuration: what the histories cover (stages 0-3 without
     offload, seed-gpt — nn.MultiheadAttention whatever --attention says — and hf-llama with sdpa,
-    bf16/fp16 through DeepSpeed's ZeRO or FP16 optimizer, any number of micro-steps, one gradient
-    bucket, gradients in the training dtype)."""
+    bf16/fp16 through DeepSpeed's ZeRO or FP16 optimizer, any number of micro-steps at stages 0-2 and
+    one at stage 3, gradients in the training dtype)."""
     arch = model.architecture
-    return (arch is not None and setup.seq_len is not None and setup.stage != Stage.PARAMETERS
+    s3 = setup.stage == Stage.PARAMETERS
+    return (arch is not None and setup.seq_len is not None
+            and (not s3 or (setup.offload_param == "none" and setup.gas == 1))
             and setup.offload_optimizer == "none" and arch.family in ("hf-llama", "seed-gpt")
             and (arch.family == "seed-gpt" or setup.attention == "sdpa")   # seed-gpt's one attention path
-            and setup.mixed_precision and not setup.overlap
+            and setup.mixed_precision and (s3 or not setup.overlap)        # stage 3 always overlaps
             and setup.grad_accum_dtype in (None, setup.dtype) and not setup.bf16_optimizer
             and setup.contiguous_gradients)
 
@@ -530,20 +687,27 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
 CUBLAS_WORKSPACE_BYTES = 32 << 20   # per cuBLAS handle and stream, made at its first matmul, kept (H200)
 
 
-def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool = True):
+def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_process: bool = True):
     """The allocation events of init and `steps` training steps, or None where not generated.
-    cuBLAS takes a workspace at the first matmul of the main thread (forward) and of autograd's
-    thread (backward) and keeps it (32 MiB each: the histories' allocations without a free; later
-    jobs of a process start with 64 MiB allocated). fresh_process=False: a later job's, made before."""
+    Two steps by default (the first makes Adam's moments and the cache's layout, the second runs on
+    it), three at stage 3 with N > 1, whose first prefetching iteration (the second) runs on a cache
+    the trace-recording one shaped: the third grew reserved further on two of eighteen N = 2 rows
+    (0.6%), a fourth on none. cuBLAS takes a workspace at the first matmul of the main thread
+    (forward) and of autograd's thread (backward) and keeps it (32 MiB each: the histories'
+    allocations without a free; later jobs of a process start with 64 MiB allocated).
+    fresh_process=False: a later job's, made before."""
     arch = model.architecture
     if not generated(model, setup):
         return None
+    if steps is None:
+        steps = 3 if setup.stage == Stage.PARAMETERS and setup.dp > 1 else 2
     t = _Trace()
     workspaces = [] if fresh_process else [t.alloc(CUBLAS_WORKSPACE_BYTES), t.alloc(CUBLAS_WORKSPACE_BYTES)]
     b, tok, v, h = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.vocab_size, arch.hidden_size
     th = b * tok * h
     params = [t.alloc(b * n) for n in model.param_numels]
-    ds = _Stage(t, model, setup)
+    s3 = setup.stage == Stage.PARAMETERS
+    ds = (_Stage3 if s3 else _Stage)(t, model, setup)
     ds.init(params)
     n_params = len(model.param_numels)
     final_norm = 2 if arch.family == "seed-gpt" else 1             # LayerNorm weight and bias; RMSNorm weight
@@ -555,6 +719,8 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool =
         # the same cache: simulating all five of GAS 5 gave the same reserved peak on 24 Llama and GPT
         # configurations, stages 0-2, N = 1 and 2, with and without checkpointing) and the boundary.
         for micro in sorted({0, min(1, setup.gas - 1), setup.gas - 1}):
+            if s3:
+                ds.fetch(backward=False)
             x = t.alloc(th)                                       # embedding output
             if not workspaces:   # forward's first matmul: the rotary angles (hf-llama), in_proj (seed-gpt)
                 workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
@@ -572,6 +738,8 @@ def events(model: ModelSpec, setup: Setup, steps: int = 2, fresh_process: bool =
             g1 = t.alloc(4 * tok * v)
             g2 = t.alloc(4 * tok * v)
             t.free(g1, logprobs)
+            if s3:
+                ds.fetch(backward=True)
             g3 = t.alloc(b * tok * v)
             t.free(g2)
             # The head's weight gradient (autograd's thread takes its cuBLAS workspace at this first

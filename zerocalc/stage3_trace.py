@@ -63,69 +63,102 @@ def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     n = setup.dp
     if n == 1 and setup.offload_param == "none":
         return Stage3Iteration(0, 0, 0, 0, 0)
+    shard = [ceil(x / n) for x in model.param_numels]
+    turn = len(model.trace) - 1   # the last forward step
+    out = {"fwd_calls": 0, "fwd": 0, "bwd_calls": 0, "bwd": 0}
+    kept_after_forward = 0
+    for step, actions, gathered in _walk(model, setup, record=False):
+        for a in actions:
+            if a[0] == "gather":
+                phase = "bwd" if step > turn else "fwd"
+                out[phase + "_calls"] += 1
+                out[phase] += sum(shard[p] for p in a[1])
+        if step == turn:
+            kept_after_forward = gathered
+    return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], kept_after_forward, copies=n == 1)
+
+
+@lru_cache(maxsize=64)
+def fetches(model: ModelSpec, setup: Setup, record: bool) -> tuple[tuple[tuple, ...], ...]:
+    """What the coordinator does at each step of one iteration's trace (forward's steps, then
+    backward's), in order: ("gather", params) for each all-gather call (params in `ds_id` order), then
+    ("wait", p) for each of the module's parameters still in flight (gathered now or prefetched), then
+    ("release", p). record: the
+    first iteration, while the trace is recorded: no prefetch, and each module's parameters are
+    released after it (`release_sub_module` before the trace is complete)."""
+    return tuple(tuple(actions) for _step, actions, _gathered in _walk(model, setup, record))
+
+
+def _walk(model: ModelSpec, setup: Setup, record: bool):
+    """Yields (step, actions, padded elements of non-persistent parameters gathered after it)."""
+    n = setup.dp
     numel = model.param_numels
     pers = persistent_mask(numel, setup)
-    shard = [ceil(x / n) for x in numel]
-    padded = [s * n for s in shard]
+    padded = [ceil(x / n) * n for x in numel]
     # The trace: forward's hooks, then backward's (recomputed layers included when checkpointing).
     ids = [list(m) for m in model.trace]
     trace = ids + [list(m) for m in model.backward(setup.activation_checkpointing)]
     queue = deque((p, step) for step, mod in enumerate(trace) for p in mod)
     marked = {}
     available = {p for p in range(len(numel)) if pers[p]}
+    inflight = set()      # gathered, not yet waited for by a module
     gathered = 0          # padded elements of non-persistent params available now
     n_available = 0       # `__n_available_params`: ds_numel gathered this iteration, less releases
-    out = {"fwd_calls": 0, "fwd": 0, "bwd_calls": 0, "bwd": 0}
-    kept_after_forward = 0
-    turn = len(ids) - 1   # the last forward step
-
-    def gather(params, backward):
-        nonlocal gathered, n_available
-        todo = [p for p in params if p not in available]
-        if not todo:
-            return
-        out["bwd_calls" if backward else "fwd_calls"] += 1
-        out["bwd" if backward else "fwd"] += sum(shard[p] for p in todo)
-        available.update(todo)
-        gathered += sum(padded[p] for p in todo)
-        n_available += sum(numel[p] for p in todo)
 
     for step, mod in enumerate(trace):
-        backward = step > turn
-        gather(mod, backward)
-        # Pop this module's own entries off the queue.
-        mine = {p for p in mod if marked.get(p, -1) < step}
-        popped = set()
-        while queue and popped != mine:
-            p, s = queue.popleft()
-            marked[p] = s
-            popped.add(p)
-        # Prefetch.
-        if setup.prefetch_bucket_size > 0:
-            budget = min(setup.max_live_parameters - n_available, setup.prefetch_bucket_size)
-            batch, size = [], 0
-            while queue and size < budget:
+        actions = []
+
+        def gather(params):
+            nonlocal gathered, n_available
+            todo = sorted(dict.fromkeys(p for p in params if p not in available))
+            if not todo:
+                return
+            actions.append(("gather", tuple(todo)))
+            available.update(todo)
+            inflight.update(todo)
+            gathered += sum(padded[p] for p in todo)
+            n_available += sum(numel[p] for p in todo)
+
+        gather(mod)
+        for p in dict.fromkeys(mod):
+            if p in inflight:
+                inflight.discard(p)
+                actions.append(("wait", p))
+        if record:
+            release = {p for p in mod if not pers[p]}
+        else:
+            # Pop this module's own entries off the queue.
+            mine = {p for p in mod if marked.get(p, -1) < step}
+            popped = set()
+            while queue and popped != mine:
                 p, s = queue.popleft()
-                fetch = p not in available and p not in batch
-                marked[p] = max(marked.get(p, -1), s)
-                if fetch:
-                    batch.append(p)
-                    size += numel[p]
-            gather(batch, backward)
-        # Release after the module runs.
-        release = {p for p in mod if not pers[p] and marked.get(p, -1) <= step + 1}
-        traversed = 0
-        for later in trace[step + 1:]:
-            if traversed >= setup.max_reuse_distance or not release:
-                break
-            for p in later:
-                release.discard(p)
-                traversed += numel[p]
-        for p in release:
+                marked[p] = s
+                popped.add(p)
+            # Prefetch.
+            if setup.prefetch_bucket_size > 0:
+                budget = min(setup.max_live_parameters - n_available, setup.prefetch_bucket_size)
+                batch, size = [], 0
+                while queue and size < budget:
+                    p, s = queue.popleft()
+                    fetch = p not in available and p not in batch
+                    marked[p] = max(marked.get(p, -1), s)
+                    if fetch:
+                        batch.append(p)
+                        size += numel[p]
+                gather(batch)
+            # Release after the module runs.
+            release = {p for p in mod if not pers[p] and marked.get(p, -1) <= step + 1}
+            traversed = 0
+            for later in trace[step + 1:]:
+                if traversed >= setup.max_reuse_distance or not release:
+                    break
+                for p in later:
+                    release.discard(p)
+                    traversed += numel[p]
+        for p in sorted(release):
             if p in available:
                 available.discard(p)
                 gathered -= padded[p]
                 n_available -= numel[p]
-        if step == turn:
-            kept_after_forward = gathered
-    return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], kept_after_forward, copies=n == 1)
+                actions.append(("release", p))
+        yield step, actions, gathered
