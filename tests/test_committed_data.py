@@ -54,24 +54,25 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 1.3%, 164 of 170 within 10%, worst 12.7% (issue 4's 10% on every row: not met). It was
-    # 157 of 170 (mean 2.3%) with stage 3 on a ratio, 110 of 142 (mean 6.5%) with one ratio for every row.
-    assert err.mean() < 0.015 and err.max() < 0.13
-    assert (err <= 0.10).mean() >= 0.96
-    # Simulated (stages 0-3 without offload: the generated allocation sequence through the allocator):
-    # mean 0.8%, 151 of 154 within 10%, worst 12.5%; stage 3's 32 rows all within 10% (mean 0.8%).
+    # README: mean 0.9%, 176 of 180 within 10%, worst 23% (issue 4's 10% on every row: not met; the four
+    # misses are later jobs of a process, whose earlier job's blocks the rows do not record). It was 157
+    # of 170 (mean 2.3%) with stage 3 and offload on a ratio, 110 of 142 (mean 6.5%) with one ratio.
+    assert err.mean() < 0.01 and err.max() < 0.25
+    assert (err <= 0.10).mean() >= 0.97
+    # Simulated (the generated allocation sequence through the allocator): all but one row (stage 3
+    # with parameter offload at N = 2); stage 3's 49 rows and the 20 with optimizer offload within 10%
+    # but one later job.
     sim = clean["now_reserved_source"] == "simulated"
-    assert sim.sum() >= 150 and err[sim].mean() < 0.01 and (err[sim] <= 0.10).mean() >= 0.98
+    assert sim.sum() >= 175 and err[sim].mean() < 0.01 and (err[sim] <= 0.10).mean() >= 0.97
     s3 = sim & (clean["stage"] == 3)
-    assert s3.sum() >= 30 and (err[s3] <= 0.10).all()
-    # The ratio where nothing is simulated (offload; 16 rows; its own ratio with parameter offload):
-    # mean 6.1%, 13 within 10%.
-    assert err[~sim].mean() < 0.065 and (err[~sim] <= 0.10).sum() >= 13
-    # With expandable_segments (8 rows; simulated, or the ratio times the measured factor): 8 of 8, worst 6.3%.
+    assert s3.sum() >= 45 and (err[s3] <= 0.10).all()
+    offload = clean["offload_optimizer"] != "none"
+    assert offload.sum() >= 20 and (err[offload] > 0.10).sum() <= 1
+    # With expandable_segments (8 rows; simulated, or the ratio times the measured factor): 8 of 8, worst 3.4%.
     exp = rows[started_clean(rows) & expandable]
     err = ((exp["now_peak_reserved_bytes"] - exp["measured_peak_reserved_bytes"])
            / exp["measured_peak_reserved_bytes"]).abs()
-    assert len(exp) >= 8 and err.max() < 0.07
+    assert len(exp) >= 8 and err.max() < 0.05
 
 
 def test_reserved_repeats_to_the_percent(rows):
@@ -116,18 +117,22 @@ def test_configurations_predicted_before_they_ran(rows):
 def test_first_jobs_of_a_process_are_simulated_to_the_fraction_of_a_percent(rows):
     """What a user runs is a fresh process: the rows measured as the first job of the validator's
     process (nothing allocated before, not even cuBLAS's workspaces) are predicted within 0.2% at
-    stages 0-2 with one micro-step per step (33 rows; mean 0.03%) and at stage 3 with N = 1 (7 rows);
-    stage 3 at N = 2 within 3% (15 rows, mean 0.8%; the histories, which end after the second step,
-    to 0.1%). With gradient accumulation (GAS 2, 4 rows) three are within 0.1% and stage 0's is 7.5%
-    low (README)."""
+    stages 0-2 with one micro-step per step (33 rows; mean 0.03%) and at stage 3 with N = 1 (the two
+    blind ones included); stage 3 at N = 2 within 3% (the histories, which end after the second step,
+    to 0.1%; the four blind ones within 0.3%). With gradient accumulation (GAS 2, 4 rows) three are
+    within 0.1% and stage 0's is 7.5% low (README)."""
     first = rows[started_clean(rows) & (rows["now_reserved_source"] == "simulated")
                  & (rows["measured_base_allocated_bytes"] < 32 * 2**20)]
     err = ((first["now_peak_reserved_bytes"] - first["measured_peak_reserved_bytes"])
            / first["measured_peak_reserved_bytes"]).abs()
-    one = first["gas"].astype(int) == 1
+    offload = first["offload_optimizer"] != "none"
+    one = (first["gas"].astype(int) == 1) & ~offload
     s3 = first["stage"].astype(int) == 3
     n1 = first["nproc"].astype(int) == 1
     assert (one & ~s3).sum() >= 30 and err[one & ~s3].max() < 0.002
-    assert (s3 & n1).sum() >= 7 and err[s3 & n1].max() < 0.002
-    assert (s3 & ~n1).sum() >= 14 and err[s3 & ~n1].max() < 0.03
+    assert (one & s3 & n1).sum() >= 9 and err[one & s3 & n1].max() < 0.003
+    assert (one & s3 & ~n1).sum() >= 18 and err[one & s3 & ~n1].max() < 0.03
+    # optimizer offload (13 first jobs, mean 1.1%): 8 within 0.2%; the 1.4B GPT with both offloads -2.8%,
+    # stage 2 at N = 2 -7.4%
+    assert offload.sum() >= 13 and (err[offload] < 0.002).sum() >= 8 and err[offload].max() < 0.08
     assert (~one).sum() == 4 and (err[~one] < 0.001).sum() == 3 and err[~one].max() < 0.08

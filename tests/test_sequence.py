@@ -23,9 +23,9 @@ P = 53_952
 WORKSPACES = 2 * 32 * MiB      # cuBLAS: forward's and autograd's, kept for the process
 
 
-def setup(stage, dp=1, **kw):
-    return Setup(stage=Stage(stage), dp=dp, optimizer=OPTIMIZERS["adamw"], dtype="bf16", seq_len=16,
-                 micro_batch=2, attention="sdpa", **kw)
+def setup(stage, dp=1, dtype_fp16=False, **kw):
+    return Setup(stage=Stage(stage), dp=dp, optimizer=OPTIMIZERS["adamw"], dtype="fp16" if dtype_fp16 else "bf16",
+                 seq_len=16, micro_batch=2, attention="sdpa", **kw)
 
 
 def alive_bytes(events):
@@ -93,6 +93,23 @@ def test_stage3_leaves_its_partitions_bucket_and_moments(dp, shard, persistent, 
     assert ("empty_cache",) in events                  # init's defragment empties the cache
 
 
+@pytest.mark.parametrize("stage, offload_param, threshold, states_bytes", [
+    # stage 2 + optimizer offload: the flat bf16 group 2·P and temp_grad_buffer_for_gpu_offload, the
+    # largest parameter's numel in bf16 (TINY's 128·64 = 8192); master, moments and gradients on the host
+    (2, "none", 100_000, 2 * P + 2 * 8192),
+    # stage 3 + optimizer offload: the flat bf16 partition 2·S3 (S3 = P at N = 1) and the ipg bucket
+    (3, "none", 100_000, 2 * P + BUCKET),
+    # and parameter offload: the partitions on the host too; the bucket stays, and at N = 1 every
+    # persistent parameter (all of TINY's at the default threshold) stays on the device whole
+    (3, "cpu", 0, BUCKET),
+    (3, "cpu", 100_000, BUCKET + 2 * P),
+])
+def test_optimizer_offload_leaves_the_bit16_states_on_the_device(stage, offload_param, threshold, states_bytes):
+    events = sequence.events(from_architecture(TINY), setup(stage, offload_optimizer="cpu", offload_param=offload_param,
+                                                             param_persistence_threshold=threshold), steps=1)
+    assert alive_bytes(events) == states_bytes + WORKSPACES
+
+
 def test_stage3_gathers_run_on_their_own_stream_at_n2_only():
     one = sequence.events(from_architecture(TINY), setup(3, 1, param_persistence_threshold=0), steps=2)
     two = sequence.events(from_architecture(TINY), setup(3, 2, param_persistence_threshold=0), steps=2)
@@ -110,7 +127,9 @@ def test_a_later_job_makes_the_workspaces_before_init():
 
 def test_what_is_not_generated_falls_back_to_the_ratio():
     model = from_architecture(TINY)
-    for s in (setup(3, offload_optimizer="cpu"), setup(3, gas=2), setup(2, offload_optimizer="cpu"), setup(2, overlap_comm=True),
+    for s in (setup(3, gas=2), setup(2, gas=2, offload_optimizer="cpu"),
+              setup(3, offload_optimizer="cpu", dtype_fp16=True), setup(3, 2, offload_optimizer="cpu", offload_param="cpu"),
+              setup(2, overlap_comm=True),
               Setup(stage=Stage(2), optimizer=OPTIMIZERS["adamw"], dtype="fp32", seq_len=16)):
         assert sequence.events(model, s) is None
         assert estimate(model, s).reserved_source == "ratio"

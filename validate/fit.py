@@ -5,9 +5,11 @@ Constants (all named in the calibration JSON):
 - activations.hf-llama.h, .kv: bytes per token per layer of Llama's attention and RMSNorm part in
   units of the dtype (the MLP's 4f is counted by hand), from the memory at the end of forward.
 - allocator.reserved_over_allocated: PyTorch's caching allocator keeps freed blocks; where zerocalc
-  does not simulate the allocation sequence (offload, stage 3 with GAS > 1, ...: `zerocalc.sequence.generated`),
-  reserved peak ≈ ratio · allocated peak, fitted on those rows that start clean, in relative error
-  (reserved_extra_bytes, an offset, is kept at 0);
+  does not simulate the allocation sequence (no architecture given, stage 3 with GAS > 1, parameter
+  offload at N > 1, ...: `zerocalc.sequence.generated`), reserved peak ≈ ratio · allocated peak,
+  fitted on every clean row without parameter offload (the simulation now covers nearly all of them,
+  so the rows it leaves are too few to fit on), in relative error (reserved_extra_bytes, an offset, is
+  kept at 0);
   reserved_over_allocated_worst, the largest measured ratio over all clean rows, for the "tight" verdict.
 - allocator_param_offload.reserved_over_allocated: the same ratio on the rows with stage 3's parameter
   offload, which the default ratio's fit leaves out (their init holds the whole module before the
@@ -214,7 +216,7 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     simulated = train.apply(lambda r: sequence.generated(*to_zerocalc(job_from_row(r.to_dict()))), axis=1)
     every = train[started_clean(train) & ~expandable]
     param_offload = every["offload_param"] != "none"
-    off, clean = every[param_offload], every[~simulated.loc[every.index] & ~param_offload]
+    off, clean = every[param_offload], every[~param_offload]
     if len(off) >= 2:
         cal["allocator_param_offload"] = _allocator(off, every)   # its "tight" verdict: the worst of all
         lines.append(f"allocator_param_offload: reserved = {cal['allocator_param_offload']['reserved_over_allocated']:.3f}"
@@ -223,8 +225,8 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
         # One ratio: an offset fitted beside it came out negative on these rows, which would put a
         # small model's reserved below its allocated.
         a = cal["allocator"] = _allocator(clean, every)
-        lines.append(f"allocator: reserved = {a['reserved_over_allocated']:.3f} × allocated ({len(clean)} clean rows not "
-                     f"simulated, without parameter offload), worst measured ratio "
+        lines.append(f"allocator: reserved = {a['reserved_over_allocated']:.3f} × allocated ({len(clean)} clean rows "
+                     f"without parameter offload), worst measured ratio "
                      f"{a['reserved_over_allocated_worst']:.3f} ({len(every)} clean rows)")
     sim = train[started_clean(train) & simulated]
     if len(sim) >= 2:

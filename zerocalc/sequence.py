@@ -1,8 +1,9 @@
 """The allocation sequence of a DeepSpeed job's first two training steps, generated from the
 architecture and the setup, for `zerocalc.allocator` to replay: the reserved peak without a ratio.
 
-What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/t3-warmup*`,
-`t4-warmup`, and DeepSpeed 0.19.8's `runtime/zero/stage_1_and_2.py` / `fp16/fused_optimizer.py`):
+What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/`, and DeepSpeed
+0.19.8's `runtime/zero/stage_1_and_2.py`, `stage3.py`, `partition_parameters.py`,
+`fp16/fused_optimizer.py`):
 - init: the module's parameters as `model.to(device)` makes them, then DeepSpeed's flatten and
   partition copies and their frees, per stage;
 - forward per layer: the activations of the family's code in the order it makes them, kept ones to
@@ -17,11 +18,15 @@ What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/t
   stream as the coordinator runs them (`stage3_trace.fetches`: per module in the first iteration,
   prefetched in coalesced calls after), LinearFunctionForZeroStage3's bias-gradient temporaries, the
   fp16 overflow check and the per-sub-group step;
+- optimizer offload (`_Stage`, `_Stage3` with `offload`): no fp32 master, moments or gradient
+  partitions on the device; per reduced gradient the device-side norm and fp32 cast on its way to the
+  host; at stage 3 with parameter offload (N = 1) each fetch copies a host partition up;
 - cuBLAS's workspaces.
 
-Every configuration without offload recorded as the first job of a fresh process is reproduced to
-0.1% (`tests/test_sequence.py`: stages 0-3, N = 1 and 2) but stage 0 with gradient accumulation (7.5%
-low). Stages 0-3 without offload are generated (stage 3 with one micro-step; `generated`); others: None.
+Every configuration recorded as the first job of a fresh process is reproduced to 0.2%
+(`tests/test_sequence.py`: stages 0-3, N = 1 and 2, optimizer offload) but stage 0 with gradient
+accumulation (7.5% low) and the 1.4B GPT with both offloads (2.4% low). What `generated` says is
+covered; others: None.
 """
 from itertools import accumulate
 from math import ceil
@@ -402,15 +407,37 @@ class _Llama:
         return grad                                    # accumulated in place
 
 
-class _Stage:
-    """DeepSpeed's init, per-gradient hook, end of backward and step for stages 0-2 (no offload)."""
+def _overlap(start: int, numel: int, shard: int, rank: int) -> int:
+    """Elements of the flat group's [start, start + numel) in `rank`'s slice [rank·S, (rank + 1)·S)."""
+    return max(0, min((rank + 1) * shard, start + numel) - max(rank * shard, start))
 
-    def __init__(self, t: _Trace, model: ModelSpec, setup: Setup):
-        self.t, self.model, self.setup = t, model, setup
+
+def offload_ranks(model: ModelSpec, setup: Setup) -> tuple[int, ...]:
+    """The ranks whose sequences differ enough to simulate: rank 0, and at stages 1/2 with optimizer
+    offload the rank with the largest piece of one gradient in its slice (its fp64 norm copy is the
+    largest transient; the measured reserved is the busiest rank's)."""
+    if setup.offload_optimizer == "none" or setup.stage == Stage.PARAMETERS or setup.dp == 1:
+        return (0,)
+    part = partition(model.param_numels, setup)
+    offsets = [0, *accumulate(model.param_numels[:-1])]
+    biggest = max(range(setup.dp), key=lambda r: max(_overlap(o, n, part.flat_shard, r)
+                                                     for o, n in zip(offsets, model.param_numels)))
+    return tuple(sorted({0, biggest}))
+
+
+class _Stage:
+    """DeepSpeed's init, per-gradient hook, end of backward and step for stages 0-2, with or
+    without optimizer offload (DeepSpeedCPUAdam: the fp32 master, the moments and the gradient
+    partitions live on the host)."""
+
+    def __init__(self, t: _Trace, model: ModelSpec, setup: Setup, rank: int = 0):
+        self.t, self.model, self.setup, self.rank = t, model, setup, rank
         self.b = setup.param_bytes
         self.part = partition(model.param_numels, setup)
+        self.offload = setup.offload_optimizer != "none"
         self.grads, self.bucket, self.bucket_fill, self.partition_grads = {}, None, 0, None
         self.bucket_ranks: set[int] = set()
+        self.bucket_params: list[int] = []
         self.micro_grads, self.later_micro_step = None, False   # stage 2's per-micro-step copy (GAS > 1)
         self.offsets = [0, *accumulate(model.param_numels[:-1])]   # each parameter's start in the flat group
         self.moments = None
@@ -434,6 +461,12 @@ class _Stage:
             return
         t.alloc(b * p)                                # flatten_dense_tensors_aligned: the flat group, kept
         t.free(*params)                               # the module's tensors become views of it
+        if self.offload:
+            # the slice's clone goes to the host as the fp32 master; temp_grad_buffer_for_gpu_offload
+            # (the largest parameter's numel, stage_1_and_2.py:659) stays
+            t.free(t.alloc(b * s))
+            t.alloc(b * max(self.model.param_numels))
+            return
         clone = t.alloc(b * s)                        # the rank's slice cloned, then cast to fp32
         t.alloc(4 * s)                                # fp32 master partition
         t.free(clone)
@@ -459,6 +492,7 @@ class _Stage:
         if self.bucket_fill + numel > self.setup.reduce_bucket_size and self.bucket_fill:
             self._reduce()
         self.bucket_fill += numel
+        self.bucket_params.append(index)
         start = self.offsets[index]                   # the ranks whose flat slices this gradient touches
         self.bucket_ranks.update(range(start // self.part.flat_shard,
                                        min((start + numel - 1) // self.part.flat_shard, self.setup.dp - 1) + 1))
@@ -470,7 +504,15 @@ class _Stage:
         every parameter overlapping the slice, whole; sized for the busiest rank)."""
         if len(self.bucket_ranks) > 1:
             self.t.free(self.t.alloc(self.setup.comm_bytes * self.bucket_fill))
-        if 0 in self.bucket_ranks:
+        if self.offload:
+            # copy_grads_in_partition with offload: per gradient, its part in this rank's slice is
+            # normed in fp64 (set_norm_for_param_grad_in_gpu) and cast to fp32 for the host copy
+            for i in self.bucket_params:
+                k = _overlap(self.offsets[i], self.model.param_numels[i], self.part.flat_shard, self.rank)
+                if k:
+                    self.t.free(self.t.alloc(8 * k))
+                    self.t.free(self.t.alloc(4 * k))
+        elif 0 in self.bucket_ranks:
             # With gradient accumulation (stage 2) the first micro-step's buffer accumulates; each later
             # micro-step copies into a buffer of its own, added in and freed by its epilogue.
             numel = max_grads_in_partition(self.model.param_numels, self.setup)
@@ -478,7 +520,7 @@ class _Stage:
                 self.partition_grads = self.t.alloc(self.b * numel)
             elif self.micro_grads is None and self.setup.stage == Stage.GRADIENTS and self.later_micro_step:
                 self.micro_grads = self.t.alloc(self.b * numel)
-        self.bucket_fill, self.bucket_ranks = 0, set()
+        self.bucket_fill, self.bucket_ranks, self.bucket_params = 0, set(), []
 
     def end_backward(self, boundary: bool = True) -> None:
         """The end of a micro-step's backward; `boundary`: the last micro-step of the optimizer step.
@@ -515,6 +557,8 @@ class _Stage:
             t.free(*(self.grads.pop(i) for i in sorted(self.grads)))
             t.free(flat)
             return
+        if self.offload:              # the host's step; the norm was taken at the reduction
+            return
         # get_grad_norm_direct: an fp64 copy of each of the rank's gradient pieces in turn (rank 0's:
         # the first S elements of the flat group).
         pieces, left = [], s
@@ -535,8 +579,11 @@ class _Stage:
 
 
 class _Stage3:
-    """DeepSpeed's ZeRO-3 (no offload) as the H200 histories record it (`data/snapshots/t4-warmup/*-s3-*`;
-    DeepSpeed 0.19.8 `runtime/zero/stage3.py`, `partition_parameters.py`, `linear.py`)."""
+    """DeepSpeed's ZeRO-3, without offload or with the optimizer's, as the H200 histories record it
+    (`data/snapshots/t4-warmup/*-s3-*`, `t5-offload/*-s3-*`; DeepSpeed 0.19.8 `runtime/zero/stage3.py`,
+    `partition_parameters.py`, `linear.py`)."""
+
+    NORM_CHUNK = 250_000_000   # _constant_buffered_norm2 takes a gradient's norm in chunks of this many elements
 
     GATHER_STREAM = 1     # the coordinator's all-gather stream: fetched parameters live in its pool
     REDUCE_STREAM = 2     # reduce_and_partition_stream: the bucket's flatten, the fp16 overflow check
@@ -547,7 +594,9 @@ class _Stage3:
         self.part = partition(model.param_numels, setup)
         self.shards = [ceil(x / self.n) for x in model.param_numels]
         self.groups = sub_groups(self.shards, setup.sub_group_size)
-        self.bucket_fill, self.moments = 0, None
+        self.offload = setup.offload_optimizer != "none"
+        self.param_offload = setup.offload_param != "none"
+        self.bucket_fill, self.bucket_params, self.moments = 0, [], None
         self.gathered, self.calls = {}, {}      # parameter -> its gathered tensor; -> its coalesced call
         self.iterations = 0
 
@@ -560,15 +609,18 @@ class _Stage3:
         and, at the first wait for any of them, copies each out (`AllGatherCoalescedHandle.wait`:
         torch.cat of its slices); the flat buffer is freed once every parameter of the call has been
         waited for. All on the all-gather stream."""
-        if self.n == 1:
+        if self.n == 1 and not self.param_offload:
             return
         steps = stage3_trace.fetches(self.model, self.setup, record=self.iterations == 0)
         forward_steps = len(self.model.trace)
         t, b, numel, s = self.t, self.b, self.model.param_numels, self.GATHER_STREAM
         for actions in (steps[forward_steps:] if backward else steps[:forward_steps]):
             for kind, what in actions:
-                if kind == "gather" and len(what) == 1:
-                    self.gathered[what[0]] = t.alloc(b * self.shards[what[0]] * self.n, stream=s)
+                if kind == "gather" and (len(what) == 1 or self.param_offload):
+                    # one buffer per parameter: a one-parameter call, or at N = 1 with parameter
+                    # offload each host partition's copy to the device (_no_gather_coalesced)
+                    for p in what:
+                        self.gathered[p] = t.alloc(b * self.shards[p] * self.n, stream=s)
                 elif kind == "gather":
                     call = {"flat": t.alloc(b * self.n * sum(self.shards[p] for p in what), stream=s),
                             "params": what, "waiting": set(what), "copied": False}
@@ -591,34 +643,43 @@ class _Stage3:
 
     def init(self, params: list) -> None:
         t, b = self.t, self.b
-        # zero.Init off: each module parameter is copied into its partition and freed (_partition_param)
-        parts = []
-        for p, s in zip(params, self.shards):
-            parts.append(t.alloc(b * s))
-            t.free(p)
-        # _create_fp16_partitions_with_defragmentation: the partitions are freed, the cache emptied,
-        # and one flat bit16 buffer of all of them made (utils.defragment)
-        t.free(*parts)
-        t.empty_cache()
-        t.alloc(b * self.part.stage3_shard)
-        # _create_fp32_partitions: per sub-group an fp32 cast and its clone (kept); the cast is freed
-        # once the next sub-group's cast exists
-        cast = None
-        for g in self.groups:
-            new = t.alloc(4 * g)
-            if cast is not None:
-                t.free(cast)
-            t.alloc(4 * g)
-            cast = new
-        t.free(cast)
-        t.free(t.alloc(4 * max(self.groups)))        # initialize_optimizer_states' zero buffer
+        if self.param_offload:
+            # each module parameter goes to its host partition and is freed; nothing empties the
+            # cache, so the module's blocks stay reserved (1.45-1.75x allocated on H200)
+            t.free(*params)
+        else:
+            # zero.Init off: each module parameter is copied into its partition and freed
+            # (_partition_param); _create_fp16_partitions_with_defragmentation frees the partitions,
+            # empties the cache and makes one flat bit16 buffer of them (utils.defragment)
+            parts = []
+            for p, s in zip(params, self.shards):
+                parts.append(t.alloc(b * s))
+                t.free(p)
+            t.free(*parts)
+            t.empty_cache()
+            t.alloc(b * self.part.stage3_shard)
+        if not self.offload:
+            # _create_fp32_partitions: per sub-group an fp32 cast and its clone (kept); the cast is
+            # freed once the next sub-group's cast exists (with offload both live on the host)
+            cast = None
+            for g in self.groups:
+                new = t.alloc(4 * g)
+                if cast is not None:
+                    t.free(cast)
+                t.alloc(4 * g)
+                cast = new
+            t.free(cast)
+            t.free(t.alloc(4 * max(self.groups)))    # initialize_optimizer_states' zero buffer
         t.alloc(b * self.setup.reduce_bucket_size)   # the ipg bucket's flat buffer, kept
-        t.alloc(b * self.part.stage3_shard)          # the flat gradient partitions, kept
+        if not self.offload:
+            t.alloc(b * self.part.stage3_shard)      # the flat gradient partitions, kept (else on the host)
         # create_reduce_and_remove_grad_hooks gathers (at N = 1: copies) each parameter once and
         # partitions it again, but for the persistent ones (kept whole on every rank at N > 1)
         for s, keep in zip(self.shards, persistent_mask(self.model.param_numels, self.setup)):
             h = t.alloc(b * s * self.n)
-            if not keep or self.n == 1:
+            if self.param_offload:                   # the host partition's copy, gathered from
+                t.free(t.alloc(b * s))
+            if not keep or (self.n == 1 and not self.param_offload):
                 t.free(h)
 
     def grad_ready(self, index: int, numel: int, g: int | None = None) -> None:
@@ -628,15 +689,26 @@ class _Stage3:
         if self.bucket_fill + numel > self.setup.reduce_bucket_size and self.bucket_fill:
             self._reduce()
         self.bucket_fill += numel
+        self.bucket_params.append(index)
         self.t.free(g)
 
     def _reduce(self) -> None:
         """reduce_scatter_coalesced flattens the bucket's gradients, each padded to a multiple of N,
-        on the reduction stream; the rank's slices are copied into the flat gradient partitions."""
-        n = self.n
-        padded = ceil(self.bucket_fill / n) * n
-        self.t.free(self.t.alloc(self.b * padded, stream=self.REDUCE_STREAM))
-        self.bucket_fill = 0
+        on the reduction stream; the rank's slices are copied into the flat gradient partitions. With
+        optimizer offload, partition_grads then takes each slice to the host while the flatten lives:
+        a device copy of it, its norm in fp64 chunks (_constant_buffered_norm2), an fp32 cast."""
+        t, b, r = self.t, self.b, self.REDUCE_STREAM
+        flat = t.alloc(b * sum(self.shards[i] * self.n for i in self.bucket_params), stream=r)
+        if self.offload:
+            for i in sorted(self.bucket_params):       # __reduce_and_partition_ipg_grads sorts by ds_id
+                s = self.shards[i]
+                copy = t.alloc(b * s, stream=r)
+                for start in range(0, s, self.NORM_CHUNK):
+                    t.free(t.alloc(8 * min(self.NORM_CHUNK, s - start), stream=r))
+                t.free(t.alloc(4 * s, stream=r))
+                t.free(copy)
+        t.free(flat)
+        self.bucket_fill, self.bucket_params = 0, []
 
     def end_backward(self, boundary: bool = True) -> None:
         if self.bucket_fill:
@@ -647,6 +719,8 @@ class _Stage3:
         _prepare_fp32_grad_for_sub_group (a bit16 copy of the sub-group's gradients, their fp32 cast)
         and Adam's moments, made at the first step."""
         t, b = self.t, self.b
+        if self.offload:              # the host's step; the norms were taken at the reductions
+            return
         if self.setup.dtype == "fp16":
             # has_overflow on the reduction stream: isinf and isnan over the flat gradient partitions
             # (an fp16 temporary and a bool per element; H200 histories)
@@ -669,15 +743,18 @@ class _Stage3:
 
 
 def generated(model: ModelSpec, setup: Setup) -> bool:
-    """Whether `events` generates this configuration: what the histories cover (stages 0-3 without
-    offload, seed-gpt — nn.MultiheadAttention whatever --attention says — and hf-llama with sdpa,
-    bf16/fp16 through DeepSpeed's ZeRO or FP16 optimizer, any number of micro-steps at stages 0-2 and
-    one at stage 3, gradients in the training dtype)."""
+    """Whether `events` generates this configuration: what the histories cover (seed-gpt —
+    nn.MultiheadAttention whatever --attention says — and hf-llama with sdpa, bf16/fp16 through
+    DeepSpeed's ZeRO or FP16 optimizer, gradients in the training dtype; stages 0-2 with any number of
+    micro-steps, stage 3 with one; optimizer offload with one micro-step (at stage 3 in bf16),
+    parameter offload beside it at N = 1)."""
     arch = model.architecture
-    s3 = setup.stage == Stage.PARAMETERS
+    s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
     return (arch is not None and setup.seq_len is not None
-            and (not s3 or (setup.offload_param == "none" and setup.gas == 1))
-            and setup.offload_optimizer == "none" and arch.family in ("hf-llama", "seed-gpt")
+            and (not s3 or setup.gas == 1)
+            and (setup.offload_param == "none" or (s3 and offload and setup.dp == 1))
+            and (not offload or (setup.gas == 1 and (not s3 or setup.dtype == "bf16")))
+            and arch.family in ("hf-llama", "seed-gpt")
             and (arch.family == "seed-gpt" or setup.attention == "sdpa")   # seed-gpt's one attention path
             and setup.mixed_precision and (s3 or not setup.overlap)        # stage 3 always overlaps
             and setup.grad_accum_dtype in (None, setup.dtype) and not setup.bf16_optimizer
@@ -687,7 +764,7 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
 CUBLAS_WORKSPACE_BYTES = 32 << 20   # per cuBLAS handle and stream, made at its first matmul, kept (H200)
 
 
-def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_process: bool = True):
+def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_process: bool = True, rank: int = 0):
     """The allocation events of init and `steps` training steps, or None where not generated.
     Two steps by default (the first makes Adam's moments and the cache's layout, the second runs on
     it), three at stage 3 with N > 1, whose first prefetching iteration (the second) runs on a cache
@@ -707,7 +784,7 @@ def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_proce
     th = b * tok * h
     params = [t.alloc(b * n) for n in model.param_numels]
     s3 = setup.stage == Stage.PARAMETERS
-    ds = (_Stage3 if s3 else _Stage)(t, model, setup)
+    ds = _Stage3(t, model, setup) if s3 else _Stage(t, model, setup, rank)
     ds.init(params)
     n_params = len(model.param_numels)
     final_norm = 2 if arch.family == "seed-gpt" else 1             # LayerNorm weight and bias; RMSNorm weight
@@ -767,8 +844,10 @@ def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_proce
 
 def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> int | None:
     """`max_memory_reserved()` of the generated sequence through the allocator simulation (the
-    allocator `setup.expandable_segments` says), None where no sequence is generated."""
-    ev = events(model, setup, fresh_process=fresh_process)
-    if ev is None:
+    allocator `setup.expandable_segments` says) on the busiest rank (`offload_ranks`), None where no
+    sequence is generated."""
+    if not generated(model, setup):
         return None
-    return replay(ev, expandable_segments=setup.expandable_segments).peak_reserved_bytes
+    return max(replay(events(model, setup, fresh_process=fresh_process, rank=r),
+                      expandable_segments=setup.expandable_segments).peak_reserved_bytes
+               for r in offload_ranks(model, setup))
