@@ -22,7 +22,7 @@ def rows():
     # failure so far is the torch SystemError that recording the allocator history with python stacks
     # raises in stage-3 checkpointed jobs (data/README.md).
     assert failed["error"].str.startswith("SystemError").all() and len(failed) <= 3
-    return repredict(df[df["outcome"] == "ok"])
+    return repredict(df[df["outcome"] == "ok"], df)
 
 
 def test_at_least_40_gpu_configurations_with_provenance(rows):
@@ -54,20 +54,19 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 0.9%, 176 of 180 within 10%, worst 23% (issue 4's 10% on every row: not met; the four
-    # misses are later jobs of a process, whose earlier job's blocks the rows do not record). It was 157
-    # of 170 (mean 2.3%) with stage 3 and offload on a ratio, 110 of 142 (mean 6.5%) with one ratio.
-    assert err.mean() < 0.01 and err.max() < 0.25
-    assert (err <= 0.10).mean() >= 0.97
+    # README: mean 0.65%, 178 of 180 within 10%, worst 14% (issue 4's 10% on every row: not met; the two
+    # misses are later jobs of the validator's process at N = 2, simulated after the jobs before them).
+    # It was 157 of 170 (mean 2.3%) with stage 3 and offload on a ratio, 110 of 142 (6.5%) with one ratio.
+    assert err.mean() < 0.008 and err.max() < 0.15
+    assert (err <= 0.10).mean() >= 0.985
     # Simulated (the generated allocation sequence through the allocator): all but one row (stage 3
-    # with parameter offload at N = 2); stage 3's 49 rows and the 20 with optimizer offload within 10%
-    # but one later job.
+    # with parameter offload at N = 2); stage 3's 49 rows and the 20 with optimizer offload all within 10%.
     sim = clean["now_reserved_source"] == "simulated"
-    assert sim.sum() >= 175 and err[sim].mean() < 0.01 and (err[sim] <= 0.10).mean() >= 0.97
+    assert sim.sum() >= 175 and err[sim].mean() < 0.008 and (err[sim] <= 0.10).mean() >= 0.985
     s3 = sim & (clean["stage"] == 3)
     assert s3.sum() >= 45 and (err[s3] <= 0.10).all()
     offload = clean["offload_optimizer"] != "none"
-    assert offload.sum() >= 20 and (err[offload] > 0.10).sum() <= 1
+    assert offload.sum() >= 20 and (err[offload] <= 0.10).all()
     # With expandable_segments (8 rows; simulated, or the ratio times the measured factor): 8 of 8, worst 3.4%.
     exp = rows[started_clean(rows) & expandable]
     err = ((exp["now_peak_reserved_bytes"] - exp["measured_peak_reserved_bytes"])

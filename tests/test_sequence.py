@@ -173,3 +173,24 @@ def test_generated_reserved_against_a_fresh_process_history(name, recorded_gib, 
     spec, s = to_zerocalc(job_from_row(rows[rows["key"] == key].iloc[-1].to_dict()))
     generated = allocator.replay(sequence.events(spec, s, steps=2)).peak_reserved_bytes   # what a history spans
     assert abs(generated / recorded.peak_reserved_bytes - 1) <= tolerance
+
+
+def test_a_process_of_one_job_is_a_fresh_process():
+    model, s = from_architecture(TINY), setup(2)
+    assert sequence.process_peak_reserved_bytes([(model, s)]) == sequence.peak_reserved_bytes(model, s)
+
+
+def test_a_later_job_counts_what_the_earlier_one_left_reserved():
+    """TINY's own tensors are all under 1 MiB (the small pool's 2 MiB segments); cuBLAS's two 32 MiB
+    workspaces get segments of their own. After the first job the worker frees its tensors and empties
+    the cache: the workspaces' two segments stay, and the second job, whose peak is counted from
+    there, makes its small segments again: it reserves what the first did. Put a large model first
+    and the second job starts on that model's segment that a workspace lies in."""
+    tiny, s = from_architecture(TINY), setup(2)
+    alone = sequence.peak_reserved_bytes(tiny, s)
+    assert sequence.process_peak_reserved_bytes([(tiny, s), (tiny, s)]) == alone
+    big = from_architecture(Architecture("hf-llama", vocab_size=32000, hidden_size=1024, num_layers=2, num_heads=16,
+                                         num_kv_heads=16, ffn_hidden_size=2816, tie_embeddings=False))
+    after_big = sequence.process_peak_reserved_bytes([(big, setup(2)), (tiny, s)])
+    assert after_big >= 2 * 32 * MiB and after_big != alone
+    assert sequence.process_peak_reserved_bytes([(tiny, s), (tiny, setup(3, offload_optimizer="cpu", gas=2))]) is None

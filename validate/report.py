@@ -65,25 +65,52 @@ def load(paths) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).drop_duplicates(["key", "source"], keep="last")
 
 
-def predicted_reserved(e, row: dict) -> int:
-    """zerocalc's reserved peak for a measured row. `estimate` predicts a fresh process; a later job of
-    the validator's process starts with cuBLAS's two workspaces already allocated (its
-    measured_base_allocated_bytes is at least one), so its allocation sequence is simulated with them
-    made before init (`sequence.events(..., fresh_process=False)`). The ratio is used as estimate uses it."""
+def earlier_jobs(df: pd.DataFrame) -> dict:
+    """For each row (by index), the rows run before it in the same validator process, in order (the
+    worker runs a matrix's jobs one after another in one process; a row whose job started with less
+    than cuBLAS's workspace allocated is the first of a process), or None where that is not known (a
+    job before it in the process did not finish)."""
+    out = {}
+    for _, g in df.groupby("source", sort=False):
+        process = None
+        for i, r in g.sort_index().iterrows():
+            base = r.get("measured_base_allocated_bytes")
+            if r.get("outcome") == "ok" and not pd.isna(base) and base < sequence.CUBLAS_WORKSPACE_BYTES:
+                process = []
+            out[i] = None if process is None else list(process)
+            if process is not None:
+                process = process + [r.to_dict()] if r.get("outcome") == "ok" else None
+    return out
+
+
+def predicted_reserved(e, row: dict, earlier=None) -> int:
+    """zerocalc's reserved peak for a measured row. `estimate` predicts a fresh process. A later job of
+    the validator's process (its measured_base_allocated_bytes is at least one cuBLAS workspace) is
+    simulated after the jobs run before it in that process (`earlier`, from `earlier_jobs`;
+    `sequence.process_peak_reserved_bytes`: what they left cached decides where this one's blocks
+    go), or, where those are not known or not generated, with the workspaces made before init
+    (`sequence.events(..., fresh_process=False)`). The ratio is used as estimate uses it."""
     base = row.get("measured_base_allocated_bytes")
     if e.reserved_source != "simulated" or pd.isna(base) or base < sequence.CUBLAS_WORKSPACE_BYTES:
         return e.peak_reserved_bytes
+    if earlier:
+        jobs = [to_zerocalc(job_from_row(r)) for r in earlier] + [(e.model, e.setup)]
+        replayed = sequence.process_peak_reserved_bytes(jobs)
+        if replayed is not None:
+            return replayed
     return sequence.peak_reserved_bytes(e.model, e.setup, fresh_process=False)
 
 
-def repredict(df: pd.DataFrame) -> pd.DataFrame:
-    """Add now_* columns: the current zerocalc's prediction for each row."""
+def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Add now_* columns: the current zerocalc's prediction for each row. `every`: all rows of the
+    files, failed ones included, to find the jobs that ran before each row in its process."""
+    earlier = earlier_jobs(df if every is None else every)
     out = df.copy()
     cols = {"now_state_bytes": [], "now_comm_bytes": [], "now_peak_allocated_bytes": [],
             "now_peak_reserved_bytes": [], "now_peak_phase": [], "now_step_s": [], "now_forward_s": [],
             "now_backward_s": [], "now_step_phase_s": [], "now_host_bytes": [], "now_reserved_source": []}
     from zerocalc.hardware import gpu
-    for _, r in df.iterrows():
+    for i, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
         e = estimate(spec, setup, hardware=gpu("h200"))
         t = e.time
@@ -91,7 +118,8 @@ def repredict(df: pd.DataFrame) -> pd.DataFrame:
                      ("now_step_phase_s", "optimizer_s")):
             cols[k].append(getattr(t, v) if t else float("nan"))
         for k, v in (("now_state_bytes", predicted_state_bytes(e, r["backend"])), ("now_comm_bytes", e.comm_bytes),
-                     ("now_peak_allocated_bytes", e.peak_bytes), ("now_peak_reserved_bytes", predicted_reserved(e, r.to_dict())),
+                     ("now_peak_allocated_bytes", e.peak_bytes),
+                     ("now_peak_reserved_bytes", predicted_reserved(e, r.to_dict(), earlier.get(i))),
                      ("now_reserved_source", e.reserved_source),
                      ("now_peak_phase", e.peak.name), ("now_host_bytes", e.states.cpu_bytes)):
             cols[k].append(v)
@@ -180,7 +208,7 @@ def report(paths) -> tuple[str, bool]:
              ", ".join(f"{k} {v}" for k, v in df["outcome"].value_counts().items())]
     if ok.empty:
         return "\n".join(lines), False
-    ok = repredict(ok)
+    ok = repredict(ok, df)
     lines += [""] + _table(ok, "now_state_bytes", "measured_state_bytes",
                            "Resident state bytes per rank after a step (max over ranks); exact = to the byte", True)
     lines += [""] + _table(ok, "now_comm_bytes", "measured_comm_bytes",

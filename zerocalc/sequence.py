@@ -773,9 +773,14 @@ def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_proce
     (forward) and of autograd's thread (backward) and keeps it (32 MiB each: the histories'
     allocations without a free; later jobs of a process start with 64 MiB allocated).
     fresh_process=False: a later job's, made before."""
-    arch = model.architecture
     if not generated(model, setup):
         return None
+    return _job(model, setup, steps, fresh_process, rank)[0]
+
+
+def _job(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bool, rank: int):
+    """(events, the cuBLAS workspaces' handles) of one generated job: `events` above."""
+    arch = model.architecture
     if steps is None:
         steps = 3 if setup.stage == Stage.PARAMETERS and setup.dp > 1 else 2
     t = _Trace()
@@ -839,7 +844,7 @@ def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_proce
             ds.grad_ready(0, model.param_numels[0])                      # the embedding
             ds.end_backward(boundary=micro == setup.gas - 1)
         ds.step()
-    return t.events
+    return t.events, workspaces
 
 
 def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> int | None:
@@ -851,3 +856,46 @@ def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = Tr
     return max(replay(events(model, setup, fresh_process=fresh_process, rank=r),
                       expandable_segments=setup.expandable_segments).peak_reserved_bytes
                for r in offload_ranks(model, setup))
+
+
+def process_peak_reserved_bytes(jobs) -> int | None:
+    """The reserved peak of the last of `jobs` ((model, setup) pairs) run after the others in one
+    process, as the validator runs a matrix: after each job its tensors are freed and the cache
+    emptied (`validate.worker`), but cuBLAS's workspaces, made by the first job, stay, and so does
+    every segment a workspace lies in; the next job starts on those. max_memory_reserved is reset at
+    each job's start, so the peak is the last job's alone, counted from what was reserved then.
+    None if any job is not generated."""
+    if not all(generated(m, s) for m, s in jobs):
+        return None
+    combined, start, offset, workspaces = [], 0, 0, set()
+    for k, (model, setup) in enumerate(jobs):
+        ev, ws = _job(model, setup, None, k == 0, 0)
+        if k:
+            ev = ev[2:]            # events(fresh_process=False) opens with the workspaces: the first job's
+        else:
+            workspaces = {h + offset for h in ws}
+        relabelled = [(e[0], e[1] + offset, *e[2:]) if e[0] != "empty_cache" else e for e in ev]
+        offset += max((e[1] for e in ev if e[0] == "alloc"), default=0)
+        if k == len(jobs) - 1:
+            start = len(combined)
+            combined += relabelled
+            break
+        combined += relabelled
+        alive = {}
+        for e in relabelled:       # the job's end: every tensor of it freed but the workspaces
+            if e[0] == "alloc":
+                alive[e[1]] = True
+            elif e[0] == "free":
+                alive.pop(e[1], None)
+        combined += [("free", h) for h in alive if h not in workspaces]
+        combined.append(("empty_cache",))
+    r = replay(combined, expandable_segments=jobs[-1][1].expandable_segments)
+    changes = sorted([(seg.event, seg.size_bytes) for seg in r.segments] + [(i, -n) for i, n in r.releases])
+    reserved = before = peak = 0
+    for i, delta in changes:
+        if i < start:
+            before = reserved = reserved + delta
+        else:
+            reserved += delta
+            peak = max(peak, reserved)
+    return max(before, peak)
