@@ -96,7 +96,7 @@ def _replayable(path):
     return snap["zerocalc_base_reserved"] == 0 or bool(start_segments(snap))
 
 
-HISTORIES = sorted(glob.glob("data/snapshots/t3-warmup*/*.json.gz") + glob.glob("data/snapshots/t4-*/*.json.gz"))
+HISTORIES = sorted(glob.glob("data/snapshots/t[345]-*/*.json.gz"))
 REPLAYABLE = [p for p in HISTORIES if _replayable(p)]
 
 
@@ -118,7 +118,7 @@ def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
 
 def test_the_committed_histories_cover_a_start_from_a_cache_and_an_empty_cache_call():
     from validate.snapshot import allocator_events, load
-    assert len(REPLAYABLE) == 34 and len(HISTORIES) == 36
+    assert len(REPLAYABLE) == 44 and len(HISTORIES) == 46
     snaps = [load(p) for p in REPLAYABLE]
     assert any(s["zerocalc_base_reserved"] > 0 for s in snaps)
     assert any(("empty_cache",) in allocator_events(s["device_traces"][0]) for s in snaps)
