@@ -44,8 +44,8 @@ axes[0].set(xlim=(0, lim), ylim=(0, lim), xlabel="measured peak allocated (GiB)"
             title="zerocalc vs H200 (x: the paper's model states)")
 axes[0].legend(fontsize=8)
 clean = df[started_clean(df)]
-for source, marker, label in (("simulated", "o", "allocation sequence simulated (stages 0-2)"),
-                              ("ratio", "^", "calibrated ratio (stage 3, offload)")):
+for source, marker, label in (("simulated", "o", "allocation sequence simulated"),
+                              ("ratio", "^", "calibrated ratio (not generated)")):
     g = clean[clean["now_reserved_source"] == source]
     axes[1].scatter(g["measured_peak_reserved_bytes"] / GiB, g["now_peak_reserved_bytes"] / GiB, c=g["stage"],
                     vmin=0, vmax=3, marker=marker, s=30, label=label)
@@ -54,8 +54,9 @@ axes[1].plot([0, lim2], [0, lim2], "k--", lw=1)
 axes[1].plot([0, lim2], [0, 1.1 * lim2], "k:", lw=0.7)
 axes[1].plot([0, lim2], [0, 0.9 * lim2], "k:", lw=0.7, label="±10%")
 axes[1].set(xlim=(0, lim2), ylim=(0, lim2), xlabel="measured peak reserved (GiB)", ylabel="predicted (GiB)",
-            title="reserved (rows that started clean; colour: stage)")
-axes[1].legend(fontsize=8)
+            title="reserved (rows that started clean; colour: stage 0 dark to 3 yellow)")
+for handle in axes[1].legend(fontsize=8).legend_handles[:2]:   # the marker says the source, not the stage
+    handle.set_color("gray")
 fig.tight_layout()
 fig.savefig(os.path.join(FIG, "predicted_vs_measured.png"), dpi=110)"""),
     ("code", """df["err_pct"] = 100 * (df["predicted"] - df["measured"]) / df["measured"]
@@ -137,36 +138,40 @@ fig.tight_layout()
 fig.savefig(os.path.join(FIG, "allocator_replay.png"), dpi=110)"""),
     ("md", "## The allocation sequence, generated\n\n`zerocalc.sequence` generates a configuration's allocations "
            "(init, two training steps) from the architecture and the setup, and `zerocalc.allocator` replays them: "
-           "that is `estimate`'s reserved peak at stages 0-2. Against the histories of the four configurations "
-           "recorded in a fresh process (x: position in each sequence, as a fraction of its events; the generated "
-           "one leaves out what is constant and tiny)."),
+           "that is `estimate`'s reserved peak wherever the sequence is generated (stages 0-3, optimizer offload). "
+           "Against the histories of six configurations recorded in a fresh process (x: position in each sequence, "
+           "as a fraction of its events; the generated one leaves out what is constant and tiny; stage 3 at N = 2 "
+           "gathers on a stream of its own)."),
     ("code", """import pandas as pd
 from zerocalc import allocator, sequence
 fresh = [("t3-warmup-b/seed-gpt-h768-l12-s2-bf16-n1-b1x2048", "160M GPT, stage 2, 1×2048, checkpointed"),
          ("t4-warmup/hf-llama-h768-l12-s2-bf16-n1-b1x2048", "130M Llama, stage 2, 1×2048, checkpointed"),
          ("t4-warmup/hf-llama-h2048-l22-s2-bf16-n1-b8x2048", "1.1B Llama, stage 2, 8×2048, checkpointed"),
-         ("t4-warmup/hf-llama-h2048-l22-s2-bf16-n2-b2x1024", "1.1B Llama, stage 2, N = 2, 2×1024")]
+         ("t4-warmup/hf-llama-h2048-l22-s2-bf16-n2-b2x1024", "1.1B Llama, stage 2, N = 2, 2×1024"),
+         ("t4-warmup/seed-gpt-h2048-l24-s3-bf16-n1-b2x1024-gas1-384", "1.4B GPT, stage 3, 2×1024"),
+         ("t4-warmup/hf-llama-h2048-l22-s3-bf16-n2-b2x1024", "1.1B Llama, stage 3, N = 2, 2×1024")]
 rows = pd.concat([pd.read_csv(p) for p in paths])
-fig, axes = plt.subplots(1, 4, figsize=(16, 4))
-for ax, (pick, title) in zip(axes, fresh):
+fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+for ax, (pick, title) in zip(axes.ravel(), fresh):
     path = sorted(glob.glob(os.path.join(ROOT, "data", "snapshots", pick + "*.json.gz")))[0]
     snap = load_history(path)
     recorded, _ = reserved_timelines(snap)
     n_rec = len(snap["device_traces"][0])
     key = os.path.basename(path)[:-len(".json.gz")]
     spec, setup = to_zerocalc(job_from_row(rows[rows["key"] == key].iloc[-1].to_dict()))
-    events = sequence.events(spec, setup)
-    made = allocator.replay(events).segments
-    total, generated = 0, [(0, 0)]
-    for seg in made:
-        total += seg.size_bytes
-        generated.append((seg.event, total))
+    events = sequence.events(spec, setup, steps=2)   # what a history spans
+    made = allocator.replay(events)
+    total, peak, generated = 0, 0, [(0, 0)]
+    for j, delta in sorted([(seg.event, seg.size_bytes) for seg in made.segments] + [(j, -n) for j, n in made.releases]):
+        total += delta                         # segments made, and those stage 3's init returns (empty_cache)
+        peak = max(peak, total)
+        generated.append((j, total))
     ax.step([j / n_rec for j, _ in recorded], [v / GiB for _, v in recorded], "-", where="post", label="recorded (H200)")
     ax.step([j / len(events) for j, _ in generated] + [1], [v / GiB for _, v in generated] + [total / GiB], "--",
             where="post", label="generated + simulated")
     ax.set(title=title, xlabel="position in the sequence", ylabel="reserved (GiB)")
     ax.legend(fontsize=8)
-    print(f"{title}: recorded {max(v for _, v in recorded) / GiB:.3f} GiB, generated {total / GiB:.3f} GiB")
+    print(f"{title}: recorded {max(v for _, v in recorded) / GiB:.3f} GiB, generated {peak / GiB:.3f} GiB")
 fig.tight_layout()
 fig.savefig(os.path.join(FIG, "generated_sequence.png"), dpi=110)"""),
     ("code", """# The case study's configuration: zerocalc estimate --model seed-gpt --dp 2 --stage 3 --seq-len 1024 --micro-batch 2 --dtype fp16
