@@ -71,7 +71,7 @@ def earlier_jobs(df: pd.DataFrame) -> dict:
     than cuBLAS's workspace allocated is the first of a process), or None where that is not known (a
     job before it in the process did not finish)."""
     out = {}
-    for _, g in df.groupby("source", sort=False):
+    for _, g in (df.groupby("source", sort=False) if "source" in df else [(None, df)]):
         process = None
         for i, r in g.sort_index().iterrows():
             base = r.get("measured_base_allocated_bytes")
