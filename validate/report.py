@@ -234,8 +234,8 @@ def report(paths) -> tuple[str, bool]:
         simulated = gpu["now_reserved_source"] == "simulated"
         for rows_, name in ((~expandable, "rows that started clean"),
                             (~expandable & simulated, "rows that started clean, simulated (allocation sequence "
-                                                      "through the allocator: stages 0-3 without offload)"),
-                            (~expandable & ~simulated, "rows that started clean, calibrated ratio (offload)"),
+                                                      "through the allocator)"),
+                            (~expandable & ~simulated, "rows that started clean, calibrated ratio (not generated)"),
                             (expandable, "rows run with expandable_segments:True that started clean")):
             clean = gpu[started_clean(gpu) & rows_]
             if not clean.empty:

@@ -54,7 +54,7 @@ class Estimate:
         `allocator_param_offload` with stage 3's parameter offload (whose whole-module init leaves
         1.43-1.75× cached on H200), else `allocator`, each fitted on its own rows (a calibration
         without one falls back to `allocator`); under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-        times `allocator_expandable`'s factor (H200: 0.86, measured on eight configurations run with
+        times `allocator_expandable`'s factor (H200: 0.84, the mean over six configurations run with
         both allocators), with that allocator's worst measured ratio."""
         default = self.cal.get("allocator", {"reserved_over_allocated": 1.0, "reserved_extra_bytes": 0})
         base = self.cal.get("allocator_param_offload", default) if self.setup.offload_param != "none" else default

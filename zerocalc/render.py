@@ -63,8 +63,8 @@ def as_table(estimates) -> str:
     sources = {e.reserved_source for e in estimates}
     lines.append("reserved: " + ("the job's allocation sequence through PyTorch's caching allocator, simulated"
                                  if sources == {"simulated"} else "allocated × the reserved/allocated ratio measured "
-                                 "on H200" if sources == {"ratio"} else "simulated from the allocation sequence at "
-                                 "stages 0-3 without offload, a measured ratio elsewhere") + " (docs/reserved-memory.md).")
+                                 "on H200" if sources == {"ratio"} else "simulated from the allocation sequence "
+                                 "where it is generated, a measured ratio elsewhere") + " (docs/reserved-memory.md).")
     tight = [e for e in estimates if e.fits and not e.fits_worst_case and not e.setup.expandable_segments]
     if tight:
         lines.append("tight: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lowered reserved on every H200 "

@@ -601,8 +601,9 @@ class _Stage3:
         self.iterations = 0
 
     def fetch(self, backward: bool) -> None:
-        """The parameters' all-gathers and releases of one forward or backward (at N > 1; at N = 1 a
-        fetched parameter is a view of its partition). The first iteration records the trace: each
+        """The parameters' all-gathers and releases of one forward or backward (at N > 1, or at N = 1
+        with parameter offload; else a fetched parameter is a view of its partition). The first
+        iteration records the trace: each
         module's parameters are gathered when it runs and released after it; later ones prefetch
         (`stage3_trace.fetches`). A call of one parameter gathers it whole, padded (its buffer is the
         parameter's data: `_all_gather_sequential`); a call of several gathers into one flat buffer
@@ -715,9 +716,9 @@ class _Stage3:
             self._reduce()
 
     def step(self) -> None:
-        """get_grad_norm_direct: an fp64 copy of each gradient partition in turn; then per sub-group
-        _prepare_fp32_grad_for_sub_group (a bit16 copy of the sub-group's gradients, their fp32 cast)
-        and Adam's moments, made at the first step."""
+        """fp16's overflow check; get_grad_norm_direct: an fp64 copy of each gradient partition in
+        turn; then per sub-group _prepare_fp32_grad_for_sub_group (a bit16 copy of the sub-group's
+        gradients, their fp32 cast) and Adam's moments, made at the first step."""
         t, b = self.t, self.b
         if self.offload:              # the host's step; the norms were taken at the reductions
             return

@@ -83,9 +83,8 @@ def fetches(model: ModelSpec, setup: Setup, record: bool) -> tuple[tuple[tuple, 
     """What the coordinator does at each step of one iteration's trace (forward's steps, then
     backward's), in order: ("gather", params) for each all-gather call (params in `ds_id` order), then
     ("wait", p) for each of the module's parameters still in flight (gathered now or prefetched), then
-    ("release", p). record: the
-    first iteration, while the trace is recorded: no prefetch, and each module's parameters are
-    released after it (`release_sub_module` before the trace is complete)."""
+    ("release", p). record: the first iteration, while the trace is recorded: no prefetch, and each
+    module's parameters are released after it (`release_sub_module` before the trace is complete)."""
     return tuple(tuple(actions) for _step, actions, _gathered in _walk(model, setup, record))
 
 
