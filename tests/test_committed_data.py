@@ -54,15 +54,15 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 0.7%, 179 of 182 within 10%, worst 14% (issue 4's 10% on every row: not met; the three
-    # misses are later jobs of the validator's process at N = 2, simulated after the jobs before them).
-    # It was 157 of 170 (mean 2.3%) with stage 3 and offload on a ratio, 110 of 142 (6.5%) with one ratio.
-    assert err.mean() < 0.008 and err.max() < 0.15
-    assert (err <= 0.10).mean() >= 0.98
+    # README: mean 0.6%, 181 of 182 within 10%, worst 14% (issue 4's 10% on every row: not met; the miss
+    # is a later job of the validator's process at N = 2, simulated after the jobs before it). It was
+    # 157 of 170 (mean 2.3%) with stage 3 and offload on a ratio, 110 of 142 (6.5%) with one ratio.
+    assert err.mean() < 0.007 and err.max() < 0.15
+    assert (err > 0.10).sum() <= 1
     # Simulated (the generated allocation sequence through the allocator): all but one row (stage 3
     # with parameter offload at N = 2); stage 3's 49 rows and the 20 with optimizer offload all within 10%.
     sim = clean["now_reserved_source"] == "simulated"
-    assert sim.sum() >= 175 and err[sim].mean() < 0.008 and (err[sim] <= 0.10).mean() >= 0.98
+    assert sim.sum() >= 175 and err[sim].mean() < 0.007 and (err[sim] > 0.10).sum() <= 1
     s3 = sim & (clean["stage"] == 3)
     assert s3.sum() >= 45 and (err[s3] <= 0.10).all()
     offload = clean["offload_optimizer"] != "none"
@@ -131,8 +131,7 @@ def test_first_jobs_of_a_process_are_simulated_to_the_fraction_of_a_percent(rows
     assert (one & ~s3).sum() >= 30 and err[one & ~s3].max() < 0.002
     assert (one & s3 & n1).sum() >= 9 and err[one & s3 & n1].max() < 0.003
     assert (one & s3 & ~n1).sum() >= 18 and err[one & s3 & ~n1].max() < 0.03
-    # optimizer offload (13 first jobs, mean 1.1%): 8 within 0.2%; the 1.4B GPT with both offloads -2.8%,
-    # stage 2 at N = 2 -7.4%
-    assert offload.sum() >= 13 and (err[offload] < 0.002).sum() >= 8 and err[offload].max() < 0.08
+    # optimizer offload (13 first jobs, mean 0.6%): 8 within 0.2%, the 1.4B GPT with both offloads -2.8%
+    assert offload.sum() >= 13 and (err[offload] < 0.002).sum() >= 8 and err[offload].max() < 0.03
     gas = first["gas"].astype(int) > 1
     assert gas.sum() == 4 and (err[gas] < 0.001).sum() == 3 and err[gas].max() < 0.08

@@ -62,7 +62,9 @@ class _SeedGpt:
     """seed-gpt's layer (LayerNorm → nn.MultiheadAttention, eager with need_weights → LayerNorm →
     Linear, GELU, Linear): forward allocation by allocation as the H200 histories record it;
     backward at the granularity of the kept tensors (each freed beside a gradient of its size),
-    which reproduces the seed-gpt histories' reserved to the MiB."""
+    which reproduces the seed-gpt histories' reserved to the MiB. The residual stream's gradient is
+    one tensor that autograd accumulates in place through the layers (an 8 MiB block of the 1.4B
+    GPT's history lives from backward's start past the first bucket's reduction, `snapshots/t5-process/`)."""
 
     def __init__(self, t: _Trace, arch, setup: Setup):
         self.t, self.arch, self.setup = t, arch, setup
@@ -145,11 +147,9 @@ class _SeedGpt:
             g = t.alloc(n)
             t.free(handle, g)
         self._bias_grads((arch.hidden_size,) * 3)                           # v, k, q (in_proj)
-        g_in = t.alloc(self.th)
-        t.free(grad)
         for k in reversed(range(12)):                  # _seed_gpt_layer's parameters, last first
             hook(k)
-        return g_in
+        return grad                                    # the residual stream's gradient, accumulated in place
 
 
 class _LlamaSizes:
