@@ -30,7 +30,7 @@ A new segment lies below every segment so far (as the driver placed the large se
 fresh process recorded), or at the address a recorded history gives (`segment_addresses`): the
 address only breaks ties between equal-sized free blocks, the lowest winning.
 
-Checked against the allocator's own history of 48 real DeepSpeed jobs on an H200 (stages 0-3, N = 1
+Checked against the allocator's own history of 51 real DeepSpeed jobs on an H200 (stages 0-3, N = 1
 and 2, one to three streams, later jobs starting from a non-empty cache, DeepSpeed's `empty_cache`;
 data/snapshots/, `tests/test_allocator.py`): replaying their allocations and frees at their
 addresses gives the same segments, in the same order, size and stream, as the history records.
