@@ -162,7 +162,7 @@ for ax, (pick, title) in zip(axes.ravel(), fresh):
     events = sequence.events(spec, setup, steps=2)   # what a history spans
     made = allocator.replay(events)
     total, peak, generated = 0, 0, [(0, 0)]
-    for j, delta in sorted([(seg.event, seg.size_bytes) for seg in made.segments] + [(j, -n) for j, n in made.releases]):
+    for j, delta in made.reserved_changes():
         total += delta                         # segments made, and those stage 3's init returns (empty_cache)
         peak = max(peak, total)
         generated.append((j, total))

@@ -127,8 +127,7 @@ def reserved_timelines(snap: dict) -> tuple[list[tuple[int, int]], list[tuple[in
     trace = snap["device_traces"][0]
     at = list(_allocator_events_at(trace))
     sim = simulate([e for _, e in at], start_segments(snap), segment_addresses=segment_addresses(trace))
-    changes = sorted([(at[s.event][0], s.size_bytes) for s in sim.segments] +
-                     [(at[i][0], -size) for i, size in sim.releases])
+    changes = [(at[i][0], delta) for i, delta in sim.reserved_changes()]
     recorded = [(j, e["size"] if e["action"] == "segment_alloc" else -e["size"])
                 for j, e in enumerate(trace) if e["action"] in ("segment_alloc", "segment_free")]
 

@@ -80,6 +80,11 @@ class Replay:
     peak_reserved_bytes: int      # max_memory_reserved less what was reserved before the sequence
     peak_allocated_bytes: int     # max_memory_allocated likewise (rounded block sizes)
 
+    def reserved_changes(self) -> list[tuple[int, int]]:
+        """(event index, bytes) of every change to reserved, in order: segments made (+), segments
+        `empty_cache` returned (-)."""
+        return sorted([(s.event, s.size_bytes) for s in self.segments] + [(i, -n) for i, n in self.releases])
+
 
 def replay(events, cached=(), expandable_segments: bool = False, segment_addresses=()) -> Replay:
     """Run the allocator over events: ("alloc", handle, n_bytes, stream), ("free", handle) and

@@ -348,18 +348,6 @@ def _llama_backward(t: _Trace, z: _LlamaSizes, kept: dict, hook) -> None:
     _rms_norm_backward(t, z, kept, "n1", gx, keep_grad=False)
 
 
-def _layer_backward(t: _Trace, kept: list, grad: int, grad_bytes: int) -> int:
-    """Free a layer's kept activations in reverse, each beside a gradient of its size; returns the
-    gradient of the layer's input."""
-    for handle, n in reversed(kept):
-        g = t.alloc(n)
-        t.free(handle)
-        t.free(g)
-    g_in = t.alloc(grad_bytes)
-    t.free(grad)
-    return g_in
-
-
 LLAMA_PARAMS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 5, "down": 6}   # _llama_layer's order
 
 
@@ -407,6 +395,11 @@ class _Llama:
         return grad                                    # accumulated in place
 
 
+def _flat_offsets(numels) -> list[int]:
+    """Each parameter's start in the flat group (stages 1/2 flatten the parameters in order)."""
+    return [0, *accumulate(numels[:-1])]
+
+
 def _overlap(start: int, numel: int, shard: int, rank: int) -> int:
     """Elements of the flat group's [start, start + numel) in `rank`'s slice [rank·S, (rank + 1)·S)."""
     return max(0, min((rank + 1) * shard, start + numel) - max(rank * shard, start))
@@ -419,7 +412,7 @@ def offload_ranks(model: ModelSpec, setup: Setup) -> tuple[int, ...]:
     if setup.offload_optimizer == "none" or setup.stage == Stage.PARAMETERS or setup.dp == 1:
         return (0,)
     part = partition(model.param_numels, setup)
-    offsets = [0, *accumulate(model.param_numels[:-1])]
+    offsets = _flat_offsets(model.param_numels)
     biggest = max(range(setup.dp), key=lambda r: max(_overlap(o, n, part.flat_shard, r)
                                                      for o, n in zip(offsets, model.param_numels)))
     return tuple(sorted({0, biggest}))
@@ -439,7 +432,7 @@ class _Stage:
         self.bucket_ranks: set[int] = set()
         self.bucket_params: list[int] = []
         self.micro_grads, self.later_micro_step = None, False   # stage 2's per-micro-step copy (GAS > 1)
-        self.offsets = [0, *accumulate(model.param_numels[:-1])]   # each parameter's start in the flat group
+        self.offsets = _flat_offsets(model.param_numels)
         self.moments = None
 
     def init(self, params: list) -> None:
@@ -905,9 +898,8 @@ def process_peak_reserved_bytes(jobs) -> int | None:
         combined += [("free", h) for h in alive if h not in workspaces]
         combined.append(("empty_cache",))
     r = replay(combined, expandable_segments=jobs[-1][1].expandable_segments)
-    changes = sorted([(seg.event, seg.size_bytes) for seg in r.segments] + [(i, -n) for i, n in r.releases])
     reserved = before = peak = 0
-    for i, delta in changes:
+    for i, delta in r.reserved_changes():
         if i < start:
             before = reserved = reserved + delta
         else:
