@@ -59,6 +59,23 @@ def probe_machine(device) -> dict:
     return {"launch_s": statistics.median(launches), "matmul_flops_per_s": statistics.median(rates)}
 
 
+HOST_PROBE_LAUNCHES = 500
+
+
+def host_issue_s(device) -> float | None:
+    """Host seconds to issue one tiny kernel, from HOST_PROBE_LAUNCHES in-place adds not waited for:
+    taken before each timed step (the step is timed after it, from a synchronize), so a slow step can be
+    set beside how fast this host issued work just then. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    x = torch.zeros(1, device=device)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(HOST_PROBE_LAUNCHES):
+        x.add_(1.0)
+    return (time.perf_counter() - t0) / HOST_PROBE_LAUNCHES
+
+
 def _children(obj):
     """(name, child) pairs worth following from obj: containers and DeepSpeed/torch objects."""
     if isinstance(obj, dict):

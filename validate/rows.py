@@ -18,6 +18,7 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
                     "measured_base_allocated_bytes", "measured_step_s", "measured_forward_s", "measured_backward_s",
                     "measured_step_phase_s", "measured_step_times_s", "measured_launch_us", "measured_matmul_tflops",
+                    "measured_step_issue_us", "measured_step_cpu_s",
                     "measured_device_overhead_bytes") + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:])
     for what in ("peak", "end", "reserved"))
@@ -117,6 +118,10 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         slowest = max(ok, key=lambda r: r["step_s"])
         row["measured_step_s"] = slowest["step_s"]
         row["measured_step_times_s"] = json.dumps([round(t, 6) for t in slowest.get("step_times_s", [])])
+        # per timed step: the host's launch speed just before it, the process's CPU seconds in it
+        if slowest.get("host_issue_s") and None not in slowest["host_issue_s"]:
+            row["measured_step_issue_us"] = json.dumps([round(t * 1e6, 3) for t in slowest["host_issue_s"]])
+            row["measured_step_cpu_s"] = json.dumps([round(t, 6) for t in slowest["step_cpu_s"]])
         probe = slowest.get("probe") or {}
         if probe:   # the slowest rank's host and GPU speed beside its step times
             row["measured_launch_us"] = round(probe["launch_s"] * 1e6, 3)

@@ -208,16 +208,20 @@ def run_job(job, device):
     for _ in range(PHASE_STEPS):
         keep_losses(optimizer_step(record=True))
     probe = measure.probe_machine(device)
-    for _ in range(TIMED_STEPS):
+    host_issue_s, step_cpu_s = [], []   # beside each timed step: the host's launch speed just before
+    for _ in range(TIMED_STEPS):        # it, and the process's CPU seconds (every thread) during it
+        host_issue_s.append(measure.host_issue_s(device))
         measure.synchronize(cuda)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         pending = optimizer_step(record=True, phases=False)
         measure.synchronize(cuda)
         step_s.append(time.perf_counter() - t0)
+        step_cpu_s.append(time.process_time() - c0)
         keep_losses(pending)
     params = list(engine.module.parameters())
     result = {"outcome": "ok", "losses": losses, "comm": comm, "state": state,
-              "step_s": statistics.median(step_s), "step_times_s": step_s, "probe": probe, "memory": rec.summary(),
+              "step_s": statistics.median(step_s), "step_times_s": step_s, "probe": probe,
+              "host_issue_s": host_issue_s, "step_cpu_s": step_cpu_s, "memory": rec.summary(),
               # The case study's sharding check: ZeRO-3 gives every parameter ds_id and ds_tensor.
               "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params)}
     engine.destroy()   # the engine and model go with this frame; the caller collects garbage
