@@ -51,6 +51,37 @@ def test_equal_free_blocks_go_by_address_which_fresh_processes_lay_downwards():
     assert [s.size_bytes for s in r.segments] == [40 * MiB, 30 * MiB, 40 * MiB]
 
 
+def test_a_later_job_lays_its_segments_upwards_in_what_empty_cache_returned():
+    # The earlier job: P and Q, 40 MiB each, Q below P, both returned by empty_cache: one 80 MiB range.
+    # The sequence of the test above then puts A (40 MiB) at that range's low end and B (30 MiB) right
+    # above it (the 40 MiB left there), so A is the lower: x takes A's front, a2's 10 MiB stays apart,
+    # and y needs a segment of its own, as when a history's addresses put A below B.
+    earlier = [alloc("P", 40 * MiB), alloc("Q", 40 * MiB), free("P"), free("Q"), ("empty_cache",)]
+    seq = [alloc("A", 40 * MiB), free("A"), alloc("a1", 30 * MiB), alloc("a2", 10 * MiB), alloc("b", 30 * MiB),
+           free("a1"), free("b"), alloc("x", 30 * MiB), free("a2"), alloc("y", 40 * MiB)]
+    r = replay(earlier + seq)
+    assert [s.size_bytes for s in r.segments] == [40 * MiB, 40 * MiB, 40 * MiB, 30 * MiB, 40 * MiB]
+    assert r.releases == ((4, 40 * MiB), (4, 40 * MiB))
+
+
+def test_returned_ranges_merge_and_a_segment_takes_the_lowest_that_holds_it():
+    from zerocalc.allocator import _Allocator
+    a = _Allocator()
+    for i, (name, size) in enumerate([("P", 30), ("Q", 30), ("R", 20), ("S", 100)]):
+        a.malloc(name, size * MiB, 0, i)                 # each below the one before: S < R < Q < P
+    top = 1 << 47
+    assert [a.live[n].seg_start for n in "PQRS"] == [top - 30 * MiB, top - 60 * MiB, top - 80 * MiB, top - 180 * MiB]
+    for name in "PQS":
+        a.free(name)
+    a.empty_cache(4)                                     # P and Q touch: one 60 MiB range; S's 100 MiB apart
+    assert a.holes == [(top - 180 * MiB, top - 80 * MiB), (top - 60 * MiB, top)]
+    a.malloc("A", 50 * MiB, 0, 5)                        # the lowest range holding 50 MiB: S's old one
+    a.malloc("B", 60 * MiB, 0, 6)                        # S's has 50 left: P and Q's, whole
+    a.malloc("C", 60 * MiB, 0, 7)                        # none holds 60 now: below every segment
+    assert [a.live[n].seg_start for n in "ABC"] == [top - 180 * MiB, top - 60 * MiB, top - 240 * MiB]
+    assert a.holes == [(top - 130 * MiB, top - 80 * MiB)]
+
+
 def test_freed_neighbours_merge_back_into_one_block():
     # 40 MiB segment; 15 MiB at its front, the 25 MiB rest taken exactly; both freed merge into 40 MiB,
     # which a 40 MiB request then reuses: one segment.
@@ -96,7 +127,7 @@ def _replayable(path):
     return snap["zerocalc_base_reserved"] == 0 or bool(start_segments(snap))
 
 
-HISTORIES = sorted(glob.glob("data/snapshots/t[345]-*/*.json.gz"))
+HISTORIES = sorted(glob.glob("data/snapshots/t[3456]-*/*.json.gz"))
 REPLAYABLE = [p for p in HISTORIES if _replayable(p)]
 
 
@@ -118,7 +149,7 @@ def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
 
 def test_the_committed_histories_cover_a_start_from_a_cache_and_an_empty_cache_call():
     from validate.snapshot import allocator_events, load
-    assert len(REPLAYABLE) == 51 and len(HISTORIES) == 53
+    assert len(REPLAYABLE) == 58 and len(HISTORIES) == 60
     snaps = [load(p) for p in REPLAYABLE]
     assert any(s["zerocalc_base_reserved"] > 0 for s in snaps)
     assert any(("empty_cache",) in allocator_events(s["device_traces"][0]) for s in snaps)

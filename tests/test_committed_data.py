@@ -54,15 +54,14 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 0.6%, 186 of 187 within 10%, worst 14% (issue 4's 10% on every row: not met; the miss
-    # is a later job of the validator's process at N = 2, simulated after the jobs before it). It was
+    # README: mean 0.4%, every row within issue 4's 10% (worst 8.6%). It was 186 of 187 before a later
+    # job's new segments were laid in the address ranges the jobs before it returned (the miss: +14%),
     # 157 of 170 (mean 2.3%) with stage 3 and offload on a ratio, 110 of 142 (6.5%) with one ratio.
-    assert err.mean() < 0.007 and err.max() < 0.15
-    assert (err > 0.10).sum() <= 1
+    assert err.mean() < 0.005 and err.max() < 0.10
     # Simulated (the generated allocation sequence through the allocator): all but one row (stage 3
-    # with parameter offload at N = 2); stage 3's 49 rows and the 20 with optimizer offload all within 10%.
+    # with parameter offload at N = 2).
     sim = clean["now_reserved_source"] == "simulated"
-    assert sim.sum() >= 175 and err[sim].mean() < 0.007 and (err[sim] > 0.10).sum() <= 1
+    assert sim.sum() >= 185 and err[sim].mean() < 0.005
     s3 = sim & (clean["stage"] == 3)
     assert s3.sum() >= 45 and (err[s3] <= 0.10).all()
     offload = clean["offload_optimizer"] != "none"
@@ -94,8 +93,9 @@ def test_report_prints_every_table():
 def test_step_time_within_the_stated_error(rows):
     timed = rows[timed_whole_steps(rows)]
     err = ((timed["now_step_s"] - timed["measured_step_s"]) / timed["measured_step_s"]).abs()
-    # README: rows timed as training runs (147): mean 9.9%, 118 within 15%, worst 33% (issue 5's 15% on
-    # every row: not met; the medians of one configuration's jobs differ by 13% (median over 25 configurations)
+    # README: rows timed as training runs (158): mean 9.8%, 130 within 15%, worst 33% (issue 5's 15% on
+    # every row: not met, nor can be: the jobs of three configurations spread wider than any one prediction
+    # covers within 15%; the medians of one configuration's jobs differ by 14%, median over 31 configurations)
     assert len(timed) >= 90
     assert err.mean() < 0.11
     assert (err <= 0.15).mean() >= 0.78        # 79% (77% before stage 1's move was timed apart from stage 2's hook)

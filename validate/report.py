@@ -156,14 +156,38 @@ def _within_own_steps(timed: pd.DataFrame) -> list[str]:
             f"the rows' own spread (slowest - fastest) / median: median {spread.median():.1%}, worst {spread.max():.1%}"]
 
 
+def _host_speed(timed: pd.DataFrame) -> list[str]:
+    """Rows that time the host beside each step (`measured_step_issue_us`): how a step's time (over its
+    row's median) goes with the host's launch time just before it (over its row's median)."""
+    if "measured_step_issue_us" not in timed:
+        return []
+    steps, issue = [], []
+    for t, u in zip(timed["measured_step_times_s"], timed["measured_step_issue_us"]):
+        if isinstance(u, str) and u.startswith("["):
+            t, u = pd.Series(json.loads(t)), pd.Series(json.loads(u))
+            steps += list(t / t.median())
+            issue += list(u / u.median())
+    if len(steps) < 10:
+        return []
+    steps, issue = pd.Series(steps), pd.Series(issue)
+    slow = steps[issue > 1.1].median() / steps[issue <= 1.1].median() - 1
+    return ["", f"Host speed beside each timed step ({len(steps)} steps): step time (over its row's median) against "
+                f"the host's launch time just before it (over its row's median): r = {steps.corr(issue):.2f}; "
+                f"steps after a launch time over 1.1x the row's median took {slow:+.0%} (median)"]
+
+
 def _repeats(confs: pd.DataFrame) -> list[str]:
-    """Configurations timed more than once (separate jobs): how far apart their medians are."""
+    """Configurations timed more than once (separate jobs): how far apart their medians are, and how
+    many spread wider than any one prediction can cover within 15% of every job (slowest/fastest above
+    1.15/0.85)."""
     repeated = confs[confs["jobs"] >= 2]
     if repeated.empty:
         return []
+    wide = repeated[repeated["slowest"] / repeated["fastest"] > 1.15 / 0.85]
     return ["", f"Repeatability: {len(repeated)} configurations timed in {repeated['jobs'].min()}-{repeated['jobs'].max()} "
                 f"separate jobs; their medians differ by (max - min) / mean: median {repeated['span'].median():.1%}, "
-                f"worst {repeated['span'].max():.1%}"]
+                f"worst {repeated['span'].max():.1%}; {len(wide)} spread beyond slowest/fastest = 1.35, where no "
+                f"prediction is within 15% of all their jobs ({', '.join(f'{a * 1e3:.0f}-{b * 1e3:.0f} ms' for a, b in zip(wide['fastest'], wide['slowest']))})"]
 
 
 RESERVED_ORDER = ("init", "first_forward", "first_backward", "first_step", "forward", "backward", "step")
@@ -197,7 +221,8 @@ def by_configuration(timed: pd.DataFrame) -> pd.DataFrame:
     conf = timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()])
     out = conf.groupby("conf").agg(stage=("stage", "first"), jobs=("measured_step_s", "size"),
                                    measured_step_s=("measured_step_s", "median"), now_step_s=("now_step_s", "first"),
-                                   span=("measured_step_s", lambda t: (t.max() - t.min()) / t.mean()))
+                                   span=("measured_step_s", lambda t: (t.max() - t.min()) / t.mean()),
+                                   fastest=("measured_step_s", "min"), slowest=("measured_step_s", "max"))
     return out.reset_index(drop=True)
 
 
@@ -252,7 +277,7 @@ def report(paths) -> tuple[str, bool]:
             lines += [""] + _table(g, "now_step_s", "measured_step_s", f"Step time with CPU offload, {split} rows "
                                    "(included above); target 15%", False, 0.15)
         if not timed.empty:
-            lines += [""] + _within_own_steps(timed)
+            lines += [""] + _within_own_steps(timed) + _host_speed(timed)
         for pred, meas, name in (("now_forward_s", "measured_forward_s", "forward"),
                                  ("now_backward_s", "measured_backward_s", "backward"),
                                  ("now_step_phase_s", "measured_step_phase_s", "optimizer step")):

@@ -1,4 +1,4 @@
-"""The allocation sequence of a DeepSpeed job's first two training steps, generated from the
+"""The allocation sequence of a DeepSpeed job's first training steps, generated from the
 architecture and the setup, for `zerocalc.allocator` to replay: the reserved peak without a ratio.
 
 What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/`, and DeepSpeed
@@ -11,7 +11,9 @@ What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/`
   forward that saves nothing); the final norm, the logits, their fp32 copy, the fp32 log-softmax;
 - backward: the loss path's fp32 gradients, the head's weight gradient, then per layer (rebuilt
   first under checkpointing) hf-llama's backward as its history records it, seed-gpt's at the
-  granularity of its kept tensors; each weight gradient through DeepSpeed's hook for the stage;
+  granularity of its kept tensors; each weight gradient through DeepSpeed's hook for the stage; a
+  norm weight's (and at stage 3 a bias's) gradient summed over the tokens through the reduction's
+  staging buffer (`_sum_over_tokens`);
 - step: DeepSpeed's norm, flatten, fp32 cast and Adam's lazily made moments (first step), per stage;
 - stage 3 (`_Stage3`): init's per-parameter partitions, `empty_cache` and flat buffers, the gradient
   bucket's flatten on the reduction stream, the parameters' all-gathers and releases on the all-gather
@@ -37,6 +39,18 @@ from zerocalc.comm import MEMORY_OPT_ALLREDUCE_SIZE
 from zerocalc.model import ModelSpec
 from zerocalc.partition import max_grads_in_partition, partition, persistent_mask, sub_groups
 from zerocalc.training import Setup, Stage
+
+
+REDUCTION_STAGING_BYTES = 132 << 20   # the cap, H200 (132 SMs): see `_sum_over_tokens`
+
+
+def _sum_over_tokens(t: "_Trace", tokens: int, width: int) -> None:
+    """A norm's weight or a bias gradient: a [tokens, width] tensor summed over its tokens. PyTorch's
+    reduction splits the tokens across thread blocks and stages partial sums in a global-memory
+    buffer from the caching allocator (Reduce.cuh), freed at once: 8 bytes per input element up to
+    132 MiB on H200 (every seed-gpt and hf-llama history: 12 MiB at 2048 x 768 ... 128 MiB at 8192 x
+    2048; 132 MiB at 16384 x 2048, 4096 x 8192, 32768 x 768)."""
+    t.free(t.alloc(min(8 * tokens * width, REDUCTION_STAGING_BYTES)))
 
 
 class _Trace:
@@ -129,12 +143,11 @@ class _SeedGpt:
 
     def _bias_grads(self, widths) -> None:
         """ZeRO-3's LinearFunctionForZeroStage3.backward sums a 3-d output gradient for the bias
-        through a temporary of 8 bytes per output element (H200 histories: 128 MiB for the 1.4B GPT's
-        fc1 at 2x1024 tokens, 96 MiB for the 160M one's at 4x1024)."""
+        (`_sum_over_tokens`: 128 MiB for the 1.4B GPT's fc1 at 2x1024 tokens, 96 MiB for the 160M
+        one's at 4x1024)."""
         if self.setup.stage == Stage.PARAMETERS:
-            tok = self.setup.micro_batch * self.setup.seq_len
             for w in widths:
-                self.t.free(self.t.alloc(8 * tok * w))
+                _sum_over_tokens(self.t, self.setup.micro_batch * self.setup.seq_len, w)
 
     def backward(self, kept: list, grad: int, hook) -> int:
         t, arch = self.t, self.arch
@@ -158,6 +171,7 @@ class _LlamaSizes:
     def __init__(self, arch, setup: Setup):
         b, tok = setup.param_bytes, setup.micro_batch * setup.seq_len
         kv_dim = arch.num_kv_heads * arch.head_dim
+        self.tokens, self.width = tok, arch.hidden_size
         self.h = b * tok * arch.hidden_size               # hidden states
         self.f32 = 4 * tok * arch.hidden_size             # RMSNorm's fp32 upcast
         self.f = b * tok * arch.ffn_hidden_size           # MLP activations
@@ -207,8 +221,6 @@ def _llama_forward(t: _Trace, z: _LlamaSizes, x: int, keep_input: bool, recomput
     o = t.alloc(z.h)
     res1 = t.alloc(z.h)
     t.free(o)
-    if not keep_input:
-        t.free(x)
     _rms_norm(t, z, kept, "n2")
     for name in ("gate", "silu", "up", "prod"):
         kept[name] = t.alloc(z.f)
@@ -218,6 +230,8 @@ def _llama_forward(t: _Trace, z: _LlamaSizes, x: int, keep_input: bool, recomput
     down = t.alloc(z.h)
     out = t.alloc(z.h)
     t.free(down, res1)
+    if not keep_input:   # LlamaModel.forward's hidden_states holds the input until the layer returns
+        t.free(x)
     return out, kept
 
 
@@ -264,7 +278,7 @@ def _rms_norm_backward(t: _Trace, z: _LlamaSizes, kept: dict, name: str, g_in: i
     input (the final norm's, which flows into the last layer), else it is added in place."""
     a1, a2 = t.alloc(z.h), t.alloc(z.h)
     t.free(kept[name + "_cast"])
-    t.free(t.alloc(z.f32))                     # the weight's gradient, summed in fp32
+    _sum_over_tokens(t, z.tokens, z.width)     # the weight's gradient
     t.free(a2, g_in)
     b1 = t.alloc(z.f32)
     t.free(a1)
@@ -772,10 +786,11 @@ def _to_device_order(model: ModelSpec) -> list[int]:
 
 def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_process: bool = True, rank: int = 0):
     """The allocation events of init and `steps` training steps, or None where not generated.
-    Two steps by default (the first makes Adam's moments and the cache's layout, the second runs on
-    it), three at stage 3 with N > 1, whose first prefetching iteration (the second) runs on a cache
-    the trace-recording one shaped: the third grew reserved further on two of eighteen N = 2 rows
-    (0.6%), a fourth on none. cuBLAS takes a workspace at the first matmul of the main thread
+    Three steps by default: the first makes Adam's moments and the cache's layout, the second runs
+    on it, and the third can still grow it: at stage 3 with N > 1 the first prefetching iteration
+    (the second) runs on a cache the trace-recording one shaped (the third grew reserved on two of
+    eighteen N = 2 rows, 0.6%); the 1.1B Llama at stage 0 as a later job grew from 35.51 to 39.61 GiB
+    in the forward after its two warm-up steps (data/h200-t6-process-b-n1.csv). A fourth grew none. cuBLAS takes a workspace at the first matmul of the main thread
     (forward) and of autograd's thread (backward) and keeps it (32 MiB each: the histories'
     allocations without a free; later jobs of a process start with 64 MiB allocated).
     fresh_process=False: a later job's, made before."""
@@ -788,7 +803,7 @@ def _job(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bool,
     """(events, the cuBLAS workspaces' handles) of one generated job: `events` above."""
     arch = model.architecture
     if steps is None:
-        steps = 3 if setup.stage == Stage.PARAMETERS and setup.dp > 1 else 2
+        steps = 3
     t = _Trace()
     workspaces = [] if fresh_process else [t.alloc(CUBLAS_WORKSPACE_BYTES), t.alloc(CUBLAS_WORKSPACE_BYTES)]
     b, tok, v, h = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.vocab_size, arch.hidden_size
