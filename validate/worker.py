@@ -104,6 +104,26 @@ def _cached_segments() -> list:
     return out
 
 
+PROFILE_DIR = os.environ.get("VALIDATE_PROFILE_DIR")   # diagnostics: rank 0's profile of one extra step
+
+
+@contextlib.contextmanager
+def _profiled(key, cuda):
+    """With VALIDATE_PROFILE_DIR set, profile the block on rank 0 (host and device activity) and write
+    DIR/KEY.txt: the operators by host time, by device time and by host time with children."""
+    if not (cuda and int(os.environ.get("RANK", 0)) == 0):
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    table = prof.key_averages()
+    os.makedirs(PROFILE_DIR, exist_ok=True)
+    with open(os.path.join(PROFILE_DIR, key + ".txt"), "w") as f:
+        for sort in ("self_cpu_time_total", "self_cuda_time_total", "cpu_time_total"):
+            f.write(f"== by {sort}\n{table.table(sort_by=sort, row_limit=40, max_name_column_width=70)}\n")
+
+
 @contextlib.contextmanager
 def _memory_history(key, cuda, scope):
     """With VALIDATE_SNAPSHOT_DIR set and VALIDATE_SNAPSHOT_SCOPE == scope, record every allocation and
@@ -207,6 +227,9 @@ def run_job(job, device):
     state = measure.resident_state(engine)
     for _ in range(PHASE_STEPS):
         keep_losses(optimizer_step(record=True))
+    if PROFILE_DIR:   # one more whole step, profiled (not timed, not recorded); none otherwise
+        with _profiled(job["key"], cuda):
+            keep_losses(optimizer_step(record=False, phases=False))
     probe = measure.probe_machine(device)
     host_issue_s, step_cpu_s = [], []   # beside each timed step: the host's launch speed just before
     for _ in range(TIMED_STEPS):        # it, and the process's CPU seconds (every thread) during it
