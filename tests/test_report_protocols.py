@@ -74,3 +74,19 @@ def test_a_configuration_timed_in_several_jobs_is_judged_by_the_median_of_its_jo
     assert list(confs["jobs"]) == [3, 1]                          # ...of one configuration
     assert list(confs["measured_step_s"]) == [0.20, 0.50]         # the median of 0.30, 0.10, 0.20
     assert list(confs["now_step_s"]) == [0.21, 0.40]
+
+
+def test_a_true_flag_read_back_from_a_set_of_files_keeps_its_value(tmp_path):
+    """overlap_comm is empty in the older files and true in a new one: pandas reads the concatenated
+    column as 1.0 and NaN, which must give True and DeepSpeed's default (None), not False."""
+    from validate.report import load
+    from validate.rows import job_from_row
+    arch = dict(family="seed-gpt", vocab_size=100, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=4,
+                ffn_hidden_size=256, tie_embeddings=False, max_positions=64)
+    base = dict(key="k", nproc=2, stage=1, optimizer="adamw", outcome="ok", **arch)
+    pd.DataFrame([{**base, "overlap_comm": ""}]).to_csv(tmp_path / "old.csv", index=False)
+    pd.DataFrame([{**base, "key": "k2", "overlap_comm": True}]).to_csv(tmp_path / "new.csv", index=False)
+    rows = load([str(tmp_path / "old.csv"), str(tmp_path / "new.csv")])
+    assert rows["overlap_comm"].tolist()[1] == 1.0                 # what pandas makes of it
+    old, new = (job_from_row(r.to_dict()) for _, r in rows.iterrows())
+    assert old["overlap_comm"] is None and new["overlap_comm"] is True

@@ -163,8 +163,8 @@ def _field_kind(f):
 def _cast(value, kind):
     if value is None or value == "" or (isinstance(value, float) and value != value):
         return None
-    if kind is bool:
-        return str(value) in ("True", "true", "1")
+    if kind is bool:   # a bool column beside empty ones reads back as 1.0 / 0.0 from a set of files
+        return bool(value) if isinstance(value, (bool, int, float)) else str(value) in ("True", "true", "1")
     if kind is int:
         try:
             return int(value)            # exact, also for 2**63 - 1

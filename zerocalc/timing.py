@@ -8,6 +8,8 @@ what waits on communication:
                 + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stage 2)
     step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
     step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + n_tensors·t_grad_move (stage 1) + step  (+ offload)
+                with overlap_comm at stages 1/2, W_reduce / (ε·link) becomes
+                max(0, W_reduce / (ε·link) - passes·backward) + t0[stage]
 
 - F: FLOPs per micro-step. Forward 2·P·T + 4·L·h·s·T (the attention scores and values), backward
   twice that, plus one more forward with activation checkpointing (Kaplan et al. 2020; Korthikanti
@@ -33,7 +35,16 @@ what waits on communication:
   backward; stage 1 keeps the gradients and moves them into the buckets once, at the end of the
   step's last backward (`stage_1_and_2.py:971`): t_grad_move per tensor. Fitted apart, the move costs a
   fifth of the hook (21 vs 99 us per tensor on H200); with one shared constant stage 1 was
-  over-predicted by 17% on average at N = 2.
+  over-predicted by 17% on average at N = 2. With `overlap_comm` at stages 1/2 (measured on H200,
+  N = 2: `data/h200-t6-overlap-*.csv`) stage 1 takes stage 2's hooks (stage_1_and_2.py:2290), the
+  reduction runs beside the backward passes that fill its buckets (every micro-step's at stage 2, the
+  boundary's at stage 1: `passes`) and only what outlasts them waits, and backward's epilogue
+  synchronizes the device (stage_1_and_2.py:1026): the host can no longer issue the step while the
+  device finishes backward, so the step's host time t0 is spent again with the device idle. Over
+  NVLink the reduction is short and the synchronize dominates: the steps were 28–52% slower than
+  without overlap_comm (1.4B GPT stage 2: 160 vs 125 ms, stage 1: 184 vs 121 ms; 1.1B Llama stage 2:
+  179 vs 152 ms). That the reduction hides behind backward where the link is slow (between nodes) is
+  DeepSpeed's design, not measured here.
 - Offload (measured on a 2×H200 host with 32 vCPUs and a 1×H200 host with 16, which agreed to 1–4%
   on the same jobs; `data/h200-t2-offload-*.csv`): the host's memory, PCIe root and cores are shared
   by the R = min(N, GPUs per node) ranks on it, so each term counts the host's bytes or elements, R
@@ -118,6 +129,7 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
     s3 = setup.stage == Stage.PARAMETERS
     ck = setup.activation_checkpointing
     it = stage3_trace.simulate(model, setup) if s3 else None
+    stage12_overlap = setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) and setup.overlap
     by = {"forward": 0, "backward": 0, "step": 0, "reduce": 0}
     for c in collectives:
         if c.op == "all_gather_into_tensor":
@@ -144,9 +156,13 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "step_gather_at_link_s": by["step"] / link,
         "reduce_at_link_s": by["reduce"] / link,
         # ZeRO-2 copies each gradient into the bucket in its hook, during backward; ZeRO-1 keeps the
-        # gradients and moves them into buckets at the end of backward (stage_1_and_2.py:971), once per step
-        "grad_hooks": len(model.param_numels) if setup.stage == Stage.GRADIENTS else 0,
-        "grad_moves": len(model.param_numels) if setup.stage == Stage.OPTIMIZER_STATES else 0,
+        # gradients and moves them into buckets at the end of backward (stage_1_and_2.py:971), once per
+        # step, unless overlap_comm puts it on ZeRO-2's path (stage_1_and_2.py:2290)
+        "grad_hooks": len(model.param_numels) if setup.stage == Stage.GRADIENTS or stage12_overlap else 0,
+        "grad_moves": len(model.param_numels) if setup.stage == Stage.OPTIMIZER_STATES and not setup.overlap else 0,
+        # overlap_comm at stages 1/2: the backward passes its reduction can hide behind (stage 2 reduces
+        # in every micro-step, stage 1 in the boundary's); 0 without it
+        "overlap_passes": (gas if setup.stage == Stage.GRADIENTS else 1) if stage12_overlap else 0,
         "step_class": STEP_CLASSES[0 if setup.stage == Stage.DISABLED else 2 if s3 else 1],
         "optimizer_elements": elements,
         **offload_features(setup, elements, hw),
@@ -187,7 +203,14 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
         backward += f["host_grad_bytes"] / k["host_link_bytes_per_s"]
         optimizer = host_step_s(f, k)
     step = k["step_overhead_s"][f["step_class"]] + optimizer + f["step_gather_at_link_s"] / eff
-    return forward, backward, step, f["reduce_at_link_s"] / eff + f["grad_moves"] * k["grad_move_s"]
+    reduce = f["reduce_at_link_s"] / eff
+    if f.get("overlap_passes"):
+        # overlap_comm: the reduction runs on its own stream beside the backward passes that make its
+        # buckets and only what outlasts them waits; then backward's synchronize stops the host from
+        # issuing the step while the device finishes, and the step's host time is spent again with the
+        # device idle.
+        reduce = max(0.0, reduce - f["overlap_passes"] * backward) + k["step_overhead_s"][f["step_class"]]
+    return forward, backward, step, reduce + f["grad_moves"] * k["grad_move_s"]
 
 
 def host_step_s(f: dict, k: dict) -> float:
