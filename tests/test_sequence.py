@@ -118,6 +118,23 @@ def test_stage3_gathers_run_on_their_own_stream_at_n2_only():
     assert streams(two) == {0, 1, 2}                   # and the all-gathers
 
 
+def test_overlap_comm_doubles_the_bucket_and_reduces_on_its_own_stream():
+    """overlap_comm at N = 2: setup_buckets makes two buffers of reduce_bucket_size elements (bf16:
+    2 x 5e8 B each), alive together through backward; the reduction stream's pool (3) takes the
+    bucket's flatten (TINY's P = 53,952 gradients in one bucket spanning both ranks: 2·P B) and rank
+    0's partition gradients, every parameter overlapping its slice [0, 26,976) whole (embedding 6400,
+    q, k, v, o 4·4096, gate 8192: 30,976) or, as sized for the busiest rank, rank 1's (gate, up,
+    down 3·8192, the norms 3·64, head 6400: 31,168 elements, 2 B each). Stage 1 with overlap_comm
+    takes stage 2's path: the same events. Afterwards the same model states stay."""
+    tiny = from_architecture(TINY)
+    events = sequence.events(tiny, setup(2, 2, overlap_comm=True), steps=1)
+    assert [e[2] for e in events if e[0] == "alloc" and e[3] == 3] == [2 * P, 2 * 31_168]
+    buckets = [e[1] for e in events if e[0] == "alloc" and e[2] == 2 * 500_000_000]
+    assert len(buckets) == 2 and buckets[1] == buckets[0] + 1
+    assert sequence.events(tiny, setup(1, 2, overlap_comm=True)) == sequence.events(tiny, setup(2, 2, overlap_comm=True))
+    assert alive_bytes(events) == alive_bytes(sequence.events(tiny, setup(2, 2), steps=1))
+
+
 def test_a_later_job_makes_the_workspaces_before_init():
     fresh = sequence.events(from_architecture(TINY), setup(2), steps=1)
     later = sequence.events(from_architecture(TINY), setup(2), steps=1, fresh_process=False)
@@ -129,7 +146,7 @@ def test_what_is_not_generated_falls_back_to_the_ratio():
     model = from_architecture(TINY)
     for s in (setup(3, gas=2), setup(2, gas=2, offload_optimizer="cpu"),
               setup(3, offload_optimizer="cpu", dtype_fp16=True), setup(3, 2, offload_optimizer="cpu", offload_param="cpu"),
-              setup(2, overlap_comm=True),
+              setup(2, gas=2, overlap_comm=True), setup(1, overlap_comm=True, offload_optimizer="cpu"),
               Setup(stage=Stage(2), optimizer=OPTIMIZERS["adamw"], dtype="fp32", seq_len=16)):
         assert sequence.events(model, s) is None
         assert estimate(model, s).reserved_source == "ratio"
@@ -161,6 +178,15 @@ FRESH_HISTORIES = [
     ("t4-gas/hf-llama-h768-l12-s1-fp16-n1-b2x1024-gas2-11e84a6921", 4.924, 0.001),
     ("t4-gas/hf-llama-h768-l12-s2-bf16-n1-b1x2048-gas2-e251ce4402", 3.705, 0.001),
     ("t4-gas/seed-gpt-h768-l12-s0-bf16-n1-b4x512-gas2-49f13471da", 5.191, 0.08),
+    # overlap_comm at stages 1/2 (N = 2): the rules read from the 1.4B GPT's stage-2 history (the
+    # first), then the other six (stage 1 and 2, GPT and Llama, checkpointed or not) to 0.3%
+    ("t6-overlap/seed-gpt-h2048-l24-s2-fp16-n2-b2x1024-gas1-3efad2e735", 22.996, 0.001),
+    ("t6-overlap/seed-gpt-h2048-l24-s1-fp16-n2-b2x1024-gas1-ec34dd3a11", 22.996, 0.001),
+    ("t6-overlap/hf-llama-h2048-l22-s2-bf16-n2-b2x1024-gas1-6e214b72b6", 18.363, 0.001),
+    ("t6-overlap/seed-gpt-h768-l12-s2-bf16-n2-b4x1024-gas1-a01b2f11cf", 7.965, 0.003),
+    ("t6-overlap/hf-llama-h2048-l22-s1-bf16-n2-b4x1024-gas1-e2b1e2817c", 21.660, 0.001),
+    ("t6-overlap/seed-gpt-h2048-l24-s2-bf16-n2-b4x1024-gas1-250ef99e00", 27.467, 0.002),
+    ("t6-overlap/hf-llama-h2048-l22-s2-bf16-n2-b8x2048-gas1-fa680bafc8", 21.232, 0.001),
 ]
 
 

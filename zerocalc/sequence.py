@@ -435,13 +435,21 @@ def offload_ranks(model: ModelSpec, setup: Setup) -> tuple[int, ...]:
 class _Stage:
     """DeepSpeed's init, per-gradient hook, end of backward and step for stages 0-2, with or
     without optimizer offload (DeepSpeedCPUAdam: the fp32 master, the moments and the gradient
-    partitions live on the host)."""
+    partitions live on the host). With overlap_comm (stages 1/2, `data/snapshots/t6-overlap/`):
+    setup_buckets makes two buffers (stage_1_and_2.py:3273, double buffering), stage 1 reduces in
+    the hooks as stage 2 does (stage_1_and_2.py:2290), and the bucket's flatten and the partition
+    gradients are made on the reduction stream, in its own pool (`average_tensor`)."""
+
+    REDUCE_STREAM = 3   # reduction_stream
 
     def __init__(self, t: _Trace, model: ModelSpec, setup: Setup, rank: int = 0):
         self.t, self.model, self.setup, self.rank = t, model, setup, rank
         self.b = setup.param_bytes
         self.part = partition(model.param_numels, setup)
         self.offload = setup.offload_optimizer != "none"
+        self.overlap = setup.overlap and setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS)
+        self.in_hooks = setup.stage == Stage.GRADIENTS or self.overlap   # gradients into buckets as they come
+        self.reduce_stream = self.REDUCE_STREAM if self.overlap else 0
         self.grads, self.bucket, self.bucket_fill, self.partition_grads = {}, None, 0, None
         self.bucket_ranks: set[int] = set()
         self.bucket_params: list[int] = []
@@ -486,8 +494,9 @@ class _Stage:
         g = t.alloc(b * numel) if g is None else g
         if self.setup.stage != Stage.DISABLED and self.bucket is None:
             # setup_buckets at the first hook of a backward (ZeRO-1 keeps it to the boundary)
-            self.bucket = t.alloc(self.setup.comm_bytes * self.setup.reduce_bucket_size)
-        if self.setup.stage == Stage.GRADIENTS:
+            self.bucket = [t.alloc(self.setup.comm_bytes * self.setup.reduce_bucket_size)
+                           for _ in range(2 if self.overlap else 1)]
+        if self.in_hooks:
             self._into_bucket(index, numel)
             t.free(g)
         elif index in self.grads:                     # a later micro-step: added into .grad in place
@@ -510,7 +519,7 @@ class _Stage:
         Rank 0 copies its gradients out at the first reduction that holds any (`copy_grads_in_partition`:
         every parameter overlapping the slice, whole; sized for the busiest rank)."""
         if len(self.bucket_ranks) > 1:
-            self.t.free(self.t.alloc(self.setup.comm_bytes * self.bucket_fill))
+            self.t.free(self.t.alloc(self.setup.comm_bytes * self.bucket_fill, self.reduce_stream))
         if self.offload:
             # copy_grads_in_partition with offload: per gradient, its part in this rank's slice is
             # normed in fp64 (set_norm_for_param_grad_in_gpu) and cast to fp32 for the host copy
@@ -524,7 +533,7 @@ class _Stage:
             # micro-step copies into a buffer of its own, added in and freed by its epilogue.
             numel = max_grads_in_partition(self.model.param_numels, self.setup)
             if self.partition_grads is None:
-                self.partition_grads = self.t.alloc(self.b * numel)
+                self.partition_grads = self.t.alloc(self.b * numel, self.reduce_stream)
             elif self.micro_grads is None and self.setup.stage == Stage.GRADIENTS and self.later_micro_step:
                 self.micro_grads = self.t.alloc(self.b * numel)
         self.bucket_fill, self.bucket_ranks, self.bucket_params = 0, set(), []
@@ -540,13 +549,13 @@ class _Stage:
             # allreduce_bucket flattens each bucket of MEMORY_OPT_ALLREDUCE_SIZE elements.
             t.free(t.alloc(b * min(self.part.num_params, MEMORY_OPT_ALLREDUCE_SIZE)))
             return
-        if self.setup.stage == Stage.OPTIMIZER_STATES:
+        if not self.in_hooks:
             # ZeRO-1 moves the gradients into buckets now, in parameter order (stage_1_and_2.py:971).
             for index in sorted(self.grads):
                 self._into_bucket(index, self.model.param_numels[index])
                 t.free(self.grads.pop(index))
         self._reduce()
-        t.free(self.bucket)
+        t.free(*reversed(self.bucket))               # _release_ipg_buffers: the second first
         if self.micro_grads is not None:
             t.free(self.micro_grads)
         self.bucket, self.bucket_fill, self.micro_grads = None, 0, None
@@ -755,7 +764,8 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     nn.MultiheadAttention whatever --attention says — and hf-llama with sdpa, bf16/fp16 through
     DeepSpeed's ZeRO or FP16 optimizer, gradients in the training dtype; stages 0-2 with any number of
     micro-steps, stage 3 with one; optimizer offload with one micro-step (at stage 3 in bf16),
-    parameter offload beside it at N = 1)."""
+    parameter offload beside it at N = 1; overlap_comm at stages 1/2 with one micro-step, without
+    offload)."""
     arch = model.architecture
     s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
     return (arch is not None and setup.seq_len is not None
@@ -764,7 +774,8 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
             and (not offload or (setup.gas == 1 and (not s3 or setup.dtype == "bf16")))
             and arch.family in ("hf-llama", "seed-gpt")
             and (arch.family == "seed-gpt" or setup.attention == "sdpa")   # seed-gpt's one attention path
-            and setup.mixed_precision and (s3 or not setup.overlap)        # stage 3 always overlaps
+            and setup.mixed_precision                                      # stage 3 always overlaps
+            and (s3 or not setup.overlap or (setup.stage != Stage.DISABLED and setup.gas == 1 and not offload))
             and setup.grad_accum_dtype in (None, setup.dtype) and not setup.bf16_optimizer
             and setup.contiguous_gradients)
 
