@@ -41,7 +41,7 @@ from zerocalc.partition import max_grads_in_partition, partition, persistent_mas
 from zerocalc.training import Setup, Stage
 
 
-REDUCTION_STAGING_BYTES = 132 << 20   # the cap, H200 (132 SMs): see `_sum_over_tokens`
+REDUCTION_STAGING_BYTES = 132 << 20   # the cap measured on H200 (which has 132 SMs): see `_sum_over_tokens`
 
 
 def _sum_over_tokens(t: "_Trace", tokens: int, width: int) -> None:
@@ -49,7 +49,8 @@ def _sum_over_tokens(t: "_Trace", tokens: int, width: int) -> None:
     reduction splits the tokens across thread blocks and stages partial sums in a global-memory
     buffer from the caching allocator (Reduce.cuh), freed at once: 8 bytes per input element up to
     132 MiB on H200 (every seed-gpt and hf-llama history: 12 MiB at 2048 x 768 ... 128 MiB at 8192 x
-    2048; 132 MiB at 16384 x 2048, 4096 x 8192, 32768 x 768)."""
+    2048; 132 MiB at 16384 x 2048, 4096 x 8192, 32768 x 768). The cap depends on how many blocks the
+    GPU runs at once; another GPU's is not measured."""
     t.free(t.alloc(min(8 * tokens * width, REDUCTION_STAGING_BYTES)))
 
 
@@ -801,8 +802,9 @@ def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_proce
     on it, and the third can still grow it: at stage 3 with N > 1 the first prefetching iteration
     (the second) runs on a cache the trace-recording one shaped (the third grew reserved on two of
     eighteen N = 2 rows, 0.6%); the 1.1B Llama at stage 0 as a later job grew from 35.51 to 39.61 GiB
-    in the forward after its two warm-up steps (data/h200-t6-process-b-n1.csv). A fourth grew none. cuBLAS takes a workspace at the first matmul of the main thread
-    (forward) and of autograd's thread (backward) and keeps it (32 MiB each: the histories'
+    in the forward after its two warm-up steps (data/h200-t6-process-b-n1.csv). A fourth step grows
+    none of the 111 measured configurations. cuBLAS takes a workspace at the first matmul of the main
+    thread (forward) and of autograd's thread (backward) and keeps it (32 MiB each: the histories'
     allocations without a free; later jobs of a process start with 64 MiB allocated).
     fresh_process=False: a later job's, made before."""
     if not generated(model, setup):
