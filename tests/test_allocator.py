@@ -149,7 +149,7 @@ def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
 
 def test_the_committed_histories_cover_a_start_from_a_cache_and_an_empty_cache_call():
     from validate.snapshot import allocator_events, load
-    assert len(REPLAYABLE) == 65 and len(HISTORIES) == 67
+    assert len(REPLAYABLE) == 66 and len(HISTORIES) == 68
     snaps = [load(p) for p in REPLAYABLE]
     assert any(s["zerocalc_base_reserved"] > 0 for s in snaps)
     assert any(("empty_cache",) in allocator_events(s["device_traces"][0]) for s in snaps)

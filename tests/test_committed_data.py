@@ -54,10 +54,11 @@ def test_reserved_within_the_stated_error(rows):
     clean = rows[started_clean(rows) & ~expandable]
     err = ((clean["now_peak_reserved_bytes"] - clean["measured_peak_reserved_bytes"])
            / clean["measured_peak_reserved_bytes"]).abs()
-    # README: mean 0.4%, every row within issue 4's 10% (worst 8.6%). It was 186 of 187 before a later
-    # job's new segments were laid in the address ranges the jobs before it returned (the miss: +14%),
-    # 157 of 170 (mean 2.3%) with stage 3 and offload on a ratio, 110 of 142 (6.5%) with one ratio.
-    assert err.mean() < 0.005 and err.max() < 0.10
+    # README: mean 0.24%, every row within issue 4's 10% (worst 7.0%, rank 1 of an offload job). It was
+    # 186 of 187 before a later job's new segments were laid in the address ranges the jobs before it
+    # returned (the miss: +14%), 157 of 170 (mean 2.3%) with stage 3 and offload on a ratio, 110 of 142
+    # (6.5%) with one ratio.
+    assert err.mean() < 0.004 and err.max() < 0.10
     # Simulated (the generated allocation sequence through the allocator): all but one row (stage 3
     # with parameter offload at N = 2).
     sim = clean["now_reserved_source"] == "simulated"
@@ -119,8 +120,10 @@ def test_first_jobs_of_a_process_are_simulated_to_the_fraction_of_a_percent(rows
     stages 0-2 with one micro-step per step (45 rows, mean 0.04%; 0.2% but the 160M GPT with
     overlap_comm, -0.27%) and at stage 3 with N = 1 (the two
     blind ones included); stage 3 at N = 2 within 3% (the histories, which end after the second step,
-    to 0.1%; the four blind ones within 0.3%). With gradient accumulation (GAS 2, 4 rows) three are
-    within 0.1% and stage 0's is 7.5% low (README)."""
+    to 0.1%; the four blind ones within 0.3%). With gradient accumulation (GAS 2, 4 rows) all four
+    within 0.1% (README). With optimizer offload at N = 2 the 1.4B GPT at stage 2's rank 0 is simulated
+    to its history's 0.02% (`snapshots/t6-offload-hist/`), but the row holds the busier rank 1's peak,
+    7.5% above it, in both jobs of that configuration (not modelled)."""
     first = rows[started_clean(rows) & (rows["now_reserved_source"] == "simulated")
                  & (rows["measured_base_allocated_bytes"] < 32 * 2**20)]
     err = ((first["now_peak_reserved_bytes"] - first["measured_peak_reserved_bytes"])
@@ -132,7 +135,10 @@ def test_first_jobs_of_a_process_are_simulated_to_the_fraction_of_a_percent(rows
     assert (one & ~s3).sum() >= 45 and err[one & ~s3].max() < 0.003 and (err[one & ~s3] > 0.002).sum() <= 1
     assert (one & s3 & n1).sum() >= 9 and err[one & s3 & n1].max() < 0.003
     assert (one & s3 & ~n1).sum() >= 18 and err[one & s3 & ~n1].max() < 0.03
-    # optimizer offload (13 first jobs, mean 0.6%): 8 within 0.2%, the 1.4B GPT with both offloads -2.8%
-    assert offload.sum() >= 13 and (err[offload] < 0.002).sum() >= 8 and err[offload].max() < 0.03
+    # optimizer offload (14 first jobs): 8 within 0.2%, the 1.4B GPT with both offloads -2.8%; the GPT at
+    # stage 2, N = 2 (two jobs), -7.0%: rank 1 reserves more than the rank 0 simulated
+    n2_stage2 = offload & (first["nproc"].astype(int) == 2) & (first["stage"].astype(int) == 2)
+    assert offload.sum() >= 14 and (err[offload] < 0.002).sum() >= 8 and err[offload & ~n2_stage2].max() < 0.03
+    assert n2_stage2.sum() == 2 and err[n2_stage2].max() < 0.08
     gas = first["gas"].astype(int) > 1
-    assert gas.sum() == 4 and (err[gas] < 0.001).sum() == 3 and err[gas].max() < 0.08
+    assert gas.sum() == 4 and err[gas].max() < 0.001

@@ -32,7 +32,7 @@ returned where it fits (as it placed those of a later job of a process), or at t
 recorded history gives (`segment_addresses`): the address only breaks ties between equal-sized free
 blocks, the lowest winning, and in a later job those ties decided 2 GiB (`snapshots/t6-process/`).
 
-Checked against the allocator's own history of 65 real DeepSpeed jobs on an H200 (stages 0-3, N = 1
+Checked against the allocator's own history of 66 real DeepSpeed jobs on an H200 (stages 0-3, N = 1
 and 2, one to three streams, later jobs starting from a non-empty cache, DeepSpeed's `empty_cache`;
 data/snapshots/, `tests/test_allocator.py`): replaying their allocations and frees at their
 addresses gives the same segments, in the same order, size and stream, as the history records.

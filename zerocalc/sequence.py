@@ -10,8 +10,8 @@ What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/`
   their layer's backward, temporaries freed where the history frees them (under checkpointing: the
   forward that saves nothing); the final norm, the logits, their fp32 copy, the fp32 log-softmax;
 - backward: the loss path's fp32 gradients, the head's weight gradient, then per layer (rebuilt
-  first under checkpointing) hf-llama's backward as its history records it, seed-gpt's at the
-  granularity of its kept tensors; each weight gradient through DeepSpeed's hook for the stage; a
+  first under checkpointing) as each family's history records it (seed-gpt's at stage 3 at the
+  granularity of its kept tensors); each weight gradient through DeepSpeed's hook for the stage; a
   norm weight's (and at stage 3 a bias's) gradient summed over the tokens through the reduction's
   staging buffer (`_sum_over_tokens`);
 - step: DeepSpeed's norm, flatten, fp32 cast and Adam's lazily made moments (first step), per stage;
@@ -25,9 +25,9 @@ What it emits (sizes in bytes; the H200 allocator histories in `data/snapshots/`
   host; at stage 3 with parameter offload (N = 1) each fetch copies a host partition up;
 - cuBLAS's workspaces.
 
-Every configuration recorded as the first job of a fresh process is reproduced to 0.2%
-(`tests/test_sequence.py`: stages 0-3, N = 1 and 2, optimizer offload) but stage 0 with gradient
-accumulation (7.5% low) and the 1.4B GPT with both offloads (2.4% low). What `generated` says is
+Every configuration recorded as the first job of a fresh process is reproduced to 0.3%
+(`tests/test_sequence.py`: stages 0-3, N = 1 and 2, gradient accumulation, overlap_comm, optimizer
+offload; rank 0's history) but the 1.4B GPT with both offloads (2.4% low). What `generated` says is
 covered; others: None.
 """
 from itertools import accumulate
@@ -73,32 +73,87 @@ class _Trace:
             self.events.append(("free", h))
 
 
+def _handles(kept) -> list:
+    """The handles of a layer's kept tensors: a dict of name -> handle (or pair of handles), or a
+    list of (handle, bytes)."""
+    if isinstance(kept, dict):
+        return [h for v in kept.values() for h in (v if isinstance(v, tuple) else (v,))]
+    return [h for h, _n in kept]
+
+
 class _SeedGpt:
     """seed-gpt's layer (LayerNorm → nn.MultiheadAttention, eager with need_weights → LayerNorm →
-    Linear, GELU, Linear): forward allocation by allocation as the H200 histories record it;
-    backward at the granularity of the kept tensors (each freed beside a gradient of its size),
-    which reproduces the seed-gpt histories' reserved to the MiB. The residual stream's gradient is
-    one tensor that autograd accumulates in place through the layers (an 8 MiB block of the 1.4B
-    GPT's history lives from backward's start past the first bucket's reduction, `snapshots/t5-process/`)."""
+    Linear, GELU, Linear), allocation by allocation as the H200 histories record it: at stages 0-2
+    (nn.Linear) forward and backward (`_forward_linear`, `_backward_linear`); at stage 3
+    (LinearFunctionForZeroStage3) the forward, and the backward at the granularity of the kept
+    tensors (each freed beside a gradient of its size), which reproduces the stage-3 histories to
+    0.1%. The residual stream's gradient is one tensor that autograd accumulates in place through
+    the layers (an 8 MiB block of the 1.4B GPT's history lives from backward's start past the first
+    bucket's reduction, `snapshots/t5-process/`)."""
 
     def __init__(self, t: _Trace, arch, setup: Setup):
         self.t, self.arch, self.setup = t, arch, setup
         self.th = setup.param_bytes * setup.micro_batch * setup.seq_len * arch.hidden_size
 
+    def _sizes(self):
+        setup, arch = self.setup, self.arch
+        b, tok, h, f = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.hidden_size, arch.ffn_hidden_size
+        return b, tok, h, f, b * tok * h, b * tok * f, b * setup.micro_batch * arch.num_heads * setup.seq_len ** 2
+
     def _forward(self, x: int) -> tuple[int, list]:
-        t, arch, setup = self.t, self.arch, self.setup
-        b, tok = setup.param_bytes, setup.micro_batch * setup.seq_len
-        h, f, heads = arch.hidden_size, arch.ffn_hidden_size, arch.num_heads
-        th = b * tok * h
+        if self.setup.stage == Stage.PARAMETERS:
+            return self._forward_stage3(x)
+        return self._forward_linear(x)
+
+    def _forward_linear(self, x: int) -> tuple[int, dict]:
+        """Stages 0-2 (nn.Linear): the layer as its H200 history records it (`snapshots/t6-overlap/
+        seed-gpt-h2048-l24-s2-bf16-n2-b4x1024-*`, events 1030-1076). nn.MultiheadAttention with
+        batch_first gets transposed views: each of the q, k, v projections copies its input
+        contiguous (kept by the projection for its weight gradient) and makes its output; q's output
+        is scaled into a copy and dropped, the layer norm outputs are dropped after attention; the
+        need_weights average is made and dropped. Returns (output, the kept tensors by name)."""
+        t = self.t
+        b, tok, h, f, th, tf, att = self._sizes()
+        st = 4 * tok                                  # a LayerNorm's mean and rstd, fp32 per token
+        kept = {"x": x}
+        normed = []
+        for k in "abc":                               # ln1(x) once each for query, key and value
+            normed.append(t.alloc(th))
+            kept["s1" + k] = (t.alloc(st), t.alloc(st))
+        kept["q_in"], q_out = t.alloc(th), t.alloc(th)
+        kept["k_in"], kept["k"] = t.alloc(th), t.alloc(th)
+        kept["v_in"], kept["v"] = t.alloc(th), t.alloc(th)
+        kept["q"] = t.alloc(th)                       # q scaled
+        scores = t.alloc(att)
+        kept["softmax"] = t.alloc(att)
+        t.free(scores)
+        ctx = t.alloc(th)
+        kept["ctx"] = t.alloc(th)                     # the attention output made contiguous
+        t.free(ctx)
+        proj = t.alloc(th)                            # out_proj
+        avg = t.alloc(b * self.setup.micro_batch * self.setup.seq_len ** 2)   # head-averaged weights
+        t.free(q_out, *normed, avg)
+        kept["res"] = t.alloc(th)                     # the residual after attention
+        t.free(proj)
+        kept["n2"], kept["s2"] = t.alloc(th), (t.alloc(st), t.alloc(st))
+        kept["fc1"], kept["gelu"] = t.alloc(tf), t.alloc(tf)
+        fc2 = t.alloc(th)
+        out = t.alloc(th)
+        t.free(fc2)
+        return out, kept
+
+    def _forward_stage3(self, x: int) -> tuple[int, list]:
+        """Stage 3 (LinearFunctionForZeroStage3 in place of nn.Linear): allocation by allocation as the
+        stage-3 histories record it; the kept tensors in order, each with its size."""
+        t = self.t
+        b, tok, h, f, th, tf, att = self._sizes()
         kept = []
 
         def keep(n):
             kept.append((t.alloc(n), n))
             return kept[-1][0]
 
-        # seed-gpt: LayerNorm → nn.MultiheadAttention (eager, need_weights) → LayerNorm → MLP
         kept.append((x, th))                          # the layer's input stays alive for its backward
-        att = b * setup.micro_batch * heads * setup.seq_len ** 2
         for _ in range(3):                            # ln1(x) once each for query, key and value
             keep(th)
         for _ in range(3):                            # q, k, v projections
@@ -111,13 +166,13 @@ class _SeedGpt:
         keep(th)                                      # attention output made contiguous
         t.free(ao)
         proj = t.alloc(th)
-        avg = t.alloc(b * setup.micro_batch * setup.seq_len ** 2)   # head-averaged weights (need_weights)
+        avg = t.alloc(b * self.setup.micro_batch * self.setup.seq_len ** 2)   # head-averaged weights (need_weights)
         t.free(qs, avg)
         keep(th)                                      # the residual after attention
         t.free(proj)
         keep(th)                                      # ln2
-        keep(b * tok * f)                             # fc1
-        keep(b * tok * f)                             # GELU
+        keep(tf)                                      # fc1
+        keep(tf)                                      # GELU
         fc2 = t.alloc(th)
         out = t.alloc(th)
         t.free(fc2)
@@ -139,8 +194,8 @@ class _SeedGpt:
         out, kept = self._forward(x)
         if not self.setup.activation_checkpointing:
             return out, kept
-        self.t.free(*(handle for handle, _n in kept if handle != x))
-        return out, [(x, self.th)]
+        self.t.free(*(h for h in _handles(kept) if h != x))
+        return out, {"x": x} if isinstance(kept, dict) else [(x, self.th)]
 
     def _bias_grads(self, widths) -> None:
         """ZeRO-3's LinearFunctionForZeroStage3.backward sums a 3-d output gradient for the bias
@@ -150,7 +205,9 @@ class _SeedGpt:
             for w in widths:
                 _sum_over_tokens(self.t, self.setup.micro_batch * self.setup.seq_len, w)
 
-    def backward(self, kept: list, grad: int, hook) -> int:
+    def backward(self, kept, grad: int, hook) -> int:
+        if self.setup.stage != Stage.PARAMETERS:
+            return self._backward_linear(kept, grad, hook)
         t, arch = self.t, self.arch
         if self.setup.activation_checkpointing:        # rebuild the layer from its saved input
             y, rebuilt = self._forward(kept[0][0])
@@ -164,6 +221,93 @@ class _SeedGpt:
         for k in reversed(range(12)):                  # _seed_gpt_layer's parameters, last first
             hook(k)
         return grad                                    # the residual stream's gradient, accumulated in place
+
+    def _backward_linear(self, kept: dict, grad: int, hook) -> int:
+        """Stages 0-2: one layer's backward as its H200 history records it (autograd's thread, no call
+        sites: the order and sizes of `snapshots/t6-overlap/seed-gpt-h2048-l24-s2-bf16-n2-b4x1024-*`,
+        events 6965-7174, with these formulas). `hook(index, handle)` hands a parameter's gradient
+        (_seed_gpt_layer's order) to DeepSpeed. A bias's gradient is summed over the tokens through the
+        reduction's staging buffer (`_sum_over_tokens`); the gradient flowing between layers is
+        accumulated in place."""
+        t = self.t
+        if self.setup.activation_checkpointing:        # rebuild the layer from its saved input
+            y, kept = self._forward(kept["x"])
+            t.free(y)
+        b, tok, h, f, th, tf, att = self._sizes()
+        wh, wf = b * h * h, b * f * h
+        # MLP: fc2, GELU, fc1
+        g_gelu, w = t.alloc(tf), t.alloc(wf)
+        bias = t.alloc(b * h)
+        _sum_over_tokens(t, tok, h)
+        t.free(kept["gelu"])
+        hook(11, bias)
+        hook(10, w)
+        g_fc1 = t.alloc(tf)
+        t.free(g_gelu, kept["fc1"])
+        g_n2, w, bias = t.alloc(th), t.alloc(wf), t.alloc(b * f)
+        _sum_over_tokens(t, tok, f)
+        t.free(g_fc1, kept["n2"])
+        hook(9, bias)
+        hook(8, w)
+        # ln2, its input gradient added into the residual stream's
+        g_res, w, bias = t.alloc(th), t.alloc(b * h), t.alloc(b * h)
+        t.free(g_n2, kept["res"], *kept["s2"], g_res)
+        hook(6, w)
+        hook(7, bias)
+        # out_proj
+        g_out, g_ctx, w, bias = t.alloc(th), t.alloc(th), t.alloc(wh), t.alloc(b * h)
+        _sum_over_tokens(t, tok, h)
+        t.free(g_out, kept["ctx"])
+        hook(5, bias)
+        hook(4, w)
+        # attention: softmax · v, softmax, q · kᵀ
+        g_v, g_att = t.alloc(th), t.alloc(att)
+        t.free(g_ctx, kept["v"])
+        a1, a2 = t.alloc(att), t.alloc(att)
+        t.free(a2, g_att, kept["softmax"])
+        g_q, g_k = t.alloc(th), t.alloc(th)
+        t.free(a1, kept["k"], kept["q"])
+        g_q2 = t.alloc(th)
+        t.free(g_k)
+        g_k2 = t.alloc(th)
+        t.free(g_v)
+        g_v2 = t.alloc(th)
+        t.free(g_q2)
+        # in_proj, chunk by chunk (v, k, q), then its gradients concatenated
+        biases, weights, g_in = [], [], []
+        for g_chunk, saved, contiguous in ((g_k2, "v_in", True), (g_q, "k_in", False), (g_v2, "q_in", True)):
+            biases.append(t.alloc(b * h))
+            if contiguous:
+                _sum_over_tokens(t, tok, h)
+                weights.append(t.alloc(wh))
+                g_in.append(t.alloc(th))
+                t.free(g_chunk, kept[saved])
+            else:                                      # k's gradient copied contiguous first, no staging
+                copy = t.alloc(th)
+                t.free(g_chunk)
+                weights.append(t.alloc(wh))
+                g_in.append(t.alloc(th))
+                t.free(copy, kept[saved])
+        cat = t.alloc(3 * b * h)
+        t.free(*reversed(biases))
+        hook(3, cat)
+        cat = t.alloc(3 * wh)
+        t.free(*reversed(weights))
+        hook(2, cat)
+        # ln1, three times (v's, k's, q's input), into x's gradient
+        grads_w = []
+        for k, g_chunk in zip("cba", g_in):
+            g_x, w, bias = t.alloc(th), t.alloc(b * h), t.alloc(b * h)
+            t.free(t.alloc(th), g_chunk)
+            if k == "a":
+                t.free(kept["x"])
+            t.free(*kept["s1" + k], g_x)
+            grads_w.append((w, bias))
+            if k != "c":
+                t.free(w, bias)                        # added into the first application's gradients
+        hook(0, grads_w[0][0])
+        hook(1, grads_w[0][1])
+        return grad
 
 
 class _LlamaSizes:
