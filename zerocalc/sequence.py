@@ -96,11 +96,13 @@ class _SeedGpt:
         self.th = setup.param_bytes * setup.micro_batch * setup.seq_len * arch.hidden_size
 
     def _sizes(self):
+        """(b, T, h, f, and the bytes of a hidden state b·T·h, an MLP activation b·T·f, and the
+        attention scores b·micro-batch·heads·s²)."""
         setup, arch = self.setup, self.arch
         b, tok, h, f = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.hidden_size, arch.ffn_hidden_size
         return b, tok, h, f, b * tok * h, b * tok * f, b * setup.micro_batch * arch.num_heads * setup.seq_len ** 2
 
-    def _forward(self, x: int) -> tuple[int, list]:
+    def _forward(self, x: int) -> tuple[int, dict | list]:
         if self.setup.stage == Stage.PARAMETERS:
             return self._forward_stage3(x)
         return self._forward_linear(x)
@@ -143,8 +145,9 @@ class _SeedGpt:
         return out, kept
 
     def _forward_stage3(self, x: int) -> tuple[int, list]:
-        """Stage 3 (LinearFunctionForZeroStage3 in place of nn.Linear): allocation by allocation as the
-        stage-3 histories record it; the kept tensors in order, each with its size."""
+        """Stage 3 (LinearFunctionForZeroStage3 in place of nn.Linear): the forward with which the
+        stage-3 histories are reproduced to 0.1% (not checked allocation by allocation); the kept
+        tensors in order, each with its size."""
         t = self.t
         b, tok, h, f, th, tf, att = self._sizes()
         kept = []
