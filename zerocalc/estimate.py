@@ -68,7 +68,7 @@ class Estimate:
     def simulated_reserved_bytes(self) -> int | None:
         """`max_memory_reserved()` of the generated allocation sequence replayed through PyTorch's
         caching allocator (`zerocalc.sequence`, `zerocalc.allocator`); None where no sequence is
-        generated (offload, stage 3 with GAS > 1, no architecture: see `sequence.generated`) or simulate is off.
+        generated (see `sequence.generated`: e.g. stage 3 with GAS > 1, no architecture) or simulate is off.
         Milliseconds for a 7B model, ~0.1 s for a 70B one: `plan` ranks with the ratio instead."""
         return sequence.peak_reserved_bytes(self.model, self.setup) if self.simulate else None
 

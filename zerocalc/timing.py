@@ -159,7 +159,7 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         # gradients and moves them into buckets at the end of backward (stage_1_and_2.py:971), once per
         # step, unless overlap_comm puts it on ZeRO-2's path (stage_1_and_2.py:2290)
         "grad_hooks": len(model.param_numels) if setup.stage == Stage.GRADIENTS or stage12_overlap else 0,
-        "grad_moves": len(model.param_numels) if setup.stage == Stage.OPTIMIZER_STATES and not setup.overlap else 0,
+        "grad_moves": len(model.param_numels) if setup.stage == Stage.OPTIMIZER_STATES and not stage12_overlap else 0,
         # overlap_comm at stages 1/2: the backward passes its reduction can hide behind (stage 2 reduces
         # in every micro-step, stage 1 in the boundary's); 0 without it
         "overlap_passes": (gas if setup.stage == Stage.GRADIENTS else 1) if stage12_overlap else 0,
@@ -204,7 +204,7 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
         optimizer = host_step_s(f, k)
     step = k["step_overhead_s"][f["step_class"]] + optimizer + f["step_gather_at_link_s"] / eff
     reduce = f["reduce_at_link_s"] / eff
-    if f.get("overlap_passes"):
+    if f["overlap_passes"]:
         # overlap_comm: the reduction runs on its own stream beside the backward passes that make its
         # buckets and only what outlasts them waits; then backward's synchronize stops the host from
         # issuing the step while the device finishes, and the step's host time is spent again with the
