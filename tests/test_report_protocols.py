@@ -46,6 +46,22 @@ def test_machine_probe_lands_in_its_columns_in_microseconds_and_tflops():
     assert "measured_launch_us" not in row
 
 
+def test_where_each_timed_steps_host_time_went_lands_in_a_column_per_counter():
+    job = make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 1, stage=0, seq_len=8)
+    result = _result({})
+    result["ranks"][0].update(step_host_s=[0.15, 0.2], step_counters=[
+        {"runq_s": 0.001, "steal_s": 0.02, "gc_s": 0.0, "sm_mhz": 1980},
+        {"runq_s": 0.004, "steal_s": 0.0, "gc_s": 0.003, "sm_mhz": None}])
+    result["env"]["cpus"] = "8 of 16"
+    row = make_row(job, result, "cuda", "cmd")
+    assert json.loads(row["measured_step_host_s"]) == [0.15, 0.2]
+    assert json.loads(row["measured_step_runq_s"]) == [0.001, 0.004]
+    assert json.loads(row["measured_step_steal_s"]) == [0.02, 0.0]
+    assert json.loads(row["measured_step_gc_s"]) == [0.0, 0.003]
+    assert "measured_step_sm_mhz" not in row          # one step without a clock reading: none written
+    assert row["cpus"] == "8 of 16"
+
+
 def test_reserved_growth_names_the_last_phase_that_grew_the_cache():
     from validate.report import RESERVED_ORDER, reserved_growth
     MiB = 2**20

@@ -1,4 +1,5 @@
 """What a rank holds and sends, read from the engine itself and from torch's allocator."""
+import gc
 import json
 import os
 import platform
@@ -74,6 +75,59 @@ def host_issue_s(device) -> float | None:
     for _ in range(HOST_PROBE_LAUNCHES):
         x.add_(1.0)
     return (time.perf_counter() - t0) / HOST_PROBE_LAUNCHES
+
+
+class HostCounters:
+    """Where a timed step's host time went, read around each step (Linux; None where unreadable):
+    - runq_s: seconds the main thread was runnable but waited for a CPU (/proc/thread-self/schedstat,
+      field 2): other threads or processes of this guest took its core;
+    - steal_s: CPU seconds the hypervisor gave to someone else, summed over this guest's CPUs
+      (/proc/stat, `steal`, in clock ticks of 10 ms);
+    - gc_s: seconds in Python's garbage collector (gc.callbacks);
+    - sm_mhz: the GPU's SM clock right after the step (NVML through torch; None without pynvml).
+    The main thread spins in synchronize(), so its CPU time equals the wall time and tells nothing;
+    these say whether a slow step waited for a CPU, lost it to the hypervisor or collected garbage."""
+
+    def __init__(self, device):
+        self.device = device
+        self.gc_s, self._gc_t0 = 0.0, None
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase, info):
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self._gc_t0 is not None:
+            self.gc_s += time.perf_counter() - self._gc_t0
+            self._gc_t0 = None
+
+    def close(self):
+        gc.callbacks.remove(self._gc)
+
+    @staticmethod
+    def _read():
+        try:
+            with open("/proc/thread-self/schedstat") as f:
+                runq_ns = int(f.read().split()[1])
+            with open("/proc/stat") as f:
+                steal_ticks = int(f.readline().split()[8])
+            return runq_ns / 1e9, steal_ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None, None
+
+    def start(self):
+        self._t0 = self._read() + (self.gc_s,)
+
+    def stop(self) -> dict:
+        (runq0, steal0, gc0), (runq1, steal1) = self._t0, self._read()
+        out = {"runq_s": None if runq0 is None or runq1 is None else runq1 - runq0,
+               "steal_s": None if steal0 is None or steal1 is None else steal1 - steal0,
+               "gc_s": self.gc_s - gc0, "sm_mhz": None}
+        if self.device.type == "cuda":
+            try:
+                out["sm_mhz"] = torch.cuda.clock_rate(self.device)
+            except Exception:  # noqa: BLE001  -- pynvml missing or NVML unreadable: not recorded
+                pass
+        return out
 
 
 def _children(obj):
@@ -187,7 +241,8 @@ class MemoryRecorder:
 def environment(device):
     import deepspeed
     env = {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "python": platform.python_version(),
-           "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+           "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "cpus": f"{len(os.sched_getaffinity(0))} of {os.cpu_count()}"}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda

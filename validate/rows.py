@@ -18,11 +18,12 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
                     "measured_base_allocated_bytes", "measured_step_s", "measured_forward_s", "measured_backward_s",
                     "measured_step_phase_s", "measured_step_times_s", "measured_launch_us", "measured_matmul_tflops",
-                    "measured_step_issue_us", "measured_step_cpu_s",
+                    "measured_step_issue_us", "measured_step_host_s", "measured_step_runq_s",
+                    "measured_step_steal_s", "measured_step_gc_s", "measured_step_sm_mhz",
                     "measured_device_overhead_bytes") + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:])
     for what in ("peak", "end", "reserved"))
-ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "command",
+ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "cpus", "command",
                "measured_comm_detail", "measured_state_detail")
 COLUMNS = CONFIG_COLUMNS + PREDICTED_COLUMNS + MEASURED_COLUMNS + ENV_COLUMNS
 
@@ -77,7 +78,7 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
     env = result.get("env", {})
     row.update({"gpu": env.get("gpu", "cpu"), "driver": env.get("driver", ""), "cuda": env.get("cuda", ""),
                 "torch": env.get("torch"), "deepspeed": env.get("deepspeed"), "python": env.get("python"),
-                "date": env.get("date"), "host": env.get("host"), "command": command})
+                "date": env.get("date"), "host": env.get("host"), "cpus": env.get("cpus", ""), "command": command})
     ok = [r for r in ranks if r["outcome"] == "ok"]
     if not ok:
         return row
@@ -118,10 +119,16 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         slowest = max(ok, key=lambda r: r["step_s"])
         row["measured_step_s"] = slowest["step_s"]
         row["measured_step_times_s"] = json.dumps([round(t, 6) for t in slowest.get("step_times_s", [])])
-        # per timed step: the host's launch speed just before it, the process's CPU seconds in it
+        # per timed step: the host's launch speed just before it, and where its host time went
+        # (measure.HostCounters; data/README.md)
         if slowest.get("host_issue_s") and None not in slowest["host_issue_s"]:
             row["measured_step_issue_us"] = json.dumps([round(t * 1e6, 3) for t in slowest["host_issue_s"]])
-            row["measured_step_cpu_s"] = json.dumps([round(t, 6) for t in slowest["step_cpu_s"]])
+        if slowest.get("step_host_s"):
+            row["measured_step_host_s"] = json.dumps([round(t, 6) for t in slowest["step_host_s"]])
+        for name in ("runq_s", "steal_s", "gc_s", "sm_mhz"):
+            values = [c[name] for c in slowest.get("step_counters", [])]
+            if values and None not in values:
+                row[f"measured_step_{name}"] = json.dumps([round(v, 6) for v in values])
         probe = slowest.get("probe") or {}
         if probe:   # the slowest rank's host and GPU speed beside its step times
             row["measured_launch_us"] = round(probe["launch_s"] * 1e6, 3)

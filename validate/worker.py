@@ -231,20 +231,30 @@ def run_job(job, device):
         with _profiled(job["key"], cuda):
             keep_losses(optimizer_step(record=False, phases=False))
     probe = measure.probe_machine(device)
-    host_issue_s, step_cpu_s = [], []   # beside each timed step: the host's launch speed just before
-    for _ in range(TIMED_STEPS):        # it, and the process's CPU seconds (every thread) during it
-        host_issue_s.append(measure.host_issue_s(device))
-        measure.synchronize(cuda)
-        c0, t0 = time.process_time(), time.perf_counter()
-        pending = optimizer_step(record=True, phases=False)
-        measure.synchronize(cuda)
-        step_s.append(time.perf_counter() - t0)
-        step_cpu_s.append(time.process_time() - c0)
-        keep_losses(pending)
+    # Beside each timed step: the host's launch speed just before it, how long the host took to issue
+    # the step (until optimizer_step returns, unsynchronized), and where its host time went
+    # (measure.HostCounters).
+    host_issue_s, step_host_s, counters = [], [], []
+    host = measure.HostCounters(device)
+    try:
+        for _ in range(TIMED_STEPS):
+            host_issue_s.append(measure.host_issue_s(device))
+            measure.synchronize(cuda)
+            host.start()
+            t0 = time.perf_counter()
+            pending = optimizer_step(record=True, phases=False)
+            step_host_s.append(time.perf_counter() - t0)
+            measure.synchronize(cuda)
+            step_s.append(time.perf_counter() - t0)
+            counters.append(host.stop())
+            keep_losses(pending)
+    finally:
+        host.close()
     params = list(engine.module.parameters())
     result = {"outcome": "ok", "losses": losses, "comm": comm, "state": state,
               "step_s": statistics.median(step_s), "step_times_s": step_s, "probe": probe,
-              "host_issue_s": host_issue_s, "step_cpu_s": step_cpu_s, "memory": rec.summary(),
+              "host_issue_s": host_issue_s, "step_host_s": step_host_s, "step_counters": counters,
+              "memory": rec.summary(),
               # The case study's sharding check: ZeRO-3 gives every parameter ds_id and ds_tensor.
               "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params)}
     engine.destroy()   # the engine and model go with this frame; the caller collects garbage
@@ -310,6 +320,25 @@ def main(jobs_path, out_dir):
     dist.barrier()
 
 
+PIN_CPUS = os.environ.get("VALIDATE_PIN_CPUS")   # protocol: "rank" pins each rank to its share of CPUs
+
+
+def _pin_cpus():
+    """With VALIDATE_PIN_CPUS=rank, run this rank on its own 1/LOCAL_SIZE of the CPUs it may use
+    and size its OpenMP pool to them, as DeepSpeed's `--bind_cores_to_rank` does (launcher/launch.py:219,
+    utils/numa.py), which needs numactl, missing on the GPU image. Called before CUDA, NCCL and OpenMP
+    start their threads, which inherit the mask."""
+    if PIN_CPUS != "rank":
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // int(os.environ.get("LOCAL_SIZE", 1))   # DeepSpeed's launcher sets LOCAL_SIZE
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    mine = cpus[local_rank * share:(local_rank + 1) * share]
+    os.sched_setaffinity(0, mine)
+    torch.set_num_threads(len(mine))
+
+
 if __name__ == "__main__":
+    _pin_cpus()
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     main(args[0], args[1])

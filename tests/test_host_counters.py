@@ -1,0 +1,61 @@
+"""measure.HostCounters on this (Linux) machine: what it reads around a step is real and attributed."""
+import gc
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from validate import measure  # noqa: E402
+
+
+def test_a_collection_inside_the_step_is_counted_and_one_outside_is_not():
+    host = measure.HostCounters(torch.device("cpu"))
+    gc.disable()                           # only the explicit collections below
+    try:
+        gc.collect()                       # before start: not this step's
+        host.start()
+        junk = [[i] for i in range(200_000)]
+        t0 = time.perf_counter()
+        gc.collect()
+        collect_s = time.perf_counter() - t0
+        del junk
+        step = host.stop()
+        gc.collect()                       # after stop: not this step's either
+    finally:
+        host.close()
+        gc.enable()
+    assert 0.5 * collect_s < step["gc_s"] <= collect_s   # the callbacks run inside gc.collect()
+    assert step["runq_s"] is not None and step["runq_s"] >= 0
+    assert step["steal_s"] is not None and step["steal_s"] >= 0
+    assert step["sm_mhz"] is None          # no GPU clock off CUDA
+    assert host._gc not in gc.callbacks    # closed: later jobs' collections are not timed
+
+
+def test_time_waiting_for_a_cpu_is_seen_when_two_threads_share_one_core():
+    import os
+    import threading
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})   # this thread and the spinner on one CPU
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+    try:
+        spinner = threading.Thread(target=spin)   # inherits the one-CPU mask
+        spinner.start()
+        host = measure.HostCounters(torch.device("cpu"))
+        host.start()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.3:     # runnable the whole time, sharing the core
+            sum(range(1000))
+        step = host.stop()
+        host.close()
+    finally:
+        stop.set()
+        spinner.join()
+        os.sched_setaffinity(0, before)
+    assert step["runq_s"] > 0.03   # the spinner held the core for part of the 0.3 s
