@@ -107,6 +107,35 @@ def test_stage_2_communication_is_exposed_and_costs_wire_over_bandwidth():
     assert e.time.comm_share == pytest.approx(e.time.comm_s / e.time.step_s)
 
 
+def test_overlap_comm_hides_the_stage_2_reduction_behind_backward_and_the_share_says_so():
+    """overlap_comm at stage 2: the gradient all-reduce runs beside backward; only what outlasts
+    backward is exposed, in the step time and in the communication share alike."""
+    spec = from_architecture(A.preset("llama-2-7b"))
+    p = spec.num_params                                               # 6,738,415,616
+    link = 450e9
+    for seq, hidden_whole in ((1024, True), (256, False)):
+        s = Setup(stage=Stage.GRADIENTS, dp=8, micro_batch=1, seq_len=seq, overlap_comm=True)
+        e = estimate(spec, s, cal=CAL, hardware=gpu("h100"))
+        t = e.time
+        tokens = seq
+        forward = 2 * p * tokens + 4 * 32 * 4096 * seq * tokens       # 2PT + 4·L·h·s·T
+        backward = 2 * forward / (0.5 * 989e12)                       # no host floor in CAL
+        assert t.backward_s == pytest.approx(backward)
+        reduce = sum(c.wire_bytes for c in e.collectives if c.op == "all_reduce") / link
+        gather = sum(c.wire_bytes for c in e.collectives if c.op == "all_gather_into_tensor") / link
+        # the ring all-reduce of the bf16 gradients: 2·(N-1)/N · 2 bytes · P ≈ 23.6 GB, 52 ms at 450 GB/s
+        assert reduce == pytest.approx(2 * 7 / 8 * 2 * p / link, rel=1e-3)
+        # seq 1024: backward 58 ms covers it; seq 256: backward 14 ms does not
+        assert (reduce <= backward) == hidden_whole
+        outlasts = max(0.0, reduce - backward)
+        assert t.exposed_comm_s == pytest.approx(gather + outlasts)
+        # the step: forward, backward, what outlasts backward, the host's step time again (backward's
+        # synchronize), then the optimizer step and its all-gather
+        assert t.step_s == pytest.approx(t.forward_s + backward + outlasts + 0.01 + (0.01 + 1e-12 * (p // 8) + gather),
+                                         rel=1e-6)
+        assert t.comm_share == pytest.approx((gather + outlasts) / t.step_s)
+
+
 def test_no_time_without_an_architecture():
     from zerocalc.model import from_params
     assert estimate(from_params(10**9), Setup(seq_len=1024), hardware=gpu("h100")).time is None

@@ -235,6 +235,8 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
     link = link_bytes_per_s(setup, hw) * k["link_efficiency"]
     comm = sum(c.wire_bytes for c in collectives) / link
     hidden = sum(c.wire_bytes for c in collectives if c.op == "reduce_scatter_tensor") / link
+    if f["overlap_passes"]:   # overlap_comm at stages 1/2: as much of the reduction as backward covers
+        hidden += min(f["reduce_at_link_s"] / k["link_efficiency"], f["overlap_passes"] * backward)
     exposed = comm - hidden + f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
     hooks = f["gas"] * (f["modules_fwd"] + f["modules_bwd"]) * k["module_hook_s"]
     # Offload's own time (inside forward, backward and the step above): the gradients' way down and
