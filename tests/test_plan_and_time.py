@@ -136,6 +136,37 @@ def test_overlap_comm_hides_the_stage_2_reduction_behind_backward_and_the_share_
         assert t.comm_share == pytest.approx((gather + outlasts) / t.step_s)
 
 
+def test_a_slower_host_stretches_the_host_side_of_the_step_and_nothing_else():
+    """Host-side constants are the fitted hosts'; a host that takes twice their launch cost takes twice
+    their host time. A tiny model, so the host sets every phase's pace; the optimizer's per-element
+    time (the device's) does not scale."""
+    a = A.Architecture("hf-llama", 1000, 64, 2, 4, 4, 128, False)
+    spec = from_architecture(a)
+    s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=1, seq_len=16)
+    host = {"launch_fwd_s_per_layer": 1e-3, "launch_bwd_s_per_layer": 2e-3, "host_launch_s_fitted": 10e-6}
+    for launch_s, h in ((None, 1.0), (10e-6, 1.0), (20e-6, 2.0)):
+        cal = with_time(**host, **({"host_launch_s": launch_s} if launch_s else {}))
+        t = estimate(spec, s, cal=cal, hardware=gpu("h100")).time
+        assert t.forward_s == pytest.approx(h * 2 * 1e-3)              # 2 layers × 1 ms, the host's
+        assert t.backward_s == pytest.approx(h * 2 * 2e-3)             # 2 layers × 2 ms
+        assert t.optimizer_s == pytest.approx(h * 0.01 + 1e-12 * spec.num_params)
+        assert t.step_s == pytest.approx(t.forward_s + t.backward_s + t.optimizer_s)
+
+
+def test_host_launch_us_on_the_command_line_reaches_the_step_time():
+    def step_s(*extra):
+        r = CliRunner().invoke(main, ["estimate", "--model", "seed-gpt", "--stage", "3", "--seq-len", "1024",
+                                      "--micro-batch", "2", "--gpu", "h200", "--format", "json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["estimates"][0]["time"]["step_s"]
+    from zerocalc import calibration
+    fitted_us = calibration.default()["time"]["host_launch_s_fitted"] * 1e6
+    assert step_s("--host-launch-us", str(fitted_us)) == pytest.approx(step_s(), rel=1e-6)
+    assert step_s("--host-launch-us", str(2 * fitted_us)) > 1.3 * step_s()   # stage 3 of a 1.4B GPT: host-bound
+    r = CliRunner().invoke(main, ["estimate", "--params", "1e9", "--host-launch-us", "0"])
+    assert r.exit_code == 2 and "--host-launch-us" in r.output
+
+
 def test_no_time_without_an_architecture():
     from zerocalc.model import from_params
     assert estimate(from_params(10**9), Setup(seq_len=1024), hardware=gpu("h100")).time is None

@@ -62,6 +62,18 @@ def test_where_each_timed_steps_host_time_went_lands_in_a_column_per_counter():
     assert row["cpus"] == "8 of 16"
 
 
+def test_a_rows_host_speed_is_the_median_of_its_per_step_probes_and_only_those():
+    from validate.rows import at_row_host, measured_host_launch_s
+    row = {"measured_step_issue_us": "[8.0, 12.0, 9.0]", "measured_launch_us": 20.0}
+    assert measured_host_launch_s(row) == pytest.approx(9e-6)
+    # the single probe before the timed steps is not used: the host's speed moves between it and them
+    assert measured_host_launch_s({"measured_launch_us": 20.0}) is None
+    assert measured_host_launch_s({"measured_step_issue_us": float("nan")}) is None
+    cal = {"time": {"host_launch_s_fitted": 9e-6}}
+    assert at_row_host(cal, row)["time"] == {"host_launch_s_fitted": 9e-6, "host_launch_s": pytest.approx(9e-6)}
+    assert at_row_host(cal, {}) is cal
+
+
 def test_reserved_growth_names_the_last_phase_that_grew_the_cache():
     from validate.report import RESERVED_ORDER, reserved_growth
     MiB = 2**20

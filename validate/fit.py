@@ -27,7 +27,9 @@ Constants (all named in the calibration JSON):
   and so set, the three host_* rates), by Levenberg–Marquardt on the
   log ratio of predicted to measured forward, backward, optimizer-step and whole-step times of the
   training split's rows timed as training runs (`report.timed_whole_steps`; all constants positive,
-  the link efficiency at most 1).
+  the link efficiency at most 1). The host-side ones are at `time.host_launch_s_fitted`, the rows'
+  median host launch cost; a row probed before each timed step is fitted at its own
+  (`rows.measured_host_launch_s`, `timing.host_scale`).
 """
 import hashlib
 import json
@@ -38,7 +40,7 @@ import pandas as pd
 from validate.jobs import to_zerocalc
 from validate.report import (configuration, earlier_jobs, expandable_rows, load, predicted_reserved, started_clean,
                              timed_whole_steps)
-from validate.rows import job_from_row
+from validate.rows import at_row_host, job_from_row, measured_host_launch_s
 from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
 from zerocalc.timing import STEP_CLASSES, features, phase_times, whole_step_s
@@ -74,12 +76,24 @@ def _llama_activation_rows(df, cal):
 
 
 def time_features(df, cal=None):
+    """`timing.features` of each row, on the row's own host speed where it was probed per step."""
     from zerocalc.hardware import gpu
+    cal = cal or calibration.default()
     rows = []
     for _, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
-        rows.append(features(spec, setup, estimate(spec, setup).collectives, gpu("h200"), cal))
+        rows.append(features(spec, setup, estimate(spec, setup).collectives, gpu("h200"), at_row_host(cal, r.to_dict())))
     return rows
+
+
+def typical_host_launch_s(rows: pd.DataFrame) -> float:
+    """The fitted hosts' launch cost, which the host-side constants are at: the median over the rows of
+    each row's per-step probes, or the probe before its timed steps where it has none (noisy for one
+    row, not for the median of many)."""
+    per_step = [measured_host_launch_s(r.to_dict()) for _, r in rows.iterrows()]
+    before = rows["measured_launch_us"].astype(float).to_numpy() * 1e-6
+    values = [p if p is not None else b for p, b in zip(per_step, before)]
+    return float(np.nanmedian(values))
 
 
 # The time constants, fitted in log space (all positive); the link efficiency through a logistic (0 < ε ≤ 1).
@@ -167,6 +181,15 @@ def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
     return rounded | {"rows": int(len(train))}
 
 
+def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
+    """How the fitted time model does on every row timed as training runs, held-out ones included,
+    each on its own host speed where probed: what `zerocalc estimate` quotes beside its step times."""
+    predicted = _predict(time_features(timed, cal), cal["time"])[:, 3]
+    err = np.abs(predicted / timed["measured_step_s"].to_numpy(float) - 1)
+    return {"rows": int(len(err)), "within_15pct": int((err <= 0.15).sum()),
+            "mean_abs_error": round(float(err.mean()), 4)}
+
+
 def _reserved_ratio(rows: pd.DataFrame) -> float:
     """The reserved/allocated ratio r minimizing the squared relative error of r·allocated against the
     measured reserved (the target is relative; bytes would let the largest runs decide alone):
@@ -248,9 +271,15 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"ratio {a['reserved_over_allocated_worst']:.3f}")
     timed = train[timed_whole_steps(train)]
     if len(timed) >= 14:
-        cal["time"] = fit_time(timed, cal)
+        fitted_launch_s = float(f"{typical_host_launch_s(timed):.4g}")
+        cal["time"] = {**cal["time"], "host_launch_s_fitted": fitted_launch_s}
+        cal["time"].pop("host_launch_s", None)
+        cal["time"] = fit_time(timed, cal) | {"host_launch_s_fitted": fitted_launch_s}
+        cal["time"]["accuracy"] = time_accuracy(df[timed_whole_steps(df)], cal)
         t = cal["time"]
-        lines.append(f"time: efficiency {t['efficiency']:.3f} of peak; element-wise traffic {t['activation_passes']:.2f} "
+        lines.append(f"time: host launch cost {t['host_launch_s_fitted'] * 1e6:.2f} us (the rows' median: the "
+                     "host-side constants below are at it; a row's own per-step probes scale them); "
+                     f"efficiency {t['efficiency']:.3f} of peak; element-wise traffic {t['activation_passes']:.2f} "
                      f"passes of the activations at HBM bandwidth; host floor {t['launch_fwd_s_per_layer'] * 1e3:.2f} "
                      f"(forward, +{t['checkpoint_fwd_s_per_layer'] * 1e3:.2f} checkpointed) and "
                      f"{t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass; stage-3 hook "

@@ -194,3 +194,25 @@ def job_from_row(row: dict) -> dict:
             value = _cast(row.get(f.name), _field_kind(f))
             job[f.name] = f.default if value is None else value
     return job
+
+
+def measured_host_launch_s(row: dict) -> float | None:
+    """How fast the row's host issued work while its steps were timed: seconds to issue one tiny kernel,
+    the median of the probes taken just before each timed step (`measured_step_issue_us`, rows from
+    the t6 files on); None for a row without them. The one probe taken before the timed steps
+    (`measured_launch_us`) is not used: on these VMs the host's speed often changed between it and
+    the steps (9.7 us before, 7.3 during)."""
+    import statistics
+    per_step = row.get("measured_step_issue_us")
+    if isinstance(per_step, str) and per_step.startswith("["):
+        values = json.loads(per_step)
+        if values:
+            return statistics.median(values) * 1e-6
+    return None
+
+
+def at_row_host(cal: dict, row: dict) -> dict:
+    """cal with the row's measured host launch speed as the host's (`zerocalc.timing.host_scale`);
+    cal itself for a row without per-step probes (taken as the fitted hosts' median)."""
+    launch = measured_host_launch_s(row)
+    return cal if launch is None else {**cal, "time": {**cal["time"], "host_launch_s": launch}}

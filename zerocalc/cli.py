@@ -137,7 +137,13 @@ def model_options(f):
 
 
 def host_options(f):
-    """The host's part of offload time, which the calibration measured on H200 hosts."""
+    """The host's side of step time (its speed issuing work, and offload's CPU Adam and PCIe), which
+    the calibration measured on H200 hosts."""
+    f = click.option("--host-launch-us", type=click.FloatRange(min=0, min_open=True),
+                     help="Microseconds the host takes to issue one tiny CUDA kernel from Python "
+                          "(`python benchmarks/host_launch.py` measures yours): small and stage-3 steps are "
+                          "host-bound and scale with it [default: the calibration's, 9 on the H200 VMs, "
+                          "which drifted between 7 and 25].")(f)
     f = click.option("--host-link-gbps", type=click.FloatRange(min=0, min_open=True),
                      help="Offload: GB/s between a host's memory and its GPUs, all of them together "
                           "[default: the calibration's, 34 on the H200 hosts].")(f)
@@ -146,13 +152,14 @@ def host_options(f):
                              "(`python benchmarks/cpu_adam.py` measures yours) [default: the calibration's].")(f)
 
 
-def _calibration(name, cpu_adam_rate, host_link_gbps) -> dict:
+def _calibration(name, cpu_adam_rate, host_link_gbps, host_launch_us=None) -> dict:
     try:
         cal = calibration.load(name)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--calibration")
     host = {k: v for k, v in (("host_adam_elements_per_s", cpu_adam_rate),
-                              ("host_link_bytes_per_s", host_link_gbps and host_link_gbps * 1e9)) if v}
+                              ("host_link_bytes_per_s", host_link_gbps and host_link_gbps * 1e9),
+                              ("host_launch_s", host_launch_us and host_launch_us * 1e-6)) if v}
     return {**cal, "time": {**cal["time"], **host}} if host else cal
 
 
@@ -221,14 +228,16 @@ def main():
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, gpu_name, peak_tflops, intra_node_gbps,
-                 inter_node_gbps, calibration_name, cpu_adam_rate, host_link_gbps, ds_config, fmt, **opts):
+                 inter_node_gbps, calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us, ds_config, fmt,
+                 **opts):
     """Per-rank bytes and communication per step for ZeRO stages 0–3.
 
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
     states (2+2+12 bytes/param), shown for comparison; the other columns follow DeepSpeed 0.19.8's code.
     Activations need an architecture and --seq-len; step time needs --gpu too. Offload's time is the
     host's (CPU Adam, PCIe), shared by the GPUs on it: calibrated on H200 hosts; give yours with
-    --cpu-adam-rate and --host-link-gbps.
+    --cpu-adam-rate and --host-link-gbps. Small models and stage 3 are host-bound (Python issuing
+    kernels and DeepSpeed's hooks): give your host's speed with --host-launch-us.
 
     \b
     Examples:
@@ -259,7 +268,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
         setups = _setups(opts, ds, stages, spec.architecture)
     except ValueError as err:
         raise click.UsageError(str(err))
-    cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps)
+    cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
     hw = None
     if gpu_name is not None:
         hw = hardware.gpu(gpu_name, peak_flops_per_s=peak_tflops and peak_tflops * 1e12,
@@ -294,7 +303,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
              ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, max_gpus, seq_len, global_batch, dtype, fewest,
              price_per_gpu_hour, top, explain, expandable_segments, calibration_name, cpu_adam_rate, host_link_gbps,
-             fmt):
+             host_launch_us, fmt):
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
 
     Enumerates stage × offload × GPU count (powers of two, whole nodes past one) × micro-batch ×
@@ -313,7 +322,7 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
         a = spec.architecture
         note = (f"--params gives no shape; step time assumes a Llama-like {a.num_layers} layers × {a.hidden_size} "
                 f"hidden ({spec.num_params / 1e9:.3g}B parameters)")
-    cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps)
+    cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
     hw = hardware.gpu(gpu_name)
     memory = gpu_memory or hw.memory_bytes
     base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments)

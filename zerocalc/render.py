@@ -74,11 +74,19 @@ def as_table(estimates) -> str:
         else [f"Peak set by {e0.peak.name}: {e0.peak.why}"]
     if e0.hardware is not None and e0.time is not None:
         lines.append("")
-        lines.append(f"Step time on {e0.hardware.name} (calibrated on H200 runs):")
+        k = e0.cal["time"]
+        launch_s = k.get("host_launch_s") or k.get("host_launch_s_fitted")
+        host = f"; a host issuing a kernel in {launch_s * 1e6:.1f} us" if launch_s else ""
+        lines.append(f"Step time on {e0.hardware.name} (calibrated on H200 runs{host}):")
         for e in estimates:
             t = e.time
             lines.append(f"  stage {e.setup.stage:d}: {t.step_s * 1e3:8.1f} ms/step, {t.tokens_per_s:10,.0f} tokens/s, "
                          f"MFU {t.mfu:5.1%}, exposed communication {t.comm_share:5.1%} of the step")
+        acc = k.get("accuracy")
+        if acc:
+            lines.append(f"Measured: {acc['within_15pct']} of {acc['rows']} H200 steps within 15% of this model (mean "
+                         f"{acc['mean_abs_error']:.0%}); small and stage-3 steps are host-bound and follow the host's "
+                         "speed, which drifted 7-25 us per launch on those VMs (--host-launch-us).")
     elif e0.hardware is not None:
         lines.append("Step time needs an architecture and --seq-len.")
     if e0.activation_bytes is None:

@@ -57,6 +57,15 @@ what waits on communication:
   1.7 s step for 1.4B). With parameter offload each forward and backward fetch the shard up again
   (b·S per pass); DeepSpeed prefetches on its own stream, so a pass takes the longer of its compute
   and that copy (measured: no slower than without parameter offload).
+- The host's speed: every host-side term above (t_launch_*, t_ckpt_fwd, t_hook, t_gather, t_grad_hook,
+  t_grad_move, t0) is the fitted hosts' and scales with this host's cost to issue a kernel from
+  Python (`host_scale`: its launch cost over theirs, 9 us on the H200 VMs; `--host-launch-us`).
+  Measured on those VMs (`data/h200-t7-*.csv`): these steps are host-bound, the launch cost drifted
+  between 7 and 25 us within minutes with no run-queue wait, steal or garbage collection behind it,
+  and a configuration's step time followed it (r = 0.65-0.90 over its steps). With each row's
+  launch cost (the median of the probes taken before each of its timed steps) 68 of the 77 rows that
+  have them are within 15% (54 at the fitted hosts' speed); linear in the cost, it over-predicts the
+  one row timed at 24 us by 34% (a fitted exponent, 0.73, moved one row: not adopted).
 The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·] and
 the three host rates are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`;
 the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another GPU they are
@@ -164,9 +173,20 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         # in every micro-step, stage 1 in the boundary's); 0 without it
         "overlap_passes": (gas if setup.stage == Stage.GRADIENTS else 1) if stage12_overlap else 0,
         "step_class": STEP_CLASSES[0 if setup.stage == Stage.DISABLED else 2 if s3 else 1],
+        "host_scale": host_scale(cal),
         "optimizer_elements": elements,
         **offload_features(setup, elements, hw),
     }
+
+
+def host_scale(cal: dict | None = None) -> float:
+    """How much slower this host issues work than the hosts the constants were fitted on: its launch
+    cost (`host_launch_s`: seconds to issue one tiny kernel from Python, `--host-launch-us`, or the
+    median of the validator's probes beside a row's timed steps) over the fitted hosts' median
+    (`host_launch_s_fitted`). 1 where either is unknown."""
+    k = (cal or calibration.default())["time"]
+    now, fitted = k.get("host_launch_s"), k.get("host_launch_s_fitted")
+    return now / fitted if now and fitted else 1.0
 
 
 def offload_features(setup, elements: int, hw: Hardware) -> dict:
@@ -188,29 +208,32 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     """(forward, backward per micro-step, optimizer step, exposed reduce) in seconds from `features`
     and the time constants `k` (the calibration's "time" section)."""
     eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
-    host_fwd = f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"] \
-        + f["recompute"] * f["layer_passes_fwd"] * k.get("checkpoint_fwd_s_per_layer", 0.0)
+    h = f["host_scale"]   # the host-side constants below are the fitted hosts'; this host's are h times theirs
+    host_fwd = h * (f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"]
+                    + f["recompute"] * f["layer_passes_fwd"] * k.get("checkpoint_fwd_s_per_layer", 0.0))
     forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"], host_fwd) \
-        + f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
+        + h * f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
     backward = max(f["backward_at_peak_s"] / k["efficiency"] + mu * (2 + f["recompute"]) * f["traffic_at_hbm_s"],
-                   f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"]) \
-        + f["gathers_bwd"] * k["gather_call_s"] + f["gather_bwd_at_link_s"] / eff + f["grad_hooks"] * k["grad_hook_s"]
+                   h * (f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"])) \
+        + h * (f["gathers_bwd"] * k["gather_call_s"] + f["grad_hooks"] * k["grad_hook_s"]) \
+        + f["gather_bwd_at_link_s"] / eff
     optimizer = k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"]
+    t0 = h * k["step_overhead_s"][f["step_class"]]
     if f["host_fetch_bytes"]:
         fetch = f["host_fetch_bytes"] / k["host_link_bytes_per_s"]
         forward, backward = max(forward, fetch), max(backward, fetch)
     if f["host_adam_elements"]:
         backward += f["host_grad_bytes"] / k["host_link_bytes_per_s"]
         optimizer = host_step_s(f, k)
-    step = k["step_overhead_s"][f["step_class"]] + optimizer + f["step_gather_at_link_s"] / eff
+    step = t0 + optimizer + f["step_gather_at_link_s"] / eff
     reduce = f["reduce_at_link_s"] / eff
     if f["overlap_passes"]:
         # overlap_comm: the reduction runs on its own stream beside the backward passes that make its
         # buckets and only what outlasts them waits; then backward's synchronize stops the host from
         # issuing the step while the device finishes, and the step's host time is spent again with the
         # device idle.
-        reduce = max(0.0, reduce - f["overlap_passes"] * backward) + k["step_overhead_s"][f["step_class"]]
-    return forward, backward, step, reduce + f["grad_moves"] * k["grad_move_s"]
+        reduce = max(0.0, reduce - f["overlap_passes"] * backward) + t0
+    return forward, backward, step, reduce + h * f["grad_moves"] * k["grad_move_s"]
 
 
 def host_step_s(f: dict, k: dict) -> float:
@@ -237,8 +260,9 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
     hidden = sum(c.wire_bytes for c in collectives if c.op == "reduce_scatter_tensor") / link
     if f["overlap_passes"]:   # overlap_comm at stages 1/2: as much of the reduction as backward covers
         hidden += min(f["reduce_at_link_s"] / k["link_efficiency"], f["overlap_passes"] * backward)
-    exposed = comm - hidden + f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
-    hooks = f["gas"] * (f["modules_fwd"] + f["modules_bwd"]) * k["module_hook_s"]
+    h = f["host_scale"]
+    exposed = comm - hidden + h * f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
+    hooks = h * f["gas"] * (f["modules_fwd"] + f["modules_bwd"]) * k["module_hook_s"]
     # Offload's own time (inside forward, backward and the step above): the gradients' way down and
     # the host's step; parameter fetches are overlapped with compute.
     offload = f["gas"] * f["host_grad_bytes"] / k["host_link_bytes_per_s"] + host_step_s(f, k) \
