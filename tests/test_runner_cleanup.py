@@ -1,4 +1,5 @@
-"""The runner removes the shared-memory buffers DeepSpeed's CPU all-reduce leaves, and only its own;
+"""The runner removes the shared-memory buffers DeepSpeed's CPU all-reduce leaves and the build locks a
+failed launch leaves, and only its own;
 it extends an older results file by a new column instead of refusing the row."""
 import os
 
@@ -77,3 +78,26 @@ def test_a_row_with_a_new_column_extends_an_older_file(tmp_path):
     assert job_from_row(committed)["expandable_segments"] is False
     assert job_from_row({**committed, "expandable_segments": ""})["expandable_segments"] is False
     assert job_from_row({**committed, "expandable_segments": "True"})["expandable_segments"] is True
+
+
+def test_a_failed_launch_leaves_no_build_lock_of_its_own(tmp_path, monkeypatch):
+    """A rank that dies while it JIT-builds an extension leaves torch's build lock, on which every later
+    launch would wait until its timeout. A stand-in launch makes a lock, as a build does, and fails; a
+    lock made before the launch (another build's) stays."""
+    import time
+    from validate.jobs import make_job
+    from zerocalc.arch import Architecture
+    ext = tmp_path / "torch_extensions"
+    (ext / "py311_cpu" / "deepspeed_shm_comm").mkdir(parents=True)
+    (ext / "py311_cpu" / "cpu_adam").mkdir(parents=True)
+    older = ext / "py311_cpu" / "cpu_adam" / "lock"
+    older.write_text("")
+    os.utime(older, (time.time() - 3600, time.time() - 3600))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
+    new_lock = ext / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    monkeypatch.setattr(runner, "launch_command", lambda *a, **k: ["sh", "-c", f"touch {new_lock}; exit 1"])
+    job = make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 1, stage=0, seq_len=8)
+    written = runner.run([job], "cpu", 1, str(tmp_path / "rows.csv"), log=lambda *a: None)
+    assert [r["outcome"] for r in written] == ["crash"]
+    assert not new_lock.exists()
+    assert older.exists()

@@ -102,14 +102,35 @@ def remove_shm_buffers(port: int) -> None:
             os.remove(path)
 
 
+def extensions_dir() -> str:
+    """Where torch JIT-builds C++ extensions (DeepSpeed's FusedAdam, CPUAdam, the CPU all-reduce):
+    torch.utils.cpp_extension's build root, one folder per Python/device flavour and extension."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
+
+
+def remove_build_locks_since(t0: float) -> list[str]:
+    """A rank that dies while it JIT-builds an extension leaves the build's `lock` file behind, and every
+    later launch waits on it forever (torch's FileBaton): seen when one rank failed at start while rank 0
+    built deepspeed_shm_comm; the next launches hung until their timeout. Remove the locks made since t0
+    (the failed launch's start); a lock older than that is someone else's build. Returns what it removed."""
+    removed = []
+    for path in glob.glob(os.path.join(extensions_dir(), "*", "*", "lock")):
+        with contextlib.suppress(OSError):
+            if os.path.getmtime(path) >= t0:
+                os.remove(path)
+                removed.append(path)
+    return removed
+
+
 class _Stop:
     """Around a running launch: SIGTERM or Ctrl-C in the driver becomes SystemExit, and however the
     driver leaves the block (a signal, an error such as a row the CSV cannot take, or normally), a launch
     still running is killed as a group (it runs in a session of its own, so it would otherwise live on,
-    holding GPUs and locks) and its shared-memory buffers are removed."""
+    holding GPUs and locks) and its shared-memory buffers are removed; a launch that did not exit
+    cleanly also leaves no extension-build lock it made (`remove_build_locks_since`)."""
 
-    def __init__(self, proc, port):
-        self.proc, self.port = proc, port
+    def __init__(self, proc, port, started: float):
+        self.proc, self.port, self.started = proc, port, started
         self.previous = {}
 
     def __enter__(self):
@@ -130,6 +151,8 @@ class _Stop:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         remove_shm_buffers(self.port)
+        if self.proc.returncode != 0:
+            remove_build_locks_since(self.started)
 
 
 def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, include: str | None,
@@ -161,12 +184,13 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
             with open(jobs_path, "w") as f:
                 json.dump([to_worker(j) for j in pending], f)
             port = _free_port()
+            launched = time.time() - 1   # file times may be rounded down to the second
             cmd = launch_command(backend, nproc, jobs_path, tmp, include, port)
             logf = open(os.path.join(tmp, "launch.log"), "w")
             proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
             # The launch runs in its own session (a hang is killed as a group): if this driver is
             # interrupted, terminated or fails, take the launch and its shared memory down with it.
-            with _Stop(proc, port):
+            with _Stop(proc, port, launched):
                 by_key = {j["key"]: j for j in pending}
                 finished, last_progress, hung = set(), time.time(), None
                 while True:
