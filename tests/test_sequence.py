@@ -234,6 +234,24 @@ def test_a_later_job_counts_what_the_earlier_one_left_reserved():
     assert sequence.process_peak_reserved_bytes([(tiny, s), (tiny, setup(3, offload_optimizer="cpu", gas=2))]) is None
 
 
+def test_a_whole_process_at_once_gives_each_job_what_its_own_prefix_gives():
+    """`process_peaks_reserved_bytes` replays a process once and reads every job's peak from it; a job's
+    peak must not depend on the jobs after it, and each job is read under its own allocator setting.
+    Checked against asking job by job (each prefix ending at that job): the 1.4B GPT at stage 2, then
+    TINY with expandable segments, then TINY without; and a process with a job that is not generated
+    (stage 3 with optimizer offload and GAS 2), from which on nothing is known."""
+    tiny, gpt = from_architecture(TINY), from_architecture(preset("seed-gpt"), "seed-gpt")
+    first = Setup(stage=Stage(2), dp=2, optimizer=OPTIMIZERS["adamw"], dtype="fp16", seq_len=1024, micro_batch=2)
+    jobs = [(gpt, first), (tiny, setup(2, expandable_segments=True)), (tiny, setup(2))]
+    peaks = sequence.process_peaks_reserved_bytes(jobs)
+    by_prefix = [sequence.process_peaks_reserved_bytes(jobs[:k + 1])[-1] for k in range(3)]
+    assert peaks == by_prefix
+    assert peaks[0] == sequence.peak_reserved_bytes(gpt, first)                 # the first job is a fresh process
+    assert peaks[2] > sequence.peak_reserved_bytes(tiny, setup(2))              # the GPT's zero buffer stays
+    stuck = [(tiny, setup(2)), (tiny, setup(3, offload_optimizer="cpu", gas=2)), (tiny, setup(2))]
+    assert sequence.process_peaks_reserved_bytes(stuck) == [sequence.peak_reserved_bytes(tiny, setup(2)), None, None]
+
+
 def test_a_later_job_that_starts_with_the_workspaces_made():
     """The 1.4B GPT at stage 2 (fp16, N = 2) run after a stage-0 job in one process
     (data/h200-t5-process-n2.csv): its history starts with cuBLAS's two workspaces in 32 MiB segments

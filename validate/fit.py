@@ -38,8 +38,8 @@ import numpy as np
 import pandas as pd
 
 from validate.jobs import to_zerocalc
-from validate.report import (configuration, earlier_jobs, expandable_rows, load, predicted_reserved, started_clean,
-                             timed_whole_steps)
+from validate.report import (configuration, earlier_jobs, expandable_rows, load, predicted_reserved, process_replays,
+                             started_clean, timed_whole_steps)
 from validate.rows import at_row_host, job_from_row, measured_host_launch_s
 from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
@@ -254,9 +254,12 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"{a['reserved_over_allocated_worst']:.3f} ({len(every)} clean rows)")
     sim = train[started_clean(train) & simulated]
     if len(sim) >= 2:
-        earlier = earlier_jobs(load(paths))
+        all_rows = load(paths)
+        earlier = earlier_jobs(all_rows)
+        replays = process_replays(all_rows, earlier)
         predicted = sim.apply(lambda r: predicted_reserved(estimate(*to_zerocalc(job_from_row(r.to_dict()))),
-                                                           r.to_dict(), earlier.get(r.name)), axis=1)
+                                                           r.to_dict(), earlier.get(r.name), replays.get(r.name)),
+                              axis=1)
         worst = float((sim["measured_peak_reserved_bytes"].astype(float) / predicted).max())
         cal["allocator_simulated"] = {"measured_over_simulated_worst": round(worst, 4), "rows": int(len(sim))}
         lines.append(f"allocator_simulated: measured reserved at most {worst:.3f} × simulated ({len(sim)} clean rows)")

@@ -1048,10 +1048,20 @@ def process_peak_reserved_bytes(jobs) -> int | None:
     every segment a workspace lies in; the next job starts on those. max_memory_reserved is reset at
     each job's start, so the peak is the last job's alone, counted from what was reserved then.
     None if any job is not generated."""
-    if not all(generated(m, s) for m, s in jobs):
-        return None
-    combined, start, offset, workspaces = [], 0, 0, set()
-    for k, (model, setup) in enumerate(jobs):
+    return process_peaks_reserved_bytes(jobs)[-1]
+
+
+def process_peaks_reserved_bytes(jobs) -> list[int | None]:
+    """`process_peak_reserved_bytes` of every prefix of `jobs` at once: the k-th entry is job k's peak
+    run after jobs 0..k-1 (None from the first job that is not generated on). One replay of the whole
+    process per allocator setting among the jobs (each job's peak is read with its own setting, the
+    whole process replayed under it, as the single-job function does): linear in the process's length
+    where asking job by job is quadratic."""
+    n = 0
+    while n < len(jobs) and generated(*jobs[n]):
+        n += 1
+    combined, starts, offset, workspaces = [], [], 0, set()
+    for k, (model, setup) in enumerate(jobs[:n]):
         ev, ws = _job(model, setup, None, k == 0, 0)
         if k:
             ev = ev[2:]            # events(fresh_process=False) opens with the workspaces: the first job's
@@ -1059,10 +1069,7 @@ def process_peak_reserved_bytes(jobs) -> int | None:
             workspaces = {h + offset for h in ws}
         relabelled = [(e[0], e[1] + offset, *e[2:]) if e[0] != "empty_cache" else e for e in ev]
         offset += max((e[1] for e in ev if e[0] == "alloc"), default=0)
-        if k == len(jobs) - 1:
-            start = len(combined)
-            combined += relabelled
-            break
+        starts.append(len(combined))
         combined += relabelled
         alive = {}
         for e in relabelled:       # the job's end: every tensor of it freed but the workspaces
@@ -1072,12 +1079,21 @@ def process_peak_reserved_bytes(jobs) -> int | None:
                 alive.pop(e[1], None)
         combined += [("free", h) for h in alive if h not in workspaces]
         combined.append(("empty_cache",))
-    r = replay(combined, expandable_segments=jobs[-1][1].expandable_segments)
-    reserved = before = peak = 0
-    for i, delta in r.reserved_changes():
-        if i < start:
-            before = reserved = reserved + delta
-        else:
-            reserved += delta
-            peak = max(peak, reserved)
-    return max(before, peak)
+    peaks = [None] * len(jobs)
+    for expandable in {setup.expandable_segments for _, setup in jobs[:n]}:
+        mine = [k for k in range(n) if jobs[k][1].expandable_segments == expandable]
+        changes = replay(combined, expandable_segments=expandable).reserved_changes()
+        reserved, c = 0, 0
+        for k in range(mine[-1] + 1):
+            end = starts[k + 1] if k + 1 < n else len(combined)
+            while c < len(changes) and changes[c][0] < starts[k]:
+                reserved += changes[c][1]
+                c += 1
+            peak = reserved        # what was reserved when the job started: its peak is at least that
+            while c < len(changes) and changes[c][0] < end:
+                reserved += changes[c][1]
+                peak = max(peak, reserved)
+                c += 1
+            if k in mine:
+                peaks[k] = peak
+    return peaks
