@@ -255,11 +255,9 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     sim = train[started_clean(train) & simulated]
     if len(sim) >= 2:
         all_rows = load(paths)
-        earlier = earlier_jobs(all_rows)
-        replays = process_replays(all_rows, earlier)
+        replays = process_replays(all_rows, earlier_jobs(all_rows))
         predicted = sim.apply(lambda r: predicted_reserved(estimate(*to_zerocalc(job_from_row(r.to_dict()))),
-                                                           r.to_dict(), earlier.get(r.name), replays.get(r.name)),
-                              axis=1)
+                                                           r.to_dict(), replays.get(r.name)), axis=1)
         worst = float((sim["measured_peak_reserved_bytes"].astype(float) / predicted).max())
         cal["allocator_simulated"] = {"measured_over_simulated_worst": round(worst, 4), "rows": int(len(sim))}
         lines.append(f"allocator_simulated: measured reserved at most {worst:.3f} × simulated ({len(sim)} clean rows)")

@@ -103,23 +103,18 @@ def process_replays(every: pd.DataFrame, earlier: dict) -> dict:
             for i, prior in earlier.items() if prior}
 
 
-def predicted_reserved(e, row: dict, earlier=None, replayed=None) -> int:
+def predicted_reserved(e, row: dict, replayed: int | None = None) -> int:
     """zerocalc's reserved peak for a measured row. `estimate` predicts a fresh process. A later job of
     the validator's process (its measured_base_allocated_bytes is at least one cuBLAS workspace) is
-    simulated after the jobs run before it in that process (`earlier`, from `earlier_jobs`;
-    `sequence.process_peak_reserved_bytes`: what they left cached decides where this one's blocks
-    go), or, where those are not known or not generated, with the workspaces made before init
-    (`sequence.events(..., fresh_process=False)`). The ratio is used as estimate uses it. `replayed`:
-    the process simulation's answer when already computed (`process_replays`)."""
+    simulated after the jobs run before it in that process (`replayed`, from `process_replays`: what
+    they left cached decides where this one's blocks go), or, where those are not known or not
+    generated (None), with the workspaces made before init (`sequence.events(..., fresh_process=False)`).
+    The ratio is used as estimate uses it."""
     base = row.get("measured_base_allocated_bytes")
     if e.reserved_source != "simulated" or pd.isna(base) or base < sequence.CUBLAS_WORKSPACE_BYTES:
         return e.peak_reserved_bytes
-    if earlier:
-        if replayed is None:
-            jobs = [to_zerocalc(job_from_row(r)) for r in earlier] + [(e.model, e.setup)]
-            replayed = sequence.process_peak_reserved_bytes(jobs)
-        if replayed is not None:
-            return replayed
+    if replayed is not None:
+        return replayed
     return sequence.peak_reserved_bytes(e.model, e.setup, fresh_process=False)
 
 
@@ -127,8 +122,7 @@ def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFra
     """Add now_* columns: the current zerocalc's prediction for each row. `every`: all rows of the
     files, failed ones included, to find the jobs that ran before each row in its process."""
     every = df if every is None else every
-    earlier = earlier_jobs(every)
-    replays = process_replays(every, earlier)
+    replays = process_replays(every, earlier_jobs(every))
     out = df.copy()
     cols = {"now_state_bytes": [], "now_comm_bytes": [], "now_peak_allocated_bytes": [],
             "now_peak_reserved_bytes": [], "now_peak_phase": [], "now_step_s": [], "now_forward_s": [],
@@ -150,7 +144,7 @@ def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFra
             cols[k].append(getattr(t, v) if t else float("nan"))
         for k, v in (("now_state_bytes", predicted_state_bytes(e, r["backend"])), ("now_comm_bytes", e.comm_bytes),
                      ("now_peak_allocated_bytes", e.peak_bytes),
-                     ("now_peak_reserved_bytes", predicted_reserved(e, r.to_dict(), earlier.get(i), replays.get(i))),
+                     ("now_peak_reserved_bytes", predicted_reserved(e, r.to_dict(), replays.get(i))),
                      ("now_reserved_source", e.reserved_source),
                      ("now_peak_phase", e.peak.name), ("now_host_bytes", e.states.cpu_bytes)):
             cols[k].append(v)

@@ -1084,12 +1084,9 @@ def process_peaks_reserved_bytes(jobs) -> list[int | None]:
         mine = [k for k in range(n) if jobs[k][1].expandable_segments == expandable]
         changes = replay(combined, expandable_segments=expandable).reserved_changes()
         reserved, c = 0, 0
-        for k in range(mine[-1] + 1):
+        for k in range(mine[-1] + 1):   # job k's events are starts[k] up to the next job's start
             end = starts[k + 1] if k + 1 < n else len(combined)
-            while c < len(changes) and changes[c][0] < starts[k]:
-                reserved += changes[c][1]
-                c += 1
-            peak = reserved        # what was reserved when the job started: its peak is at least that
+            peak = reserved             # what was reserved when the job started: its peak is at least that
             while c < len(changes) and changes[c][0] < end:
                 reserved += changes[c][1]
                 peak = max(peak, reserved)
