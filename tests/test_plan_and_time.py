@@ -144,13 +144,40 @@ def test_a_slower_host_stretches_the_host_side_of_the_step_and_nothing_else():
     spec = from_architecture(a)
     s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=1, seq_len=16)
     host = {"launch_fwd_s_per_layer": 1e-3, "launch_bwd_s_per_layer": 2e-3, "host_launch_s_fitted": 10e-6}
-    for launch_s, h in ((None, 1.0), (10e-6, 1.0), (20e-6, 2.0)):
-        cal = with_time(**host, **({"host_launch_s": launch_s} if launch_s else {}))
+    # h: the host time's factor. With all of it following the launch cost (share 1, the default) twice
+    # the cost is twice the time; with half of it (share 0.5), 1 + 0.5·(2 - 1) = 1.5; 5 us is 0.75.
+    for share, launch_s, h in ((None, None, 1.0), (None, 10e-6, 1.0), (None, 20e-6, 2.0), (0.5, 10e-6, 1.0),
+                               (0.5, 20e-6, 1.5), (0.5, 5e-6, 0.75)):
+        cal = with_time(**host, **({"host_launch_s": launch_s} if launch_s else {}),
+                        **({"host_launch_share": share} if share else {}))
         t = estimate(spec, s, cal=cal, hardware=gpu("h100")).time
         assert t.forward_s == pytest.approx(h * 2 * 1e-3)              # 2 layers × 1 ms, the host's
         assert t.backward_s == pytest.approx(h * 2 * 2e-3)             # 2 layers × 2 ms
         assert t.optimizer_s == pytest.approx(h * 0.01 + 1e-12 * spec.num_params)
         assert t.step_s == pytest.approx(t.forward_s + t.backward_s + t.optimizer_s)
+
+
+def test_the_fit_recovers_the_share_of_host_time_that_follows_the_launch_cost():
+    """Rows made by the model itself from known constants, hosts at 0.8-2.5x the fitted launch cost: the
+    fit (from its usual start, share 0.9) finds the share they were made with and reproduces them."""
+    import numpy as np
+    from zerocalc import calibration
+    from zerocalc.timing import features
+    from validate.fit import _predict, fit_constants
+    true = {**calibration.default()["time"], "host_launch_share": 0.4}
+    feats = []
+    for hidden, layers, mb in ((64, 2, 1), (256, 4, 2), (768, 12, 4), (2048, 24, 2)):
+        spec = from_architecture(A.Architecture("seed-gpt", 50304, hidden, layers, max(1, hidden // 64), max(1, hidden // 64),
+                                                4 * hidden, True, 2048))
+        for stage in (Stage.DISABLED, Stage.GRADIENTS, Stage.PARAMETERS):
+            s = Setup(stage=stage, dp=1, micro_batch=mb, seq_len=1024, dtype="bf16")
+            for ratio in (0.8, 1.0, 1.6, 2.5):
+                cal = {**calibration.default(), "time": {**true, "host_launch_s": ratio * true["host_launch_s_fitted"]}}
+                feats.append(features(spec, s, estimate(spec, s).collectives, gpu("h200"), cal))
+    measured = _predict(feats, true)
+    k = fit_constants(feats, measured)
+    assert k["host_launch_share"] == pytest.approx(0.4, abs=0.01)
+    assert np.abs(_predict(feats, k)[:, 3] / measured[:, 3] - 1).max() < 0.01
 
 
 def test_host_launch_us_on_the_command_line_reaches_the_step_time():

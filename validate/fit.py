@@ -24,12 +24,13 @@ Constants (all named in the calibration JSON):
 - device.context_bytes: what the GPU holds outside PyTorch's cache (CUDA context, NCCL, cuBLAS
   workspaces), the median of `measured_device_overhead_bytes`.
 - time.*: the step-time model's constants (`zerocalc/timing.py`; only the offload rows depend on,
-  and so set, the three host_* rates), by Levenberg–Marquardt on the
+  and so set, the three host_*_per_s rates), by Levenberg–Marquardt on the
   log ratio of predicted to measured forward, backward, optimizer-step and whole-step times of the
   training split's rows timed as training runs (`report.timed_whole_steps`; all constants positive,
-  the link efficiency at most 1). The host-side ones are at `time.host_launch_s_fitted`, the rows'
-  median host launch cost; a row probed before each timed step is fitted at its own
-  (`rows.measured_host_launch_s`, `timing.host_scale`).
+  the link efficiency and host_launch_share at most 1). The host-side ones are at
+  `time.host_launch_s_fitted`, the rows' median host launch cost; a row probed before each timed step
+  is fitted at its own (`rows.measured_host_launch_s`), of which the share `host_launch_share` of the
+  host-side time follows (`timing.host_scale`; only the probed rows set it).
 """
 import hashlib
 import json
@@ -96,13 +97,16 @@ def typical_host_launch_s(rows: pd.DataFrame) -> float:
     return float(np.nanmedian(values))
 
 
-# The time constants, fitted in log space (all positive); the link efficiency through a logistic (0 < ε ≤ 1).
+# The time constants, fitted in log space (all positive); the shares through a logistic (0 < ε, φ ≤ 1).
 _SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer",
             "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s",
-            "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s")
+            "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s",
+            "host_launch_share")
+_SHARES = ("link_efficiency", "host_launch_share")
 _START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
           "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5, "grad_move_s": 3e-5,
           "host_link_bytes_per_s": 25e9, "host_adam_elements_per_s": 1e9, "host_pageable_bytes_per_s": 10e9,
+          "host_launch_share": 0.9,
           "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.02),
           "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}
 
@@ -110,7 +114,8 @@ _START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer"
 def _unpack(z) -> dict:
     k = {name: float(np.exp(np.clip(v, -60, 60))) for name, v in zip(_SCALARS, z)}
     k["efficiency"] = min(k["efficiency"], 1.0)
-    k["link_efficiency"] = float(1 / (1 + np.exp(-z[_SCALARS.index("link_efficiency")])))
+    for name in _SHARES:
+        k[name] = float(1 / (1 + np.exp(-np.clip(z[_SCALARS.index(name)], -30, 60))))   # never 0
     n, m = len(_SCALARS), len(STEP_CLASSES)
     k["step_overhead_s"] = {c: float(np.exp(z[n + i])) for i, c in enumerate(STEP_CLASSES)}
     k["optimizer_s_per_element"] = {c: float(np.exp(z[n + m + i])) for i, c in enumerate(STEP_CLASSES)}
@@ -119,7 +124,8 @@ def _unpack(z) -> dict:
 
 def _pack(k: dict) -> np.ndarray:
     z = [np.log(k[name]) for name in _SCALARS]
-    z[_SCALARS.index("link_efficiency")] = np.log(k["link_efficiency"] / (1 - k["link_efficiency"]))
+    for name in _SHARES:
+        z[_SCALARS.index(name)] = np.log(k[name] / (1 - k[name]))
     z += [np.log(k["step_overhead_s"][c]) for c in STEP_CLASSES]
     z += [np.log(k["optimizer_s_per_element"][c]) for c in STEP_CLASSES]
     return np.array(z, dtype=float)
@@ -163,9 +169,19 @@ def _levenberg_marquardt(residuals, z, iterations=100):
 def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
     """Least squares on log(predicted / measured) of the forward, backward and optimizer-step times
     and (four times weighted) of the whole step, over the training rows."""
-    feats = time_features(train, cal)
     measured = train[["measured_forward_s", "measured_backward_s", "measured_step_phase_s",
                       "measured_step_s"]].to_numpy(float)
+    k = fit_constants(time_features(train, cal), measured)
+    rounded = {name: (round(v, 4) if name in _SHARES or name == "efficiency" else float(f"{v:.4g}")) for name, v in k.items()
+               if not isinstance(v, dict)}
+    rounded.update({name: {c: float(f"{x:.4g}") for c, x in k[name].items()}
+                    for name in ("step_overhead_s", "optimizer_s_per_element")})
+    return rounded | {"rows": int(len(train))}
+
+
+def fit_constants(feats: list[dict], measured: np.ndarray) -> dict:
+    """The time constants minimizing the weighted log ratios of `_predict(feats)` to `measured` (rows ×
+    forward, backward, optimizer step, whole step)."""
     # The whole step (median of 5-10 unsynchronized steps) is what is judged; the phases (3 steps with
     # a synchronize at each boundary) only split it.
     weights = np.array([1.0, 1.0, 1.0, 4.0])
@@ -173,12 +189,7 @@ def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
     def residuals(z):
         return (np.log(_predict(feats, _unpack(z)) / measured) * weights).ravel()
 
-    k = _unpack(_levenberg_marquardt(residuals, _pack(_START)))
-    rounded = {name: (round(v, 4) if name.endswith("efficiency") else float(f"{v:.4g}")) for name, v in k.items()
-               if not isinstance(v, dict)}
-    rounded.update({name: {c: float(f"{x:.4g}") for c, x in k[name].items()}
-                    for name in ("step_overhead_s", "optimizer_s_per_element")})
-    return rounded | {"rows": int(len(train))}
+    return _unpack(_levenberg_marquardt(residuals, _pack(_START)))
 
 
 def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
@@ -279,7 +290,8 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
         cal["time"]["accuracy"] = time_accuracy(df[timed_whole_steps(df)], cal)
         t = cal["time"]
         lines.append(f"time: host launch cost {t['host_launch_s_fitted'] * 1e6:.2f} us (the rows' median: the "
-                     "host-side constants below are at it; a row's own per-step probes scale them); "
+                     f"host-side constants below are at it; {t['host_launch_share']:.0%} of them follows a row's own "
+                     "per-step probes); "
                      f"efficiency {t['efficiency']:.3f} of peak; element-wise traffic {t['activation_passes']:.2f} "
                      f"passes of the activations at HBM bandwidth; host floor {t['launch_fwd_s_per_layer'] * 1e3:.2f} "
                      f"(forward, +{t['checkpoint_fwd_s_per_layer'] * 1e3:.2f} checkpointed) and "
