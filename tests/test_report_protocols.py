@@ -118,3 +118,19 @@ def test_a_true_flag_read_back_from_a_set_of_files_keeps_its_value(tmp_path):
     assert rows["overlap_comm"].tolist()[1] == 1.0                 # what pandas makes of it
     old, new = (job_from_row(r.to_dict()) for _, r in rows.iterrows())
     assert old["overlap_comm"] is None and new["overlap_comm"] is True
+
+
+def test_how_many_repeated_jobs_one_prediction_per_configuration_can_reach():
+    """Jobs of 100, 110 and 160 ms: within 15% of a value v means 85 <= v <= 115, 93.5 <= v <= 126.5
+    and 136 <= v <= 184; no v is in all three, two overlap (93.5-115): the best is 2 of 3. The model's
+    105 ms is within 15% of 100 and 110 (+5%, -4.5%), not of 160 (-34%): 2. A configuration timed once
+    is left out."""
+    from validate.report import reachable_rows
+    arch = Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False)
+    jobs = [make_job(arch, 1, stage=0, seq_len=8, repeat=i) for i in range(3)] + [make_job(arch, 1, stage=2, seq_len=8)]
+    rows = pd.DataFrame([make_row(j, _result({}), "cuda", "cmd") for j in jobs])
+    rows["measured_step_s"] = [0.100, 0.110, 0.160, 0.500]
+    rows["now_step_s"] = [0.105, 0.105, 0.105, 0.100]
+    assert reachable_rows(rows) == (3, 2, 2)
+    rows["measured_step_s"] = [0.100, 0.110, 0.120, 0.500]      # 102-115 covers all three
+    assert reachable_rows(rows) == (3, 3, 3)

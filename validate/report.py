@@ -215,6 +215,23 @@ def _repeats(confs: pd.DataFrame) -> list[str]:
                 f"prediction is within 15% of all their jobs ({', '.join(f'{a * 1e3:.0f}-{b * 1e3:.0f} ms' for a, b in zip(wide['fastest'], wide['slowest']))})"]
 
 
+def reachable_rows(timed: pd.DataFrame, target: float = 0.15) -> tuple[int, int, int]:
+    """Over the configurations timed in more than one job: (their rows, the most of those rows one
+    prediction per configuration can put within `target`, the rows the model puts there). A value v is
+    within target of a job that took t when (1 - target)·t <= v <= (1 + target)·t; the best v starts one
+    of those intervals."""
+    conf = timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()])
+    rows = best = model = 0
+    for _, g in conf.groupby("conf"):
+        if len(g) < 2:
+            continue
+        t = g["measured_step_s"].to_numpy(float)
+        rows += len(t)
+        best += max(int((((1 - target) * t <= v) & (v <= (1 + target) * t)).sum()) for v in (1 - target) * t)
+        model += int((abs(g["now_step_s"].to_numpy(float) / t - 1) <= target).sum())
+    return rows, best, model
+
+
 RESERVED_ORDER = ("init", "first_forward", "first_backward", "first_step", "forward", "backward", "step")
 
 
@@ -326,6 +343,10 @@ def report(paths) -> tuple[str, bool]:
         if not timed.empty:
             confs = by_configuration(timed)
             lines += _repeats(confs)
+            n, best, model = reachable_rows(timed)
+            if n:
+                lines.append(f"Of those configurations' {n} rows, the best single prediction per configuration puts "
+                             f"{best} within 15% (every row: {n}); this model {model}")
             lines += [""] + _table(confs, "now_step_s", "measured_step_s", f"Step time per configuration (median over "
                                    f"its jobs; {int((confs['jobs'] > 1).sum())} of {len(confs)} timed in more than one "
                                    "job); target 15%", False, 0.15)

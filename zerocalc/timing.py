@@ -66,9 +66,10 @@ what waits on communication:
   run-queue wait, steal or garbage collection behind it, and a configuration's step time followed it
   (r = 0.65-0.90 over its steps). With each row's launch cost (the median of the probes taken before
   each of its timed steps) 92 of the 110 rows that have them are within 15% (79 at the fitted hosts'
-  speed); with φ = 1 (all host time scaling, the model before) 91, at a 4% higher fit cost. Where the launch cost does not explain the spread: stage 3 at N = 2 and offload,
-  re-timed in `data/h200-t8-retime-*.csv`, differed from their earlier jobs by up to 54% at an
-  ordinary launch cost.
+  speed); with φ = 1 (all host time scaling, the model before) 91, at a 4% higher fit cost. Where
+  the launch cost does not explain the spread: stage 3 at N = 2 and offload, re-timed in
+  `data/h200-t8-retime-*.csv`, differed from their earlier jobs by up to 54% at an ordinary launch
+  cost.
 The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·], φ and
 the three host rates are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`;
 the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another GPU they are
@@ -219,7 +220,7 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     """(forward, backward per micro-step, optimizer step, exposed reduce) in seconds from `features`
     and the time constants `k` (the calibration's "time" section)."""
     eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
-    h = host_scale(f["host_launch_ratio"], k)   # the host-side constants below are the fitted hosts'; this host's are h times theirs
+    h = host_scale(f["host_launch_ratio"], k)   # the host-side constants below are the fitted hosts'; h × on this host
     host_fwd = h * (f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"]
                     + f["recompute"] * f["layer_passes_fwd"] * k.get("checkpoint_fwd_s_per_layer", 0.0))
     forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"], host_fwd) \
