@@ -134,3 +134,17 @@ def test_how_many_repeated_jobs_one_prediction_per_configuration_can_reach():
     assert reachable_rows(rows) == (3, 2, 2)
     rows["measured_step_s"] = [0.100, 0.110, 0.120, 0.500]      # 102-115 covers all three
     assert reachable_rows(rows) == (3, 3, 3)
+
+
+def test_each_steps_host_speed_is_the_slower_ranks():
+    """Two ranks probed 8 and 12 us before the first step, 10 and 9 before the second: the row keeps
+    12 and 10 (each step waits for the slower host in its collectives). A rank without probes (off
+    CUDA) leaves the column out rather than half filled."""
+    job = make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 2, stage=1, seq_len=8)
+    result = _result({})
+    second = {**result["ranks"][0], "rank": 1}
+    result["ranks"][0]["host_issue_s"], second["host_issue_s"] = [8e-6, 10e-6], [12e-6, 9e-6]
+    result["ranks"].append(second)
+    assert json.loads(make_row(job, result, "cuda", "cmd")["measured_step_issue_us"]) == [12.0, 10.0]
+    second["host_issue_s"] = None
+    assert "measured_step_issue_us" not in make_row(job, result, "cuda", "cmd")

@@ -119,10 +119,12 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         slowest = max(ok, key=lambda r: r["step_s"])
         row["measured_step_s"] = slowest["step_s"]
         row["measured_step_times_s"] = json.dumps([round(t, 6) for t in slowest.get("step_times_s", [])])
-        # per timed step: the host's launch speed just before it, and where its host time went
-        # (measure.HostCounters; data/README.md)
-        if slowest.get("host_issue_s") and None not in slowest["host_issue_s"]:
-            row["measured_step_issue_us"] = json.dumps([round(t * 1e6, 3) for t in slowest["host_issue_s"]])
+        # per timed step: the host's launch speed just before it, the slowest of the ranks' (the ranks
+        # wait for each other in every collective, so the slower host sets the pace), and where the
+        # slowest step's rank spent its host time (measure.HostCounters; data/README.md)
+        issue = [r["host_issue_s"] for r in ok if r.get("host_issue_s") and None not in r["host_issue_s"]]
+        if issue and len(issue) == len(ok) and len({len(i) for i in issue}) == 1:
+            row["measured_step_issue_us"] = json.dumps([round(max(t) * 1e6, 3) for t in zip(*issue)])
         if slowest.get("step_host_s"):
             row["measured_step_host_s"] = json.dumps([round(t, 6) for t in slowest["step_host_s"]])
         for name in ("runq_s", "steal_s", "gc_s", "sm_mhz"):
