@@ -142,11 +142,11 @@ def host_options(f):
     f = click.option("--host-launch-us", type=click.FloatRange(min=0, min_open=True),
                      help="Microseconds the host takes to issue one tiny CUDA kernel from Python "
                           "(`python benchmarks/host_launch.py` measures yours): small and stage-3 steps are "
-                          "host-bound and scale with it [default: the calibration's, 9 on the H200 VMs, "
-                          "which drifted between 7 and 25].")(f)
+                          "host-bound and scale with it [default: the calibration's, the H200 VMs' median; "
+                          "they drifted between 7 and 25].")(f)
     f = click.option("--host-link-gbps", type=click.FloatRange(min=0, min_open=True),
                      help="Offload: GB/s between a host's memory and its GPUs, all of them together "
-                          "[default: the calibration's, 34 on the H200 hosts].")(f)
+                          "[default: the calibration's, fitted on the H200 hosts].")(f)
     return click.option("--cpu-adam-rate", type=click.FloatRange(min=0, min_open=True),
                         help="Offload: DeepSpeedCPUAdam elements per second on a whole host, e.g. 3.2e9 "
                              "(`python benchmarks/cpu_adam.py` measures yours) [default: the calibration's].")(f)

@@ -158,8 +158,13 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
-    lines += ["", "GiB/GPU = predicted reserved peak + CUDA context; step time calibrated on H200 runs (see README:",
-              "mean error 14%, worst 46%); comm = exposed communication share of a step."]
+    lines += ["", "GiB/GPU = predicted reserved peak + CUDA context: for speed, the allocated peak × the calibrated",
+              "reserved ratio, except for a --min-gpus pick, which is simulated through the allocator as `estimate`",
+              "does (more precise: run `estimate` on your pick); comm = exposed communication share of a step."]
+    acc = ranked[0].estimate.cal["time"].get("accuracy") if ranked else None
+    if acc:
+        lines.append(f"Step time calibrated on H200 runs: {acc['within_15pct']} of {acc['rows']} measured steps within "
+                     f"15% of the model (mean {acc['mean_abs_error']:.0%}; README).")
     if rejected is not None:
         lines += ["", "Rejected:"]
         for c in rejected:
