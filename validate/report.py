@@ -215,12 +215,17 @@ def _repeats(confs: pd.DataFrame) -> list[str]:
                 f"prediction is within 15% of all their jobs ({', '.join(f'{a * 1e3:.0f}-{b * 1e3:.0f} ms' for a, b in zip(wide['fastest'], wide['slowest']))})"]
 
 
+def with_configuration(timed: pd.DataFrame) -> pd.DataFrame:
+    """timed with a `conf` column: what each row ran, without its key (`configuration`)."""
+    return timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()])
+
+
 def reachable_rows(timed: pd.DataFrame, target: float = 0.15) -> tuple[int, int, int]:
     """Over the configurations timed in more than one job: (their rows, the most of those rows one
     prediction per configuration can put within `target`, the rows the model puts there). A value v is
     within target of a job that took t when (1 - target)·t <= v <= (1 + target)·t; the best v starts one
     of those intervals."""
-    conf = timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()])
+    conf = with_configuration(timed)
     rows = best = model = 0
     for _, g in conf.groupby("conf"):
         if len(g) < 2:
@@ -261,7 +266,7 @@ def by_configuration(timed: pd.DataFrame) -> pd.DataFrame:
     steps (`jobs` of them, `span` = (max - min) / mean between them) beside the median of their
     predictions (each on its job's host speed where probed). Repeated
     jobs are how a noisy host is averaged out."""
-    conf = timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()])
+    conf = with_configuration(timed)
     out = conf.groupby("conf").agg(stage=("stage", "first"), jobs=("measured_step_s", "size"),
                                    measured_step_s=("measured_step_s", "median"), now_step_s=("now_step_s", "median"),
                                    span=("measured_step_s", lambda t: (t.max() - t.min()) / t.mean()),
