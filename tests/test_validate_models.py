@@ -36,3 +36,43 @@ def test_presets_have_their_published_sizes():
     assert A.num_params(A.PRESETS["llama-3-8b"]) == 8_030_261_248
     assert A.num_params(A.PRESETS["mistral-7b"]) == 7_241_732_096
     assert A.num_params(A.PRESETS["gpt2"]) == 124_439_808
+
+
+@pytest.mark.parametrize("family", ["seed-gpt", "hf-llama"])
+def test_recomputation_stops_before_each_layers_down_projection(family):
+    """What zerocalc.timing counts for checkpointing, measured on torch (CPU): non-reentrant
+    checkpointing (the validator's, validate/models.py) rebuilds each layer's matmuls but the last,
+    the MLP's down projection (early stop), and not the head. Matmul FLOPs of backward with
+    checkpointing less without = the recomputation, worked by hand from the layer's matrices; and a
+    forward's FLOPs leave out the embedding, which is read by index (`timing.lookup_params`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from zerocalc import timing
+    from zerocalc.model import from_architecture
+    from zerocalc.training import Setup, Stage
+    h, f, kv_heads, layers, batch, seq = 256, 688, 2, 2, 2, 32
+    a = A.Architecture(family, 1001, h, layers, 4, 4 if family == "seed-gpt" else kv_heads, f, False, 64)
+    kv = a.num_kv_heads * a.head_dim
+    # the matrices recomputed per layer: seed-gpt in_proj (3h²), out_proj (h²), fc1 (h·f), not fc2;
+    # Llama q, o (h²), k, v (kv·h), gate, up (f·h), not down
+    rebuilt = 4 * h * h + h * f if family == "seed-gpt" else 2 * h * h + 2 * kv * h + 2 * f * h
+    tokens = batch * seq
+    by_hand = 2 * layers * rebuilt * tokens + 4 * layers * h * seq * tokens   # + scores and values (eager)
+    # forward: every layer matrix, the scores and values, and the head (1001·h); the embedding is a lookup
+    forward = 2 * layers * (rebuilt + h * f) * tokens + 4 * layers * h * seq * tokens + 2 * 1001 * h * tokens
+    flops = {}
+    for ck in (False, True):
+        torch.manual_seed(0)
+        model = build_model(a.as_dict(), checkpointing=ck, attention="eager").train()
+        with FlopCounterMode(display=False) as counter:
+            loss = model(torch.randint(0, 1001, (batch, seq))).float().sum()
+        flops["forward"] = counter.get_total_flops()
+        with FlopCounterMode(display=False) as counter:
+            loss.backward()
+        flops[ck] = counter.get_total_flops()
+    assert flops["forward"] == forward
+    assert flops[True] - flops[False] == by_hand
+    # zerocalc also counts the layers' vectors (biases, norms) as 2 FLOPs per element per token: within 1%
+    fwd, bwd = timing.flops_per_micro_step(from_architecture(a), Setup(stage=Stage.DISABLED, dp=1, micro_batch=batch,
+                                                                       seq_len=seq, activation_checkpointing=True))
+    assert fwd == pytest.approx(forward, rel=0.01)
+    assert bwd - 2 * fwd == pytest.approx(by_hand, rel=0.01)

@@ -62,18 +62,25 @@ def _llama_layer(h: int, f: int, kv: int) -> list[int]:
     return [h * h, kv * h, kv * h, h * h, f * h, f * h, h * f, h, h]
 
 
+def layer_numels(arch: Architecture) -> list[int]:
+    """Element count of each parameter tensor of one transformer layer, in `module.parameters()` order."""
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    if arch.family == "seed-gpt":
+        return _seed_gpt_layer(h, f)
+    if arch.family == "hf-gpt2":
+        return _gpt2_layer(h, f)
+    return _llama_layer(h, f, arch.num_kv_heads * arch.head_dim)
+
+
 def param_numels(arch: Architecture) -> tuple[int, ...]:
     """Element count of every parameter tensor, in `module.parameters()` order (tied weights once)."""
-    v, h, f, n = arch.vocab_size, arch.hidden_size, arch.ffn_hidden_size, arch.num_layers
-    if arch.family == "seed-gpt":
-        head = [] if arch.tie_embeddings else [v * h]
-        return tuple([v * h] + _seed_gpt_layer(h, f) * n + [h, h] + head)
-    if arch.family == "hf-gpt2":
-        head = [] if arch.tie_embeddings else [v * h]
-        return tuple([v * h, arch.max_positions * h] + _gpt2_layer(h, f) * n + [h, h] + head)
-    kv = arch.num_kv_heads * arch.head_dim
+    v, h, n = arch.vocab_size, arch.hidden_size, arch.num_layers
     head = [] if arch.tie_embeddings else [v * h]
-    return tuple([v * h] + _llama_layer(h, f, kv) * n + [h] + head)
+    if arch.family == "seed-gpt":
+        return tuple([v * h] + layer_numels(arch) * n + [h, h] + head)
+    if arch.family == "hf-gpt2":
+        return tuple([v * h, arch.max_positions * h] + layer_numels(arch) * n + [h, h] + head)
+    return tuple([v * h] + layer_numels(arch) * n + [h] + head)
 
 
 @dataclass(frozen=True)

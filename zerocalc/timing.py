@@ -4,21 +4,29 @@ what waits on communication:
 
     forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·(t_launch_fwd + ck·t_ckpt_fwd) + m_fwd·t_hook) + g_fwd·t_gather
                 + W_fwd / (ε·link)
-    backward  = max(F_bwd / (η·peak) + μ·(2+ck)·M / hbm, L·(1+ck)·t_launch_bwd + m_bwd·t_hook)
+    backward  = max(F_bwd / (η·peak) + μ·(2·M + ck·M_layers) / hbm, L·(1+ck)·t_launch_bwd + m_bwd·t_hook)
                 + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stage 2)
     step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
     step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + n_tensors·t_grad_move (stage 1) + step  (+ offload)
                 with overlap_comm at stages 1/2, W_reduce / (ε·link) becomes
                 max(0, W_reduce / (ε·link) - passes·backward) + t0[stage]
 
-- F: FLOPs per micro-step. Forward 2·P·T + 4·L·h·s·T (the attention scores and values), backward
-  twice that, plus one more forward with activation checkpointing (Kaplan et al. 2020; Korthikanti
-  et al. 2022, Table 2). T = micro-batch × sequence tokens on this rank.
+- F: FLOPs per micro-step. Forward 2·P'·T + 4·L·h·s·T (the attention scores and values), P' the
+  parameters less the token embedding, which is read by index (Kaplan et al. 2020 leave it out of N;
+  GPT-2's position table too), backward twice that (Korthikanti et al. 2022, Table 2). T = micro-batch
+  × sequence tokens on this rank. Activation checkpointing adds the recomputation, which is not one
+  more forward as the usual 8·P·T has it: PyTorch's non-reentrant checkpoint (the validator's, HF's
+  with use_reentrant=False) rebuilds the layers only, not the head, and stops early, before each
+  layer's MLP down projection, whose input is the last tensor the layer saves. Recomputation is
+  2·L·(layer params − h·f)·T + 4·L·h·s·T: 0.78 of a forward for Llama-2-7B at 2k tokens. Counted on
+  torch 2.13 (CPU, FlopCounterMode, both families: tests/test_validate_models.py); on the H200 rows it
+  took the checkpointed device-bound steps from 7.4% to 4% over their measured time.
 - M: the bytes one forward writes outside the matmuls' operands: every layer's activations as if
   nothing were checkpointed (`zerocalc.activations`) and the loss path's 10·V bytes per token (the
   logits, their fp32 copy, the log-probs). Element-wise kernels (norms, GELU/SiLU, softmax, dropout,
   the upcast) are bound by HBM bandwidth, not by FLOPs: μ passes of M at `hbm` bandwidth; backward
-  reads them and writes as much again (2μ), one more forward's worth when recomputing. Without this
+  reads them and writes as much again (2μ), and recomputing writes the layers' part M_layers again
+  (not the loss path). Without this
   term, small hidden sizes and long eager-attention sequences ran 2–3× slower than FLOPs said.
 - The host side: kernel launches per layer pass and, at stage 3, DeepSpeed's fetch/release hooks
   per module step of the trace (`zerocalc.stage3_trace`: forward's modules, then backward's, the
@@ -59,14 +67,19 @@ what waits on communication:
   and that copy (measured: no slower than without parameter offload).
 - The host's speed: every host-side term above (t_launch_*, t_ckpt_fwd, t_hook, t_gather, t_grad_hook,
   t_grad_move, t0) is the fitted hosts' and is h times longer on a host whose cost to issue a kernel
-  from Python is r times theirs (`--host-launch-us`; their median is 8.7 us on the H200 VMs):
+  from Python is r times theirs (`--host-launch-us`; their median is 9.3 us on the H200 VMs):
   h = 1 + φ·(r - 1) (`host_scale`), φ the share of that host time which follows the launch cost, the
-  rest being Python that issues nothing (fitted: 0.66). Measured on those VMs (`data/h200-t7-*.csv`):
+  rest being Python that issues nothing (fitted: 0.59). Measured on those VMs (`data/h200-t7-*.csv`):
   these steps are host-bound, the launch cost drifted between 7 and 25 us within minutes with no
   run-queue wait, steal or garbage collection behind it, and a configuration's step time followed it
   (r = 0.65-0.90 over its steps). With each row's launch cost (the median of the probes taken before
-  each of its timed steps) 92 of the 110 rows that have them are within 15% (79 at the fitted hosts'
-  speed); with φ = 1 (all host time scaling, the model before) 91, at a 4% higher fit cost. Where
+  each of its timed steps) 109 of the 131 rows that have them are within 15% (98 at the fitted hosts'
+  speed); on the 110 of them there were before, φ = 1 (all host time scaling, the model before) put
+  one row fewer within 15% at a 4% higher fit cost. At N = 2 a row's launch cost is the slower rank's
+  before each step (the ranks wait for each other): on its first seven rows (`data/h200-t9-second-a.csv`)
+  that was 11.0-12.0 us where the same host's N = 1 rows probed 9.7-11.1, and the predictions on it
+  were 11% over the measured steps (mean; 4 of 7 within 15%), at the fitted hosts' speed 3% under
+  (6 of 7): the slower of two noisy probes overstates the host. Where
   the launch cost does not explain the spread: stage 3 at N = 2 and offload, re-timed in
   `data/h200-t8-retime-*.csv`, differed from their earlier jobs by up to 54% at an ordinary launch
   cost.
@@ -81,7 +94,7 @@ measurement's own floor (H200, DeepSpeed 0.19.8, torch 2.11).
 """
 from dataclasses import dataclass, replace
 
-from zerocalc import activations, calibration, stage3_trace
+from zerocalc import activations, arch, calibration, stage3_trace
 from zerocalc.hardware import Hardware
 from zerocalc.partition import partition
 from zerocalc.training import Stage
@@ -108,11 +121,28 @@ class StepTime:
 
 
 def flops_per_micro_step(model, setup) -> tuple[float, float]:
-    """(forward, backward) FLOPs of one micro-step on one rank; backward includes recomputation."""
+    """(forward, backward) FLOPs of one micro-step on one rank; backward includes recomputation.
+
+    Recomputation is not one more forward (module docstring): it rebuilds the layers only (the head
+    and the loss are not checkpointed), and stops before each layer's last matmul, the MLP's down
+    projection, whose saved input is the last tensor the layer saves (torch.utils.checkpoint,
+    non-reentrant, early stop on: checked on torch 2.13 CPU by tests/test_validate_models.py)."""
     a = model.architecture
     tokens = setup.micro_batch * setup.seq_len
-    forward = 2 * model.num_params * tokens + 4 * a.num_layers * a.hidden_size * setup.seq_len * tokens
-    return forward, 2 * forward + (forward if setup.activation_checkpointing else 0)
+    attention = 4 * a.num_layers * a.hidden_size * setup.seq_len * tokens
+    forward = 2 * (model.num_params - lookup_params(a)) * tokens + attention
+    if not setup.activation_checkpointing:
+        return forward, 2 * forward
+    rebuilt_per_layer = sum(arch.layer_numels(a)) - a.hidden_size * a.ffn_hidden_size   # all but down
+    return forward, 2 * forward + 2 * a.num_layers * rebuilt_per_layer * tokens + attention
+
+
+def lookup_params(a) -> int:
+    """Parameters read by index, not multiplied: the token embedding (unless the head shares it) and
+    GPT-2's position table. A forward spends 2 FLOPs per token on every weight it multiplies by and
+    none on these (Kaplan et al. 2020 leave the embeddings out of N)."""
+    token = 0 if a.tie_embeddings else a.vocab_size * a.hidden_size
+    return token + (a.max_positions * a.hidden_size if a.family == "hf-gpt2" else 0)
 
 
 def optimizer_elements(model, setup) -> int:
@@ -122,11 +152,12 @@ def optimizer_elements(model, setup) -> int:
     return part.flat_shard if setup.stage < Stage.PARAMETERS else part.stage3_shard
 
 
-def activation_traffic_bytes(model, setup, cal: dict | None = None) -> float:
-    """M above: what one micro-step's forward writes outside the matmuls, checkpointing or not."""
+def activation_traffic_bytes(model, setup, cal: dict | None = None) -> tuple[float, float]:
+    """(M above, its layers' part): what one micro-step's forward writes outside the matmuls,
+    checkpointing or not, and the part of it recomputation writes again (the layers, not the loss path)."""
     full = activations.breakdown(model, replace(setup, activation_checkpointing=False), cal)
     tokens = setup.micro_batch * setup.seq_len
-    return full.layers_bytes + 10 * tokens * model.architecture.vocab_size
+    return full.layers_bytes + 10 * tokens * model.architecture.vocab_size, full.layers_bytes
 
 
 def link_bytes_per_s(setup, hw: Hardware) -> float:
@@ -150,11 +181,13 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         elif not s3:
             by["reduce"] += c.wire_bytes
     gas = setup.gas
+    traffic, layers_traffic = activation_traffic_bytes(model, setup, cal)
     return {
         "gas": gas,
         "forward_at_peak_s": fwd / hw.peak_flops_per_s,
         "backward_at_peak_s": bwd / hw.peak_flops_per_s,
-        "traffic_at_hbm_s": activation_traffic_bytes(model, setup, cal) / hw.hbm_bytes_per_s,
+        "traffic_at_hbm_s": traffic / hw.hbm_bytes_per_s,
+        "recompute_traffic_at_hbm_s": layers_traffic / hw.hbm_bytes_per_s if ck else 0.0,
         "recompute": 1 if ck else 0,
         "layer_passes_fwd": model.architecture.num_layers,
         "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
@@ -225,7 +258,8 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
                     + f["recompute"] * f["layer_passes_fwd"] * k.get("checkpoint_fwd_s_per_layer", 0.0))
     forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"], host_fwd) \
         + h * f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
-    backward = max(f["backward_at_peak_s"] / k["efficiency"] + mu * (2 + f["recompute"]) * f["traffic_at_hbm_s"],
+    backward = max(f["backward_at_peak_s"] / k["efficiency"]
+                   + mu * (2 * f["traffic_at_hbm_s"] + f["recompute_traffic_at_hbm_s"]),
                    h * (f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"])) \
         + h * (f["gathers_bwd"] * k["gather_call_s"] + f["grad_hooks"] * k["grad_hook_s"]) \
         + f["gather_bwd_at_link_s"] / eff
