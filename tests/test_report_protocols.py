@@ -145,6 +145,8 @@ def test_each_steps_host_speed_is_the_slower_ranks():
     second = {**result["ranks"][0], "rank": 1}
     result["ranks"][0]["host_issue_s"], second["host_issue_s"] = [8e-6, 10e-6], [12e-6, 9e-6]
     result["ranks"].append(second)
-    assert json.loads(make_row(job, result, "cuda", "cmd")["measured_step_issue_us"]) == [12.0, 10.0]
+    row = make_row(job, result, "cuda", "cmd")
+    assert json.loads(row["measured_step_issue_us"]) == [12.0, 10.0]
+    assert json.loads(row["measured_step_issue_by_rank_us"]) == [[8.0, 10.0], [12.0, 9.0]]   # each rank's, kept
     second["host_issue_s"] = None
     assert "measured_step_issue_us" not in make_row(job, result, "cuda", "cmd")

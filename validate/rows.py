@@ -18,7 +18,7 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
                     "measured_base_allocated_bytes", "measured_step_s", "measured_forward_s", "measured_backward_s",
                     "measured_step_phase_s", "measured_step_times_s", "measured_launch_us", "measured_matmul_tflops",
-                    "measured_step_issue_us", "measured_step_host_s", "measured_step_runq_s",
+                    "measured_step_issue_us", "measured_step_issue_by_rank_us", "measured_step_host_s", "measured_step_runq_s",
                     "measured_step_steal_s", "measured_step_gc_s", "measured_step_sm_mhz",
                     "measured_device_overhead_bytes") + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:])
@@ -125,6 +125,11 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         issue = [r["host_issue_s"] for r in ok if r.get("host_issue_s") and None not in r["host_issue_s"]]
         if issue and len(issue) == len(ok) and len({len(i) for i in issue}) == 1:
             row["measured_step_issue_us"] = json.dumps([round(max(t) * 1e6, 3) for t in zip(*issue)])
+            # every rank's probes too, in rank order: at N = 2 the slower rank's ran 11-12 us where the
+            # host's N = 1 rows probed 10-11 (data/README.md, t9), so whether the max, the mean or one
+            # rank follows the step best is still open
+            if len(issue) > 1:
+                row["measured_step_issue_by_rank_us"] = json.dumps([[round(t * 1e6, 3) for t in i] for i in issue])
         if slowest.get("step_host_s"):
             row["measured_step_host_s"] = json.dumps([round(t, 6) for t in slowest["step_host_s"]])
         for name in ("runq_s", "steal_s", "gc_s", "sm_mhz"):
