@@ -87,6 +87,21 @@ def test_small_steps_are_host_bound():
     assert t.forward_s == pytest.approx(32.0) and t.backward_s == pytest.approx(32 * 2 * 2.0)
 
 
+def test_every_dispatched_operator_costs_the_host():
+    # host-bound: beside 1 s (forward) and 2 s (backward) per layer pass, 0.01 s per operator dispatched.
+    # Llama with sdpa dispatches 38 per layer forward and 30 outside the layers, 107 per layer in a
+    # checkpointed backward and 19 outside; eager attention 48 and 40 forward (DISPATCHED_OPS).
+    a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
+    cal = with_time(launch_fwd_s_per_layer=1.0, launch_bwd_s_per_layer=2.0, launch_s_per_op=0.01)
+    s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=1, seq_len=128, activation_checkpointing=True)
+    t = estimate(from_architecture(a), s, cal=cal, hardware=gpu("h100")).time
+    assert t.forward_s == pytest.approx(32 * 1.0 + (32 * 38 + 30) * 0.01)           # 44.46 s
+    assert t.backward_s == pytest.approx(32 * 2 * 2.0 + (32 * 107 + 19) * 0.01)     # 162.43 s
+    eager = estimate(from_architecture(a), Setup(stage=Stage.DISABLED, dp=1, micro_batch=1, seq_len=128, attention="eager"),
+                     cal=cal, hardware=gpu("h100")).time
+    assert eager.forward_s == pytest.approx(32 * 1.0 + (32 * 48 + 40) * 0.01)       # 47.76 s
+
+
 def test_stage_3_hooks_and_gathers():
     a = A.Architecture("hf-llama", 32000, 1024, 4, 8, 8, 2816, False)
     spec = from_architecture(a)

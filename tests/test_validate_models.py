@@ -76,3 +76,46 @@ def test_recomputation_stops_before_each_layers_down_projection(family):
                                                                        seq_len=seq, activation_checkpointing=True))
     assert fwd == pytest.approx(forward, rel=0.01)
     assert bwd - 2 * fwd == pytest.approx(by_hand, rel=0.01)
+
+
+# Operators that only make a view or read metadata: no kernel, and not counted in zerocalc.timing.DISPATCHED_OPS
+VIEW_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.t.default", "aten.transpose.int",
+            "aten.detach.default", "aten.expand.default", "aten.split.Tensor", "aten.slice.Tensor",
+            "aten.unsqueeze.default", "aten.reshape.default", "aten.permute.default", "aten.select.int",
+            "aten.squeeze.dim", "aten.as_strided.default", "aten.alias.default", "aten.split_with_sizes.default",
+            "aten.unbind.int", "aten.empty.memory_format", "aten.lift_fresh.default", "aten._reshape_alias.default"}
+
+
+@pytest.mark.parametrize("family,attention", [("seed-gpt", "eager"), ("hf-llama", "sdpa"), ("hf-llama", "eager"),
+                                              ("hf-gpt2", "sdpa"), ("hf-gpt2", "eager")])
+def test_dispatched_operators_per_layer_are_what_torch_dispatches(family, attention):
+    """The host-side operator counts of the time model, counted again: the operators a forward and a
+    backward (from the logits) dispatch with one layer and with two; the difference is a layer's, the
+    rest is outside the layers. Checkpointed backward includes the recomputation."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from zerocalc.timing import DISPATCHED_OPS
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += str(func) not in VIEW_OPS
+            return func(*args, **(kwargs or {}))
+
+    def count(layers, checkpointing):
+        a = A.Architecture(family, 128, 64, layers, 4, 4 if family == "seed-gpt" else 2, 160, False, 64)
+        model = build_model(a.as_dict(), checkpointing=checkpointing, attention=attention).train().to(torch.bfloat16)
+        forward, backward, tokens = Count(), Count(), torch.randint(0, 128, (2, 16))
+        with forward:
+            logits = model(tokens)
+        grad = torch.ones_like(logits)
+        with backward:
+            logits.backward(grad)
+        return forward.n, backward.n
+
+    (f1, b1), (f2, b2) = count(1, False), count(2, False)
+    c1, c2 = count(1, True)[1], count(2, True)[1]
+    assert (f2 - f1, b2 - b1, c2 - c1, 2 * f1 - f2, 2 * b1 - b2) == DISPATCHED_OPS[(family, attention)]
+    assert 2 * c1 - c2 == 2 * b1 - b2          # checkpointing changes nothing outside the layers

@@ -98,12 +98,13 @@ def typical_host_launch_s(rows: pd.DataFrame) -> float:
 
 
 # The time constants, fitted in log space (all positive); the shares through a logistic (0 < ε, φ ≤ 1).
-_SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer",
+_SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "launch_s_per_op",
             "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s",
             "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s",
             "host_launch_share")
 _SHARES = ("link_efficiency", "host_launch_share")
 _START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
+          "launch_s_per_op": 1e-5,
           "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5, "grad_move_s": 3e-5,
           "host_link_bytes_per_s": 25e9, "host_adam_elements_per_s": 1e9, "host_pageable_bytes_per_s": 10e9,
           "host_launch_share": 0.9,
@@ -295,7 +296,8 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"efficiency {t['efficiency']:.3f} of peak; element-wise traffic {t['activation_passes']:.2f} "
                      f"passes of the activations at HBM bandwidth; host floor {t['launch_fwd_s_per_layer'] * 1e3:.2f} "
                      f"(forward, +{t['checkpoint_fwd_s_per_layer'] * 1e3:.2f} checkpointed) and "
-                     f"{t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass; stage-3 hook "
+                     f"{t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass, + {t['launch_s_per_op'] * 1e6:.1f} us "
+                     "per dispatched operator; stage-3 hook "
                      f"{t['module_hook_s'] * 1e3:.3f} ms per module step, {t['gather_call_s'] * 1e3:.3f} ms per all-gather "
                      f"call; link efficiency {t['link_efficiency']:.3f}; gradient hook {t['grad_hook_s'] * 1e6:.1f} us "
                      f"per tensor (stage 2), end-of-backward move {t['grad_move_s'] * 1e6:.1f} us per tensor (stage 1); offload host: link {t['host_link_bytes_per_s'] / 1e9:.1f} GB/s, CPU Adam "

@@ -2,9 +2,9 @@
 optimizer step), each the slower of what the GPU must compute and what the host must issue, plus
 what waits on communication:
 
-    forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·(t_launch_fwd + ck·t_ckpt_fwd) + m_fwd·t_hook) + g_fwd·t_gather
-                + W_fwd / (ε·link)
-    backward  = max(F_bwd / (η·peak) + μ·(2·M + ck·M_layers) / hbm, L·(1+ck)·t_launch_bwd + m_bwd·t_hook)
+    forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·(t_launch_fwd + ck·t_ckpt_fwd) + o_fwd·t_op + m_fwd·t_hook)
+                + g_fwd·t_gather + W_fwd / (ε·link)
+    backward  = max(F_bwd / (η·peak) + μ·(2·M + ck·M_layers) / hbm, L·(1+ck)·t_launch_bwd + o_bwd·t_op + m_bwd·t_hook)
                 + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stage 2)
     step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
     step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + n_tensors·t_grad_move (stage 1) + step  (+ offload)
@@ -20,7 +20,7 @@ what waits on communication:
   layer's MLP down projection, whose input is the last tensor the layer saves. Recomputation is
   2·L·(layer params − h·f)·T + 4·L·h·s·T: 0.78 of a forward for Llama-2-7B at 2k tokens. Counted on
   torch 2.13 (CPU, FlopCounterMode, both families: tests/test_validate_models.py); on the H200 rows it
-  took the checkpointed device-bound steps from 7.4% to 4% over their measured time.
+  took the checkpointed device-bound steps from 7.4% to 3-4% over their measured time.
 - M: the bytes one forward writes outside the matmuls' operands: every layer's activations as if
   nothing were checkpointed (`zerocalc.activations`) and the loss path's 10·V bytes per token (the
   logits, their fp32 copy, the log-probs). Element-wise kernels (norms, GELU/SiLU, softmax, dropout,
@@ -28,9 +28,14 @@ what waits on communication:
   reads them and writes as much again (2μ), and recomputing writes the layers' part M_layers again
   (not the loss path). Without this
   term, small hidden sizes and long eager-attention sequences ran 2–3× slower than FLOPs said.
-- The host side: kernel launches per layer pass and, at stage 3, DeepSpeed's fetch/release hooks
-  per module step of the trace (`zerocalc.stage3_trace`: forward's modules, then backward's, the
-  recomputed layers included). On a GPU this fast small steps are host-bound: that is the max.
+- The host side: a cost per layer pass (Python, modules, autograd), one per operator dispatched
+  (o: `DISPATCHED_OPS`, counted per family; each is a trip through PyTorch's dispatcher and most a
+  kernel launch) and, at stage 3, DeepSpeed's fetch/release hooks per module step of the trace
+  (`zerocalc.stage3_trace`: forward's modules, then backward's, the recomputed layers included). On a
+  GPU this fast small steps are host-bound: that is the max. A Llama layer dispatches 38 operators
+  forward and 71 backward (sdpa), the seed's GPT layer 25 and 43; with the per-layer cost alone the
+  host-bound Llama rows came out 5-7% under their measured steps and the GPT ones 5-6% over, at stages
+  0 and 2. t_op fitted: 12.7 us, beside the 9.3 us the hosts took to launch one kernel from Python.
 - Activation checkpointing (ck = 1) costs the host more in forward too: PyTorch's non-reentrant
   checkpoint runs each layer under saved-tensor hooks (t_ckpt_fwd per layer, fitted); measured
   checkpointed forwards of small models took 2–2.5× the plain ones.
@@ -65,15 +70,15 @@ what waits on communication:
   1.7 s step for 1.4B). With parameter offload each forward and backward fetch the shard up again
   (b·S per pass); DeepSpeed prefetches on its own stream, so a pass takes the longer of its compute
   and that copy (measured: no slower than without parameter offload).
-- The host's speed: every host-side term above (t_launch_*, t_ckpt_fwd, t_hook, t_gather, t_grad_hook,
+- The host's speed: every host-side term above (t_launch_*, t_op, t_ckpt_fwd, t_hook, t_gather, t_grad_hook,
   t_grad_move, t0) is the fitted hosts' and is h times longer on a host whose cost to issue a kernel
   from Python is r times theirs (`--host-launch-us`; their median is 9.3 us on the H200 VMs):
   h = 1 + φ·(r - 1) (`host_scale`), φ the share of that host time which follows the launch cost, the
-  rest being Python that issues nothing (fitted: 0.59). Measured on those VMs (`data/h200-t7-*.csv`):
+  rest being Python that issues nothing (fitted: 0.57). Measured on those VMs (`data/h200-t7-*.csv`):
   these steps are host-bound, the launch cost drifted between 7 and 25 us within minutes with no
   run-queue wait, steal or garbage collection behind it, and a configuration's step time followed it
   (r = 0.65-0.90 over its steps). With each row's launch cost (the median of the probes taken before
-  each of its timed steps) 109 of the 131 rows that have them are within 15% (98 at the fitted hosts'
+  each of its timed steps) 110 of the 131 rows that have them are within 15% (104 at the fitted hosts'
   speed); on the 110 of them there were before, φ = 1 (all host time scaling, the model before) put
   one row fewer within 15% at a 4% higher fit cost. At N = 2 a row's launch cost is the slower rank's
   before each step (the ranks wait for each other): on its first seven rows (`data/h200-t9-second-a.csv`)
@@ -83,7 +88,7 @@ what waits on communication:
   the launch cost does not explain the spread: stage 3 at N = 2 and offload, re-timed in
   `data/h200-t8-retime-*.csv`, differed from their earlier jobs by up to 54% at an ordinary launch
   cost.
-The constants η, μ, t_launch_*, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·], φ and
+The constants η, μ, t_launch_*, t_op, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·], φ and
 the three host rates are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`;
 the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another GPU they are
 assumed to carry over, which is a guess until it is measured. They are fitted on, and judged
@@ -182,6 +187,7 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
             by["reduce"] += c.wire_bytes
     gas = setup.gas
     traffic, layers_traffic = activation_traffic_bytes(model, setup, cal)
+    ops_fwd, ops_bwd = dispatched_ops(model.architecture, setup)
     return {
         "gas": gas,
         "forward_at_peak_s": fwd / hw.peak_flops_per_s,
@@ -191,6 +197,8 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "recompute": 1 if ck else 0,
         "layer_passes_fwd": model.architecture.num_layers,
         "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
+        "ops_fwd": ops_fwd,
+        "ops_bwd": ops_bwd,
         "modules_fwd": len(model.trace) if s3 else 0,
         "modules_bwd": len(model.backward(ck)) if s3 else 0,
         # collective calls only (a copy under parameter offload at N = 1 is `host_fetch_bytes` below)
@@ -214,6 +222,30 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "optimizer_elements": elements,
         **offload_features(setup, elements, hw),
     }
+
+
+# Aten operators one micro-step dispatches, views and metadata-only ones left out: each costs the host
+# a trip through the dispatcher and most a kernel launch (t_op). Per (family, attention): a layer's
+# forward, its backward, its backward when checkpointed (the recomputation, stopped early, included),
+# and outside the layers the forward (embedding, final norm, head; Llama's rotary tables and causal
+# mask: eager attention builds a larger mask) and backward. The loss is the validator's, not the
+# model's, and is left out. Counted with a TorchDispatchMode on torch 2.13 CPU, transformers 5.24;
+# tests/test_validate_models.py counts them again. "flash" dispatches one attention operator as sdpa does.
+DISPATCHED_OPS = {
+    ("seed-gpt", "eager"): (25, 43, 66, 3, 4),      # nn.MultiheadAttention whatever --attention says
+    ("seed-gpt", "sdpa"): (25, 43, 66, 3, 4),
+    ("hf-llama", "eager"): (48, 82, 128, 40, 19),
+    ("hf-llama", "sdpa"): (38, 71, 107, 30, 19),
+    ("hf-gpt2", "eager"): (25, 37, 60, 25, 6),
+    ("hf-gpt2", "sdpa"): (17, 29, 44, 15, 6),
+}
+
+
+def dispatched_ops(a, setup) -> tuple[int, int]:
+    """(forward, backward) operators one micro-step dispatches (DISPATCHED_OPS), all layers and the rest."""
+    fwd, bwd, bwd_checkpointed, out_fwd, out_bwd = DISPATCHED_OPS[(a.family, "eager" if setup.attention == "eager" else "sdpa")]
+    return (a.num_layers * fwd + out_fwd,
+            a.num_layers * (bwd_checkpointed if setup.activation_checkpointing else bwd) + out_bwd)
 
 
 def host_launch_ratio(cal: dict | None = None) -> float:
@@ -254,13 +286,15 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     and the time constants `k` (the calibration's "time" section)."""
     eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
     h = host_scale(f["host_launch_ratio"], k)   # the host-side constants below are the fitted hosts'; h × on this host
-    host_fwd = h * (f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["modules_fwd"] * k["module_hook_s"]
+    t_op = k.get("launch_s_per_op", 0.0)
+    host_fwd = h * (f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["ops_fwd"] * t_op + f["modules_fwd"] * k["module_hook_s"]
                     + f["recompute"] * f["layer_passes_fwd"] * k.get("checkpoint_fwd_s_per_layer", 0.0))
     forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"], host_fwd) \
         + h * f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
     backward = max(f["backward_at_peak_s"] / k["efficiency"]
                    + mu * (2 * f["traffic_at_hbm_s"] + f["recompute_traffic_at_hbm_s"]),
-                   h * (f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["modules_bwd"] * k["module_hook_s"])) \
+                   h * (f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["ops_bwd"] * t_op
+                        + f["modules_bwd"] * k["module_hook_s"])) \
         + h * (f["gathers_bwd"] * k["gather_call_s"] + f["grad_hooks"] * k["grad_hook_s"]) \
         + f["gather_bwd_at_link_s"] / eff
     optimizer = k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"]
