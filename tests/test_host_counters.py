@@ -59,3 +59,36 @@ def test_time_waiting_for_a_cpu_is_seen_when_two_threads_share_one_core():
         spinner.join()
         os.sched_setaffinity(0, before)
     assert step["runq_s"] > 0.03   # the spinner held the core for part of the 0.3 s
+
+
+def test_the_python_probe_slows_when_another_thread_takes_the_interpreter():
+    """measure.host_python_s times Python that issues nothing. With a second thread spinning in Python
+    and the interpreter switching every 0.1 ms, the probe's thread holds the GIL about half the time,
+    so a call should take about twice as long; the probe must see at least 1.4x."""
+    import statistics
+    import sys
+    import threading
+
+    def probe():
+        return statistics.median(measure.host_python_s() for _ in range(5))
+
+    alone_s = probe()
+    stop = threading.Event()
+
+    def spin():
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    other = threading.Thread(target=spin)
+    other.start()
+    try:
+        shared_s = probe()
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)
+    assert 0 < alone_s < 1e-4          # a call is well under 100 us on any machine
+    assert shared_s > 1.4 * alone_s

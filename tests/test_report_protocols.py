@@ -138,15 +138,17 @@ def test_how_many_repeated_jobs_one_prediction_per_configuration_can_reach():
 
 def test_each_steps_host_speed_is_the_slower_ranks():
     """Two ranks probed 8 and 12 us before the first step, 10 and 9 before the second: the row keeps
-    12 and 10 (each step waits for the slower host in its collectives). A rank without probes (off
+    12 and 10 (each step waits for the slower host in its collectives); their Python probes likewise. A rank without probes (off
     CUDA) leaves the column out rather than half filled."""
     job = make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 2, stage=1, seq_len=8)
     result = _result({})
     second = {**result["ranks"][0], "rank": 1}
     result["ranks"][0]["host_issue_s"], second["host_issue_s"] = [8e-6, 10e-6], [12e-6, 9e-6]
+    result["ranks"][0]["host_python_s"], second["host_python_s"] = [0.25e-6, 0.5e-6], [0.75e-6, 0.125e-6]
     result["ranks"].append(second)
     row = make_row(job, result, "cuda", "cmd")
     assert json.loads(row["measured_step_issue_us"]) == [12.0, 10.0]
+    assert json.loads(row["measured_step_python_us"]) == [0.75, 0.5]        # the Python probe: the same rule
     assert json.loads(row["measured_step_issue_by_rank_us"]) == [[8.0, 10.0], [12.0, 9.0]]   # each rank's, kept
     second["host_issue_s"] = None
     assert "measured_step_issue_us" not in make_row(job, result, "cuda", "cmd")

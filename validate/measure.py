@@ -77,6 +77,34 @@ def host_issue_s(device) -> float | None:
     return (time.perf_counter() - t0) / HOST_PROBE_LAUNCHES
 
 
+HOST_PROBE_PYTHON_CALLS = 20_000
+
+
+class _Module:
+    """A stand-in for the Python a training step runs between kernels: a call through __call__ with
+    keyword arguments, attribute and dict lookups, a small allocation."""
+
+    def __init__(self):
+        self.hooks, self.count = {}, 0
+
+    def __call__(self, x, *, scale=1):
+        hook = self.hooks.get(x & 63)
+        self.count += scale if hook is None else hook
+        return (x, self.count)
+
+
+def host_python_s() -> float:
+    """Host seconds per call of HOST_PROBE_PYTHON_CALLS calls of `_Module`: how fast this host runs
+    Python that issues nothing, taken beside `host_issue_s` before each timed step. The launch probe
+    follows only part of the host's time (`zerocalc.timing.host_scale`, phi); this one asks whether the
+    rest, the interpreter's own speed, moves with the step time too. No device needed."""
+    m = _Module()
+    t0 = time.perf_counter()
+    for i in range(HOST_PROBE_PYTHON_CALLS):
+        m(i, scale=1)
+    return (time.perf_counter() - t0) / HOST_PROBE_PYTHON_CALLS
+
+
 class HostCounters:
     """Where a timed step's host time went, read around each step (Linux; None where unreadable):
     - runq_s: seconds the main thread was runnable but waited for a CPU (/proc/thread-self/schedstat,

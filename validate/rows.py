@@ -18,7 +18,7 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "measured_peak_allocated_bytes", "measured_peak_reserved_bytes", "measured_alloc_retries",
                     "measured_base_allocated_bytes", "measured_step_s", "measured_forward_s", "measured_backward_s",
                     "measured_step_phase_s", "measured_step_times_s", "measured_launch_us", "measured_matmul_tflops",
-                    "measured_step_issue_us", "measured_step_issue_by_rank_us", "measured_step_host_s", "measured_step_runq_s",
+                    "measured_step_issue_us", "measured_step_issue_by_rank_us", "measured_step_python_us", "measured_step_host_s", "measured_step_runq_s",
                     "measured_step_steal_s", "measured_step_gc_s", "measured_step_sm_mhz",
                     "measured_device_overhead_bytes") + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:])
@@ -130,6 +130,10 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
             # rank follows the step best is still open
             if len(issue) > 1:
                 row["measured_step_issue_by_rank_us"] = json.dumps([[round(t * 1e6, 3) for t in i] for i in issue])
+        # per timed step: the host's Python speed just before it (measure.host_python_s), the slowest rank's
+        python = [r["host_python_s"] for r in ok if r.get("host_python_s")]
+        if python and len(python) == len(ok) and len({len(p) for p in python}) == 1:
+            row["measured_step_python_us"] = json.dumps([round(max(t) * 1e6, 4) for t in zip(*python)])
         if slowest.get("step_host_s"):
             row["measured_step_host_s"] = json.dumps([round(t, 6) for t in slowest["step_host_s"]])
         for name in ("runq_s", "steal_s", "gc_s", "sm_mhz"):

@@ -234,11 +234,12 @@ def run_job(job, device):
     # Beside each timed step: the host's launch speed just before it, how long the host took to issue
     # the step (until optimizer_step returns, unsynchronized), and where its host time went
     # (measure.HostCounters).
-    host_issue_s, step_host_s, counters = [], [], []
+    host_issue_s, host_python_s, step_host_s, counters = [], [], [], []
     host = measure.HostCounters(device)
     try:
         for _ in range(TIMED_STEPS):
             host_issue_s.append(measure.host_issue_s(device))
+            host_python_s.append(measure.host_python_s())
             measure.synchronize(cuda)
             host.start()
             t0 = time.perf_counter()
@@ -253,7 +254,7 @@ def run_job(job, device):
     params = list(engine.module.parameters())
     result = {"outcome": "ok", "losses": losses, "comm": comm, "state": state,
               "step_s": statistics.median(step_s), "step_times_s": step_s, "probe": probe,
-              "host_issue_s": host_issue_s, "step_host_s": step_host_s, "step_counters": counters,
+              "host_issue_s": host_issue_s, "host_python_s": host_python_s, "step_host_s": step_host_s, "step_counters": counters,
               "memory": rec.summary(),
               # The case study's sharding check: ZeRO-3 gives every parameter ds_id and ds_tensor.
               "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params)}
