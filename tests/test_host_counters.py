@@ -92,3 +92,34 @@ def test_the_python_probe_slows_when_another_thread_takes_the_interpreter():
         sys.setswitchinterval(interval)
     assert 0 < alone_s < 1e-4          # a call is well under 100 us on any machine
     assert shared_s > 1.4 * alone_s
+
+
+def test_the_main_thread_runs_alone_on_its_core_and_the_masks_come_back():
+    """measure.main_thread_alone pins the calling thread to one CPU and keeps the process's other
+    threads (here one started before) off it; on exit both masks are what they were."""
+    import os
+    import threading
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs CPU affinity and two CPUs")
+    started, stop, seen = threading.Event(), threading.Event(), {}
+
+    def other():
+        seen["tid"] = threading.get_native_id()
+        started.set()
+        stop.wait()
+
+    t = threading.Thread(target=other)
+    t.start()
+    started.wait()
+    before_main, before_other = os.sched_getaffinity(0), os.sched_getaffinity(seen["tid"])
+    try:
+        with measure.main_thread_alone() as cpu:
+            assert os.sched_getaffinity(0) == {cpu}
+            assert cpu == max(before_main)
+            assert cpu not in os.sched_getaffinity(seen["tid"])
+            assert os.sched_getaffinity(seen["tid"])           # never left with no CPU
+        assert os.sched_getaffinity(0) == before_main
+        assert os.sched_getaffinity(seen["tid"]) == before_other
+    finally:
+        stop.set()
+        t.join()

@@ -149,6 +149,10 @@ def test_each_steps_host_speed_is_the_slower_ranks():
     row = make_row(job, result, "cuda", "cmd")
     assert json.loads(row["measured_step_issue_us"]) == [12.0, 10.0]
     assert json.loads(row["measured_step_python_us"]) == [0.75, 0.5]        # the Python probe: the same rule
+    assert "main thread" not in row["cpus"]
+    result["ranks"][0]["main_cpu"] = second["main_cpu"] = 15                 # VALIDATE_PIN_CPUS=main
+    result["env"] = {"cpus": "16 of 16"}
+    assert make_row(job, result, "cuda", "cmd")["cpus"] == "16 of 16, main thread alone on CPU 15"
     assert json.loads(row["measured_step_issue_by_rank_us"]) == [[8.0, 10.0], [12.0, 9.0]]   # each rank's, kept
     second["host_issue_s"] = None
     assert "measured_step_issue_us" not in make_row(job, result, "cuda", "cmd")

@@ -1,8 +1,10 @@
 """What a rank holds and sends, read from the engine itself and from torch's allocator."""
+import contextlib
 import gc
 import json
 import os
 import platform
+import threading
 import time
 
 import torch
@@ -103,6 +105,52 @@ def host_python_s() -> float:
     for i in range(HOST_PROBE_PYTHON_CALLS):
         m(i, scale=1)
     return (time.perf_counter() - t0) / HOST_PROBE_PYTHON_CALLS
+
+
+def _siblings(cpu: int) -> set[int]:
+    """The CPUs sharing `cpu`'s core (its SMT siblings, itself included), from sysfs; {cpu} where unreadable."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+    except OSError:
+        return {cpu}
+    out = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@contextlib.contextmanager
+def main_thread_alone():
+    """Run the calling thread alone on one core: it is pinned to the last CPU it may use, and every other
+    thread of this process (CUDA's, NCCL's, OpenMP's, DeepSpeed's, all started by now) is kept off that
+    CPU and its SMT siblings (off that CPU alone where nothing else would be left). Masks are restored on
+    exit. Yields the main thread's CPU, or None where affinity cannot be set. An experiment on the host's
+    two speeds (data/README.md, t10 probes): does a step time steady when nothing of ours shares the
+    core of the thread that issues the work?"""
+    if not hasattr(os, "sched_setaffinity"):
+        yield None
+        return
+    me = threading.get_native_id()
+    allowed = set(os.sched_getaffinity(0))
+    cpu = max(allowed)
+    others = allowed - _siblings(cpu) or allowed - {cpu} or allowed
+    saved = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            saved[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, {cpu} if tid == me else others)
+        except OSError:            # a thread that ended meanwhile
+            saved.pop(tid, None)
+    try:
+        yield cpu
+    finally:
+        for tid, mask in saved.items():
+            try:
+                os.sched_setaffinity(tid, mask)
+            except OSError:
+                pass
 
 
 class HostCounters:

@@ -134,6 +134,8 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         python = [r["host_python_s"] for r in ok if r.get("host_python_s")]
         if python and len(python) == len(ok) and len({len(p) for p in python}) == 1:
             row["measured_step_python_us"] = json.dumps([round(max(t) * 1e6, 4) for t in zip(*python)])
+        if slowest.get("main_cpu") is not None:   # VALIDATE_PIN_CPUS=main: timed with the main thread alone on a core
+            row["cpus"] = f"{row.get('cpus') or ''}, main thread alone on CPU {slowest['main_cpu']}".lstrip(", ")
         if slowest.get("step_host_s"):
             row["measured_step_host_s"] = json.dumps([round(t, 6) for t in slowest["step_host_s"]])
         for name in ("runq_s", "steal_s", "gc_s", "sm_mhz"):
