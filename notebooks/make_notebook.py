@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 from validate.report import load, own_peak_allocated, repredict, started_clean
 from validate.rows import job_from_row
 from validate.jobs import to_zerocalc
-from validate.fit import held_out
+from validate.fit import held_out_rows
 from zerocalc import reference
 from zerocalc.estimate import estimate
 GiB = 2**30
@@ -27,7 +27,7 @@ df = repredict(load(paths))
 df = df[df["outcome"] == "ok"].copy()
 df["measured"] = own_peak_allocated(df) / GiB
 df["predicted"] = df["now_peak_allocated_bytes"] / GiB
-df["held_out"] = df["key"].map(held_out)
+df["held_out"] = held_out_rows(df)
 df["paper"] = [reference.paper_model_states_bytes(r.num_params, r.nproc, r.stage) / GiB for r in df.itertuples()]
 df["ds_estimator"] = [(reference.deepspeed_estimator_gpu_bytes(r.num_params, max(to_zerocalc(job_from_row(r._asdict()))[0].param_numels), r.nproc, r.stage) or float("nan")) / GiB for r in df.itertuples()]
 print(len(df), "configurations from", [os.path.basename(p) for p in paths])"""),

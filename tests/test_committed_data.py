@@ -88,7 +88,7 @@ def test_report_prints_every_table():
     text, exact = report(PATHS)
     assert exact
     for title in ("Resident state bytes", "Logged communication bytes", "Peak allocated", "held-out rows",
-                  "Peak reserved", "Step time"):
+                  "Peak reserved", "Step time", "held-out configurations"):
         assert title in text
 
 
@@ -96,22 +96,22 @@ def test_step_time_within_the_stated_error(rows):
     timed = rows[timed_whole_steps(rows)]
     err = ((timed["now_step_s"] - timed["measured_step_s"]) / timed["measured_step_s"]).abs()
     # README: rows timed as training runs (304), each on its own host's speed where probed before every
-    # timed step (157 rows): mean 9.4%, 238 within 15%, worst 52% (issue 5's 15% on every row: not met, nor
+    # timed step (157 rows): mean 9.6%, 229 within 15%, worst 48% (issue 5's 15% on every row: not met, nor
     # can be: the jobs of 22 configurations spread wider than any one prediction covers within 15%; the
     # medians of one configuration's jobs differ by 15%, median over 100 configurations). History: 202/257
     # = 0.786; with the t8/t9 jobs 214/278, with the host's per-operator cost 223/278 = 0.802. The t10 third
     # jobs (25 rows, for the 25 configurations whose two jobs differed by more than 15%, not chosen by
-    # error) and the last t8 re-timing came out 17/26 within 15% on that calibration, and the level fell to 240/304; refitted on them,
-    # 238/304 = 0.783. The worst row is one of them: the 162M GPT at stage 2 with overlap_comm, N = 2, ran
-    # 59 ms where its earlier jobs ran 93 and 109 (predicted 89).
+    # error) and the last t8 re-timing came out 17/26 within 15% on that calibration, and the level fell to
+    # 240/304; refitted on them, 238/304 = 0.783; refitted on the held-out split by configuration (by key,
+    # 23 configurations had jobs on both sides), 229/304 = 0.753.
     assert len(timed) >= 90
     assert err.mean() < 0.10
-    assert (err <= 0.15).mean() >= 0.78                                     # 238/304 = 0.783
-    assert err.max() < 0.55
+    assert (err <= 0.15).mean() >= 0.75                                     # 229/304 = 0.753
+    assert err.max() < 0.50
     probed = [measured_host_launch_s(r.to_dict()) is not None for _, r in timed.iterrows()]
-    # 128/157 on their own host's speed (110/131 before t10; 68/77 before the t8 re-timing added N = 2
+    # 126/157 on their own host's speed (110/131 before t10; 68/77 before the t8 re-timing added N = 2
     # stage 3 and offload, whose jobs differ by more than the host's launch cost explains: data/README.md)
-    assert sum(probed) >= 157 and (err[probed] <= 0.15).mean() >= 0.81     # 0.815
+    assert sum(probed) >= 157 and (err[probed] <= 0.15).mean() >= 0.80     # 0.803
 
 
 def test_configurations_predicted_before_they_ran(rows):

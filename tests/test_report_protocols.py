@@ -156,3 +156,19 @@ def test_each_steps_host_speed_is_the_slower_ranks():
     assert json.loads(row["measured_step_issue_by_rank_us"]) == [[8.0, 10.0], [12.0, 9.0]]   # each rank's, kept
     second["host_issue_s"] = None
     assert "measured_step_issue_us" not in make_row(job, result, "cuda", "cmd")
+
+
+def test_every_job_of_a_configuration_falls_on_the_same_side_of_the_held_out_split():
+    """The split is by what ran, not by the key: repeats (other keys), and the same job run with the
+    other allocator, share a side; across 400 configurations about a quarter are held out (a binomial
+    100 +- 8.7: the bounds are 3 standard deviations)."""
+    from validate.fit import held_out
+    arch = Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False)
+    shapes = [(n, s, q, b) for n in (1, 2, 4, 8, 16) for s in range(4) for q in (8, 16, 32, 64, 128) for b in (1, 2, 4, 8)]
+    rows = [make_row(make_job(arch, n, stage=s, seq_len=q, micro_batch=b), _result({}), "cuda", "cmd")
+            for n, s, q, b in shapes]
+    for (n, s, q, b), row in list(zip(shapes, rows))[:20]:
+        again = make_row(make_job(arch, n, stage=s, seq_len=q, micro_batch=b, repeat=3), _result({}), "cuda", "cmd")
+        assert again["key"] != row["key"]
+        assert held_out(again) == held_out(row) == held_out({**row, "expandable_segments": True})
+    assert 74 <= sum(held_out(r) for r in rows) <= 126

@@ -270,7 +270,8 @@ def by_configuration(timed: pd.DataFrame) -> pd.DataFrame:
     out = conf.groupby("conf").agg(stage=("stage", "first"), jobs=("measured_step_s", "size"),
                                    measured_step_s=("measured_step_s", "median"), now_step_s=("now_step_s", "median"),
                                    span=("measured_step_s", lambda t: (t.max() - t.min()) / t.mean()),
-                                   fastest=("measured_step_s", "min"), slowest=("measured_step_s", "max"))
+                                   fastest=("measured_step_s", "min"), slowest=("measured_step_s", "max"),
+                                   **({"split": ("split", "first")} if "split" in conf else {}))
     return out.reset_index(drop=True)
 
 
@@ -290,9 +291,9 @@ def report(paths) -> tuple[str, bool]:
                  and (ok["now_comm_bytes"] == ok["measured_comm_bytes"].astype("int64")).all())
     gpu = ok[ok["measured_peak_allocated_bytes"].notna()] if "measured_peak_allocated_bytes" in ok else ok.iloc[0:0]
     if not gpu.empty:
-        from validate.fit import held_out
+        from validate.fit import held_out_rows
         gpu = gpu.assign(own_peak=own_peak_allocated(gpu),
-                         split=gpu["key"].map(lambda k: "held-out" if held_out(k) else "train"))
+                         split=held_out_rows(gpu).map({True: "held-out", False: "train"}))
         for split, g in [("all", gpu)] + list(gpu.groupby("split")):
             lines += [""] + _table(g, "now_peak_allocated_bytes", "own_peak",
                                    f"Peak allocated (max_memory_allocated less what an earlier engine left), {split}"
@@ -355,6 +356,10 @@ def report(paths) -> tuple[str, bool]:
             lines += [""] + _table(confs, "now_step_s", "measured_step_s", f"Step time per configuration (median over "
                                    f"its jobs; {int((confs['jobs'] > 1).sum())} of {len(confs)} timed in more than one "
                                    "job); target 15%", False, 0.15)
+            if "split" in confs:   # the split is by configuration (fit.held_out): all its jobs on one side
+                held = confs[confs["split"] == "held-out"]
+                lines += [""] + _table(held, "now_step_s", "measured_step_s", f"Step time per configuration, held-out "
+                                       f"configurations ({len(held)} of {len(confs)}); target 15%", False, 0.15)
             if not probed.empty:   # the host's speed known while each counted job was timed
                 pc = by_configuration(probed)
                 lines += [""] + _table(pc, "now_step_s", "measured_step_s", f"Step time per configuration, only its "

@@ -35,7 +35,7 @@ what waits on communication:
   GPU this fast small steps are host-bound: that is the max. A Llama layer dispatches 38 operators
   forward and 71 backward (sdpa), the seed's GPT layer 25 and 43; with the per-layer cost alone the
   host-bound Llama rows came out 5-7% under their measured steps and the GPT ones 5-6% over, at stages
-  0 and 2. t_op fitted: 14.3 us, beside the 9.4 us the hosts took to launch one kernel from Python.
+  0 and 2. t_op fitted: 15.2 us, beside the 9.5 us the hosts took to launch one kernel from Python.
 - Activation checkpointing (ck = 1) costs the host more in forward too: PyTorch's non-reentrant
   checkpoint runs each layer under saved-tensor hooks (t_ckpt_fwd per layer, fitted); measured
   checkpointed forwards of small models took 2–2.5× the plain ones.
@@ -72,13 +72,13 @@ what waits on communication:
   and that copy (measured: no slower than without parameter offload).
 - The host's speed: every host-side term above (t_launch_*, t_op, t_ckpt_fwd, t_hook, t_gather, t_grad_hook,
   t_grad_move, t0) is the fitted hosts' and is h times longer on a host whose cost to issue a kernel
-  from Python is r times theirs (`--host-launch-us`; their median is 9.4 us on the H200 VMs):
+  from Python is r times theirs (`--host-launch-us`; their median is 9.5 us on the H200 VMs):
   h = 1 + φ·(r - 1) (`host_scale`), φ the share of that host time which follows the launch cost, the
-  rest being Python that issues nothing (fitted: 0.63). Measured on those VMs (`data/h200-t7-*.csv`):
+  rest being Python that issues nothing (fitted: 0.70). Measured on those VMs (`data/h200-t7-*.csv`):
   these steps are host-bound, the launch cost drifted between 7 and 25 us within minutes with no
   run-queue wait, steal or garbage collection behind it, and a configuration's step time followed it
   (r = 0.65-0.90 over its steps). With each row's launch cost (the median of the probes taken before
-  each of its timed steps) 128 of the 157 rows that have them are within 15% (120 at the fitted hosts'
+  each of its timed steps) 126 of the 157 rows that have them are within 15% (120 at the fitted hosts'
   speed); on the 110 of them there were before, φ = 1 (all host time scaling, the model before) put
   one row fewer within 15% at a 4% higher fit cost. At N = 2 a row's launch cost is the slower rank's
   before each step (the ranks wait for each other): on its first seven rows (`data/h200-t9-second-a.csv`)
