@@ -172,3 +172,12 @@ def test_every_job_of_a_configuration_falls_on_the_same_side_of_the_held_out_spl
         assert again["key"] != row["key"]
         assert held_out(again) == held_out(row) == held_out({**row, "expandable_segments": True})
     assert 74 <= sum(held_out(r) for r in rows) <= 126
+
+
+def test_the_calibrations_accuracy_counts_configurations_by_the_median_of_their_jobs():
+    """Configuration a: three jobs measured 0.8, 0.9 and 2.0 s, each predicted 1.0: the median job is
+    0.9, 11% off, within 15% (their mean, 1.23, would be 19% off). Configuration b: one job, 1.5 s,
+    predicted 2.0: 33% off. So 1 of 2."""
+    from validate.fit import configurations_within
+    assert configurations_within(["a", "a", "a", "b"], [1.0, 1.0, 1.0, 2.0], [0.8, 0.9, 2.0, 1.5]) == (2, 1)
+    assert configurations_within(["a", "a", "a", "b"], [1.0, 1.0, 1.0, 1.6], [0.8, 0.9, 2.0, 1.5]) == (2, 2)

@@ -206,9 +206,20 @@ def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
     """How the fitted time model does on every row timed as training runs, held-out ones included,
     each on its own host speed where probed: what `zerocalc estimate` quotes beside its step times."""
     predicted = _predict(time_features(timed, cal), cal["time"])[:, 3]
-    err = np.abs(predicted / timed["measured_step_s"].to_numpy(float) - 1)
+    measured = timed["measured_step_s"].to_numpy(float)
+    err = np.abs(predicted / measured - 1)
+    n_confs, confs_within = configurations_within([configuration(r.to_dict()) for _, r in timed.iterrows()],
+                                                  predicted, measured)
     return {"rows": int(len(err)), "within_15pct": int((err <= 0.15).sum()),
-            "mean_abs_error": round(float(err.mean()), 4)}
+            "mean_abs_error": round(float(err.mean()), 4),
+            "configurations": n_confs, "configurations_within_15pct": confs_within}
+
+
+def configurations_within(confs, predicted, measured, target: float = 0.15) -> tuple[int, int]:
+    """(configurations, how many of them the model puts within `target`), each configuration judged as
+    `report` does: the median of its jobs' predictions against the median of their measured steps."""
+    by = pd.DataFrame({"conf": list(confs), "predicted": predicted, "measured": measured}).groupby("conf").median()
+    return len(by), int((np.abs(by["predicted"] / by["measured"] - 1) <= target).sum())
 
 
 def _reserved_ratio(rows: pd.DataFrame) -> float:

@@ -85,8 +85,8 @@ def as_table(estimates) -> str:
         acc = k.get("accuracy")
         if acc:
             lines.append(f"Measured: {acc['within_15pct']} of {acc['rows']} H200 steps within 15% of this model (mean "
-                         f"{acc['mean_abs_error']:.0%}); small and stage-3 steps are host-bound and follow the host's "
-                         "speed, which drifted 7-25 us per launch on those VMs (--host-launch-us).")
+                         f"{acc['mean_abs_error']:.0%}){_by_configuration(acc)}; small and stage-3 steps are host-bound "
+                         "and follow the host's speed, which drifted 7-25 us per launch on those VMs (--host-launch-us).")
     elif e0.hardware is not None:
         lines.append("Step time needs an architecture and --seq-len.")
     if e0.activation_bytes is None:
@@ -164,7 +164,7 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
     acc = ranked[0].estimate.cal["time"].get("accuracy") if ranked else None
     if acc:
         lines.append(f"Step time calibrated on H200 runs: {acc['within_15pct']} of {acc['rows']} measured steps within "
-                     f"15% of the model (mean {acc['mean_abs_error']:.0%}; README).")
+                     f"15% of the model (mean {acc['mean_abs_error']:.0%}{_by_configuration(acc)}; README).")
     if rejected is not None:
         lines += ["", "Rejected:"]
         for c in rejected:
@@ -173,3 +173,10 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
                 lines.append(f"  {s.dp:4d} GPUs stage {int(s.stage)} offload {s.offload_optimizer}/{s.offload_param} "
                              f"micro {s.micro_batch} ckpt {'on' if s.activation_checkpointing else 'off'}: {c.rejected}")
     return "\n".join(lines)
+
+
+def _by_configuration(acc: dict) -> str:
+    """The calibration's per-configuration accuracy (the median of a configuration's jobs), where it has one."""
+    if "configurations" not in acc:
+        return ""
+    return f"; {acc['configurations_within_15pct']} of {acc['configurations']} configurations by the median of their jobs"
