@@ -114,6 +114,21 @@ def test_step_time_within_the_stated_error(rows):
     assert sum(probed) >= 157 and (err[probed] <= 0.15).mean() >= 0.80     # 0.803
 
 
+def test_cross_validated_step_time():
+    """`python -m validate crossval`: each quarter of the configurations predicted by the time constants
+    fitted on the other three. README: 222/304 rows and 85/100 configurations within 15%; every fold's
+    efficiency at or under its matmul ceiling (0.75-0.80)."""
+    from validate.fit import FOLDS, cross_validate_time, cross_validation_report
+    timed, sections = cross_validate_time(PATHS)
+    err = (timed["cv_step_s"] / timed["measured_step_s"] - 1).abs()
+    assert len(sections) == FOLDS and timed["cv_step_s"].notna().all()
+    assert (err <= 0.15).mean() >= 0.70                                   # 222/304 = 0.730
+    assert all(s["efficiency"] <= s["efficiency_max"] + 1e-4 for s in sections)
+    text = cross_validation_report(timed, sections)
+    confs = int(text.split("configurations (the median of their jobs): ")[1].split(" of ")[0])
+    assert confs >= 82                                                   # 85/100
+
+
 def test_configurations_predicted_before_they_ran(rows):
     """Six stage 0-2 configurations never measured before were predicted first
     (data/h200-t4-blind-predictions.txt, committed before the run), then run each as the first job of

@@ -202,6 +202,19 @@ def test_the_fit_recovers_the_share_of_host_time_that_follows_the_launch_cost():
     k = fit_constants(feats, measured)
     assert k["host_launch_share"] == pytest.approx(0.4, abs=0.01)
     assert np.abs(_predict(feats, k)[:, 3] / measured[:, 3] - 1).max() < 0.01
+    # an efficiency ceiling under the one the rows were made with holds the fit there (these rows are
+    # mostly host-bound, so they hardly pin the efficiency either way)
+    assert fit_constants(feats, measured, efficiency_max=0.3)["efficiency"] <= 0.3
+
+
+def test_the_efficiency_ceiling_is_the_measured_matmul_rate_over_peak():
+    """Three jobs' bf16 8192^3 matmuls ran 700, 791.2 and 900 TFLOP/s: the median, 791.2, over the H200's
+    989 TFLOP/s peak is 0.8. Rows that never measured it leave the ceiling at 1."""
+    import pandas as pd
+    from validate.fit import matmul_ceiling
+    assert matmul_ceiling(pd.DataFrame({"measured_matmul_tflops": [700.0, 791.2, 900.0]})) == pytest.approx(0.8)
+    assert matmul_ceiling(pd.DataFrame({"measured_matmul_tflops": [float("nan")] * 2})) == 1.0
+    assert matmul_ceiling(pd.DataFrame({"measured_step_s": [0.1]})) == 1.0
 
 
 def test_host_launch_us_on_the_command_line_reaches_the_step_time():

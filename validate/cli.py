@@ -106,6 +106,18 @@ def fit_cmd(csv_paths, out_path):
     click.echo(make_report(list(csv_paths))[0])
 
 
+@main.command("crossval")
+@click.argument("csv_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+def crossval_cmd(csv_paths):
+    """Cross-validate the step-time model: each fold of configurations (a quarter, by a hash of what
+    ran) predicted by the time constants fitted on the other three, so that every configuration is
+    judged as one the fit never saw, and how far each constant moves between the folds. Writes
+    nothing; a few seconds."""
+    from validate.fit import cross_validate_time, cross_validation_report
+    timed, sections = cross_validate_time(list(csv_paths), progress=lambda m: click.echo(m, err=True))
+    click.echo(cross_validation_report(timed, sections))
+
+
 @main.command("snapshot")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--top", type=int, default=15, show_default=True, help="Groups of tensors to list per file.")

@@ -27,7 +27,8 @@ Constants (all named in the calibration JSON):
   and so set, the three host_*_per_s rates), by Levenberg–Marquardt on the
   log ratio of predicted to measured forward, backward, optimizer-step and whole-step times of the
   training split's rows timed as training runs (`report.timed_whole_steps`; all constants positive,
-  the link efficiency and host_launch_share at most 1). The host-side ones are at
+  the link efficiency and host_launch_share at most 1, the efficiency at most the rows' measured matmul
+  rate over peak, `matmul_ceiling`). The host-side ones are at
   `time.host_launch_s_fitted`, the rows' median host launch cost; a row probed before each timed step
   is fitted at its own (`rows.measured_host_launch_s`), of which the share `host_launch_share` of the
   host-side time follows (`timing.host_scale`; only the probed rows set it).
@@ -46,14 +47,22 @@ from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
 from zerocalc.timing import STEP_CLASSES, features, phase_times, whole_step_s
 
-def held_out(row: dict) -> bool:
-    """A fixed 25% of configurations, never used for fitting, chosen by a hash of what the row ran
-    (`report.configuration`, either allocator): every job of a configuration falls on the same side,
-    whatever its key. By the key, as before, 23 of the 100 timed configurations had jobs on both sides
-    (a repeat, or a key an older zerocalc made, hashes apart), so "held-out" rows had been fitted through
-    their configuration's other jobs."""
+FOLDS = 4
+
+
+def fold(row: dict) -> int:
+    """Which of FOLDS parts of the configurations the row is in, by a hash of what it ran
+    (`report.configuration`, either allocator): every job of a configuration is in the same part,
+    whatever its key. Fold 0 is the held-out split; `cross_validate_time` predicts each fold from the others."""
     conf = configuration(row, allocator=False)
-    return int(hashlib.sha1(conf.encode()).hexdigest(), 16) % 4 == 0
+    return int(hashlib.sha1(conf.encode()).hexdigest(), 16) % FOLDS
+
+
+def held_out(row: dict) -> bool:
+    """A fixed 25% of configurations, never used for fitting (fold 0). By the key, as before, 23 of the
+    100 timed configurations had jobs on both sides (a repeat, or a key an older zerocalc made, hashes
+    apart), so "held-out" rows had been fitted through their configuration's other jobs."""
+    return fold(row) == 0
 
 
 def held_out_rows(df: pd.DataFrame) -> pd.Series:
@@ -121,9 +130,10 @@ _START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer"
           "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}
 
 
-def _unpack(z) -> dict:
+def _unpack(z, efficiency_max: float = 1.0) -> dict:
     k = {name: float(np.exp(np.clip(v, -60, 60))) for name, v in zip(_SCALARS, z)}
-    k["efficiency"] = min(k["efficiency"], 1.0)
+    # a share of its ceiling (`matmul_ceiling`), smooth up to it
+    k["efficiency"] = float(efficiency_max / (1 + np.exp(-np.clip(z[_SCALARS.index("efficiency")], -30, 60))))
     for name in _SHARES:
         k[name] = float(1 / (1 + np.exp(-np.clip(z[_SCALARS.index(name)], -30, 60))))   # never 0
     n, m = len(_SCALARS), len(STEP_CLASSES)
@@ -132,8 +142,9 @@ def _unpack(z) -> dict:
     return k
 
 
-def _pack(k: dict) -> np.ndarray:
+def _pack(k: dict, efficiency_max: float = 1.0) -> np.ndarray:
     z = [np.log(k[name]) for name in _SCALARS]
+    z[_SCALARS.index("efficiency")] = np.log(k["efficiency"] / (efficiency_max - k["efficiency"]))
     for name in _SHARES:
         z[_SCALARS.index(name)] = np.log(k[name] / (1 - k[name]))
     z += [np.log(k["step_overhead_s"][c]) for c in STEP_CLASSES]
@@ -181,25 +192,40 @@ def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
     and (four times weighted) of the whole step, over the training rows."""
     measured = train[["measured_forward_s", "measured_backward_s", "measured_step_phase_s",
                       "measured_step_s"]].to_numpy(float)
-    k = fit_constants(time_features(train, cal), measured)
+    ceiling = matmul_ceiling(train)
+    k = fit_constants(time_features(train, cal), measured, ceiling)
     rounded = {name: (round(v, 4) if name in _SHARES or name == "efficiency" else float(f"{v:.4g}")) for name, v in k.items()
                if not isinstance(v, dict)}
     rounded.update({name: {c: float(f"{x:.4g}") for c, x in k[name].items()}
                     for name in ("step_overhead_s", "optimizer_s_per_element")})
-    return rounded | {"rows": int(len(train))}
+    return rounded | {"efficiency_max": round(ceiling, 4), "rows": int(len(train))}
 
 
-def fit_constants(feats: list[dict], measured: np.ndarray) -> dict:
+def matmul_ceiling(rows: pd.DataFrame) -> float:
+    """The most of the GPU's peak the model's FLOPs can run at: the rows' median rate of a bf16 8192^3
+    matmul (`measured_matmul_tflops`, measured beside each job) over the peak; 1 where unmeasured. A
+    layer's matmuls are smaller, and attention and the rest no faster. Without it the fit traded FLOP
+    time against element-wise traffic: over the cross-validation folds (`cross_validate_time`) the
+    efficiency came out 0.75-1.0 and the traffic passes 5.8-7.9, where the matmul ran at 0.80 of peak."""
+    from zerocalc.hardware import gpu
+    tflops = rows["measured_matmul_tflops"].astype(float) if "measured_matmul_tflops" in rows else pd.Series(dtype=float)
+    if tflops.notna().sum() == 0:
+        return 1.0
+    return float(min(1.0, tflops.median() * 1e12 / gpu("h200").peak_flops_per_s))
+
+
+def fit_constants(feats: list[dict], measured: np.ndarray, efficiency_max: float = 1.0) -> dict:
     """The time constants minimizing the weighted log ratios of `_predict(feats)` to `measured` (rows ×
-    forward, backward, optimizer step, whole step)."""
+    forward, backward, optimizer step, whole step), the efficiency at most `efficiency_max`."""
     # The whole step (median of 5-10 unsynchronized steps) is what is judged; the phases (3 steps with
     # a synchronize at each boundary) only split it.
     weights = np.array([1.0, 1.0, 1.0, 4.0])
 
     def residuals(z):
-        return (np.log(_predict(feats, _unpack(z)) / measured) * weights).ravel()
+        return (np.log(_predict(feats, _unpack(z, efficiency_max)) / measured) * weights).ravel()
 
-    return _unpack(_levenberg_marquardt(residuals, _pack(_START)))
+    start = {**_START, "efficiency": min(_START["efficiency"], efficiency_max / 2)}
+    return _unpack(_levenberg_marquardt(residuals, _pack(start, efficiency_max)), efficiency_max)
 
 
 def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
@@ -213,6 +239,55 @@ def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
     return {"rows": int(len(err)), "within_15pct": int((err <= 0.15).sum()),
             "mean_abs_error": round(float(err.mean()), 4),
             "configurations": n_confs, "configurations_within_15pct": confs_within}
+
+
+def cross_validate_time(paths, progress=None) -> tuple[pd.DataFrame, list[dict]]:
+    """Every timed row's whole step predicted by time constants fitted without its configuration: for
+    each fold (`fold`), the constants are fitted on the other folds' timed rows, at their hosts' median
+    launch cost, as `fit` does on its training split, and predict this fold's rows. Returns the timed rows
+    with `fold` and `cv_step_s`, and the FOLDS fitted time sections. Only the time constants are refitted;
+    the memory ones (Llama's activation units, which set the element-wise traffic M) stay the calibration's."""
+    df = gpu_rows(paths)
+    timed = df[timed_whole_steps(df)].copy()
+    folds = np.array([fold(r.to_dict()) for _, r in timed.iterrows()])
+    predicted, sections = np.full(len(timed), np.nan), []
+    for k in range(FOLDS):
+        train, test = timed[folds != k], timed[folds == k]
+        cal = json.loads(json.dumps(calibration.default()))
+        launch_s = float(f"{typical_host_launch_s(train):.4g}")
+        cal["time"] = {**cal["time"], "host_launch_s_fitted": launch_s}
+        cal["time"].pop("host_launch_s", None)
+        cal["time"] = fit_time(train, cal) | {"host_launch_s_fitted": launch_s}
+        predicted[folds == k] = _predict(time_features(test, cal), cal["time"])[:, 3]
+        sections.append(cal["time"])
+        if progress:
+            progress(f"fold {k + 1}/{FOLDS}: fitted on {len(train)} rows, predicted {len(test)}")
+    return timed.assign(fold=folds, cv_step_s=predicted), sections
+
+
+def cross_validation_report(timed: pd.DataFrame, sections: list[dict]) -> str:
+    """What `python -m validate crossval` prints: the out-of-fold accuracy per row and per configuration,
+    then each fitted constant's range over the folds (how firmly the rows pin it)."""
+    err = np.abs(timed["cv_step_s"].to_numpy(float) / timed["measured_step_s"].to_numpy(float) - 1)
+    n_confs, within = configurations_within([configuration(r.to_dict()) for _, r in timed.iterrows()],
+                                            timed["cv_step_s"].to_numpy(float), timed["measured_step_s"].to_numpy(float))
+    lines = [f"Step time predicted by constants fitted without the row's configuration ({FOLDS} folds by configuration):",
+             f"  rows: {int((err <= 0.15).sum())} of {len(err)} within 15%, mean {err.mean():.1%}, worst {err.max():.0%}",
+             f"  configurations (the median of their jobs): {within} of {n_confs} within 15%"]
+    for k, section in enumerate(sections):
+        e = err[timed["fold"].to_numpy() == k]
+        lines.append(f"  fold {k}: {int((e <= 0.15).sum())} of {len(e)} rows within 15% (mean {e.mean():.1%}); "
+                     f"efficiency {section['efficiency']:.3f}, activation passes {section['activation_passes']:.2f}")
+    lines += ["", "Each constant over the folds (min - max; spread = max / min):"]
+    for name in _SCALARS:
+        values = [s[name] for s in sections]
+        lines.append(f"  {name:28s} {min(values):10.4g} - {max(values):<10.4g} spread {max(values) / min(values):5.2f}")
+    for name in ("step_overhead_s", "optimizer_s_per_element"):
+        for c in STEP_CLASSES:
+            values = [s[name][c] for s in sections]
+            lines.append(f"  {name + '.' + c:28s} {min(values):10.4g} - {max(values):<10.4g} spread "
+                         f"{max(values) / min(values):5.2f}")
+    return "\n".join(lines)
 
 
 def configurations_within(confs, predicted, measured, target: float = 0.15) -> tuple[int, int]:

@@ -74,7 +74,7 @@ what waits on communication:
   t_grad_move, t0) is the fitted hosts' and is h times longer on a host whose cost to issue a kernel
   from Python is r times theirs (`--host-launch-us`; their median is 9.5 us on the H200 VMs):
   h = 1 + φ·(r - 1) (`host_scale`), φ the share of that host time which follows the launch cost, the
-  rest being Python that issues nothing (fitted: 0.70). Measured on those VMs (`data/h200-t7-*.csv`):
+  rest being Python that issues nothing (fitted: 0.69). Measured on those VMs (`data/h200-t7-*.csv`):
   these steps are host-bound, the launch cost drifted between 7 and 25 us within minutes with no
   run-queue wait, steal or garbage collection behind it, and a configuration's step time followed it
   (r = 0.65-0.90 over its steps). With each row's launch cost (the median of the probes taken before
@@ -94,6 +94,9 @@ what waits on communication:
   the launch cost does not explain the spread: stage 3 at N = 2 and offload, re-timed in
   `data/h200-t8-retime-*.csv`, differed from their earlier jobs by up to 54% at an ordinary launch
   cost.
+η is fitted no higher than the rate of a large bf16 matmul on the same GPU, measured beside every job
+(0.80 of an H200's peak, `validate.fit.matmul_ceiling`): with no ceiling, the fit traded it against μ
+(0.75-1.0 against 5.8-7.9 over the cross-validation folds of `python -m validate crossval`).
 The constants η, μ, t_launch_*, t_op, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·], φ and
 the three host rates are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`;
 the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another GPU they are
