@@ -174,3 +174,12 @@ def test_first_jobs_of_a_process_are_simulated_to_the_fraction_of_a_percent(rows
     assert n2_stage2.sum() == 2 and err[n2_stage2].max() < 0.08
     gas = first["gas"].astype(int) > 1
     assert gas.sum() == 4 and err[gas].max() < 0.001
+
+
+def test_crossval_on_files_without_timed_rows_is_a_usage_error():
+    """data/h200-n2.csv predates the whole-step timing: nothing to cross-validate, exit 2 and why."""
+    from click.testing import CliRunner
+
+    from validate.cli import main
+    result = CliRunner().invoke(main, ["crossval", os.path.join(ROOT, "data", "h200-n2.csv")])
+    assert result.exit_code == 2 and "0 GPU rows timed as training runs" in result.output

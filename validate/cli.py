@@ -114,7 +114,10 @@ def crossval_cmd(csv_paths):
     judged as one the fit never saw, and how far each constant moves between the folds. Writes
     nothing; a few seconds."""
     from validate.fit import cross_validate_time, cross_validation_report
-    timed, sections = cross_validate_time(list(csv_paths), progress=lambda m: click.echo(m, err=True))
+    try:
+        timed, sections = cross_validate_time(list(csv_paths), progress=lambda m: click.echo(m, err=True))
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="CSV_PATHS")
     click.echo(cross_validation_report(timed, sections))
 
 

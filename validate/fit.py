@@ -250,6 +250,10 @@ def cross_validate_time(paths, progress=None) -> tuple[pd.DataFrame, list[dict]]
     df = gpu_rows(paths)
     timed = df[timed_whole_steps(df)].copy()
     folds = np.array([fold(r.to_dict()) for _, r in timed.iterrows()])
+    too_few = [k for k in range(FOLDS) if (folds != k).sum() < 14 or (folds == k).sum() == 0]
+    if too_few:
+        raise ValueError(f"{len(timed)} GPU rows timed as training runs (measured_step_times_s) in these files: too "
+                         f"few to fit on three folds and predict the fourth (folds {too_few}); give more of data/h200-*.csv")
     predicted, sections = np.full(len(timed), np.nan), []
     for k in range(FOLDS):
         train, test = timed[folds != k], timed[folds == k]
