@@ -4,7 +4,7 @@ what waits on communication:
 
     forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·(t_launch_fwd + ck·t_ckpt_fwd) + o_fwd·t_op + m_fwd·t_hook)
                 + g_fwd·t_gather + W_fwd / (ε·link)
-    backward  = max(F_bwd / (η·peak) + μ·(2·M + ck·M_layers) / hbm, L·(1+ck)·t_launch_bwd + o_bwd·t_op + m_bwd·t_hook)
+    backward  = max(F_bwd / (η·peak) + μ·(2·M + ck·M_layers) / hbm, L·(t_launch_bwd + ck·t_launch_fwd) + o_bwd·t_op + m_bwd·t_hook)
                 + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stage 2)
     step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
     step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + n_tensors·t_grad_move (stage 1) + step  (+ offload)
@@ -35,8 +35,11 @@ what waits on communication:
   GPU this fast small steps are host-bound: that is the max. A Llama layer dispatches 38 operators
   forward and 71 backward (sdpa), the seed's GPT layer 25 and 43; with the per-layer cost alone the
   host-bound Llama rows came out 5-7% under their measured steps and the GPT ones 5-6% over, at stages
-  0 and 2. t_op fitted: 15.2 us, beside the 9.5 us the hosts took to launch one kernel from Python.
-- Activation checkpointing (ck = 1) costs the host more in forward too: PyTorch's non-reentrant
+  0 and 2. t_op fitted: 14.1 us, beside the 9.5 us the hosts took to launch one kernel from Python.
+- Activation checkpointing (ck = 1): backward's host pays the recomputation as the forward pass it is
+  (L·t_launch_fwd, its operators in o_bwd), not as a second backward pass: cross-validated
+  (`python -m validate crossval`), 229/304 rows and 86/100 configurations within 15% against 222 and 85.
+  It costs the host more in forward too: PyTorch's non-reentrant
   checkpoint runs each layer under saved-tensor hooks (t_ckpt_fwd per layer, fitted); measured
   checkpointed forwards of small models took 2–2.5× the plain ones.
 - Stage 3 at N > 1: each all-gather call is issued and waited for inside a hook (t_gather per
@@ -78,7 +81,7 @@ what waits on communication:
   these steps are host-bound, the launch cost drifted between 7 and 25 us within minutes with no
   run-queue wait, steal or garbage collection behind it, and a configuration's step time followed it
   (r = 0.65-0.90 over its steps). With each row's launch cost (the median of the probes taken before
-  each of its timed steps) 126 of the 157 rows that have them are within 15% (120 at the fitted hosts'
+  each of its timed steps) 126 of the 157 rows that have them are within 15% (121 at the fitted hosts'
   speed); on the 110 of them there were before, φ = 1 (all host time scaling, the model before) put
   one row fewer within 15% at a 4% higher fit cost. At N = 2 a row's launch cost is the slower rank's
   before each step (the ranks wait for each other): on its first seven rows (`data/h200-t9-second-a.csv`)
@@ -205,7 +208,7 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         "recompute_traffic_at_hbm_s": layers_traffic / hw.hbm_bytes_per_s if ck else 0.0,
         "recompute": 1 if ck else 0,
         "layer_passes_fwd": model.architecture.num_layers,
-        "layer_passes_bwd": model.architecture.num_layers * (2 if ck else 1),
+        "layer_passes_bwd": model.architecture.num_layers,
         "ops_fwd": ops_fwd,
         "ops_bwd": ops_bwd,
         "modules_fwd": len(model.trace) if s3 else 0,
@@ -303,6 +306,7 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     backward = max(f["backward_at_peak_s"] / k["efficiency"]
                    + mu * (2 * f["traffic_at_hbm_s"] + f["recompute_traffic_at_hbm_s"]),
                    h * (f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["ops_bwd"] * t_op
+                        + f["recompute"] * f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"]
                         + f["modules_bwd"] * k["module_hook_s"])) \
         + h * (f["gathers_bwd"] * k["gather_call_s"] + f["grad_hooks"] * k["grad_hook_s"]) \
         + f["gather_bwd_at_link_s"] / eff
