@@ -181,3 +181,9 @@ def test_the_calibrations_accuracy_counts_configurations_by_the_median_of_their_
     from validate.fit import configurations_within
     assert configurations_within(["a", "a", "a", "b"], [1.0, 1.0, 1.0, 2.0], [0.8, 0.9, 2.0, 1.5]) == (2, 1)
     assert configurations_within(["a", "a", "a", "b"], [1.0, 1.0, 1.0, 1.6], [0.8, 0.9, 2.0, 1.5]) == (2, 2)
+
+
+def test_a_constant_a_fold_fitted_to_zero_has_no_spread():
+    from validate.fit import _spread
+    assert _spread([2.0, 4.0, 3.0]) == " 2.00"           # 4 / 2
+    assert _spread([0.0, 0.09]) == "    -"               # a share fitted to 0 in one fold: no ratio

@@ -285,13 +285,17 @@ def cross_validation_report(timed: pd.DataFrame, sections: list[dict]) -> str:
     lines += ["", "Each constant over the folds (min - max; spread = max / min):"]
     for name in _SCALARS:
         values = [s[name] for s in sections]
-        lines.append(f"  {name:28s} {min(values):10.4g} - {max(values):<10.4g} spread {max(values) / min(values):5.2f}")
+        lines.append(f"  {name:28s} {min(values):10.4g} - {max(values):<10.4g} spread {_spread(values)}")
     for name in ("step_overhead_s", "optimizer_s_per_element"):
         for c in STEP_CLASSES:
             values = [s[name][c] for s in sections]
-            lines.append(f"  {name + '.' + c:28s} {min(values):10.4g} - {max(values):<10.4g} spread "
-                         f"{max(values) / min(values):5.2f}")
+            lines.append(f"  {name + '.' + c:28s} {min(values):10.4g} - {max(values):<10.4g} spread {_spread(values)}")
     return "\n".join(lines)
+
+
+def _spread(values) -> str:
+    """max / min of a constant over the folds; a constant a fold fitted to 0 has none."""
+    return f"{max(values) / min(values):5.2f}" if min(values) > 0 else "    -"
 
 
 def configurations_within(confs, predicted, measured, target: float = 0.15) -> tuple[int, int]:
