@@ -201,6 +201,14 @@ def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
     return rounded | {"efficiency_max": round(ceiling, 4), "rows": int(len(train))}
 
 
+def fit_time_section(train: pd.DataFrame, cal: dict) -> dict:
+    """cal's "time" section fitted on `train` (`fit_time`), its host-side constants at the training rows'
+    median launch cost (`typical_host_launch_s`), which it records as host_launch_s_fitted."""
+    launch_s = float(f"{typical_host_launch_s(train):.4g}")
+    at = {**cal, "time": {k: v for k, v in cal["time"].items() if k != "host_launch_s"} | {"host_launch_s_fitted": launch_s}}
+    return fit_time(train, at) | {"host_launch_s_fitted": launch_s}
+
+
 def matmul_ceiling(rows: pd.DataFrame) -> float:
     """The most of the GPU's peak the model's FLOPs can run at: the rows' median rate of a bf16 8192^3
     matmul (`measured_matmul_tflops`, measured beside each job) over the peak; 1 where unmeasured. A
@@ -258,10 +266,7 @@ def cross_validate_time(paths, progress=None) -> tuple[pd.DataFrame, list[dict]]
     for k in range(FOLDS):
         train, test = timed[folds != k], timed[folds == k]
         cal = json.loads(json.dumps(calibration.default()))
-        launch_s = float(f"{typical_host_launch_s(train):.4g}")
-        cal["time"] = {**cal["time"], "host_launch_s_fitted": launch_s}
-        cal["time"].pop("host_launch_s", None)
-        cal["time"] = fit_time(train, cal) | {"host_launch_s_fitted": launch_s}
+        cal["time"] = fit_time_section(train, cal)
         predicted[folds == k] = _predict(time_features(test, cal), cal["time"])[:, 3]
         sections.append(cal["time"])
         if progress:
@@ -387,10 +392,7 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"ratio {a['reserved_over_allocated_worst']:.3f}")
     timed = train[timed_whole_steps(train)]
     if len(timed) >= 14:
-        fitted_launch_s = float(f"{typical_host_launch_s(timed):.4g}")
-        cal["time"] = {**cal["time"], "host_launch_s_fitted": fitted_launch_s}
-        cal["time"].pop("host_launch_s", None)
-        cal["time"] = fit_time(timed, cal) | {"host_launch_s_fitted": fitted_launch_s}
+        cal["time"] = fit_time_section(timed, cal)
         cal["time"]["accuracy"] = time_accuracy(df[timed_whole_steps(df)], cal)
         t = cal["time"]
         lines.append(f"time: host launch cost {t['host_launch_s_fitted'] * 1e6:.2f} us (the rows' median: the "
