@@ -122,6 +122,31 @@ print(f"step time: mean |error| {err.mean():.1%}, {int((err <= 0.15).sum())} of 
 fitted = (t["now_step_fitted_host_s"] / t["measured_step_s"] - 1).abs()
 print(f"at the fitted hosts' median speed (zerocalc estimate without --host-launch-us): mean |error| "
       f"{fitted.mean():.1%}, {int((fitted <= 0.15).sum())} of {len(t)} within 15%")"""),
+    ("code", """# Step time per configuration, cross-validated (`python -m validate crossval`): each quarter of the
+# configurations predicted by the time constants fitted on the other three, so every point is one the fit
+# never saw; a point is the median of the configuration's jobs, its bar their fastest..slowest.
+from validate.fit import cross_validate_time, configurations_within
+from validate.report import configuration
+cv, _ = cross_validate_time(paths)
+cv["conf"] = [configuration(r.to_dict()) for _, r in cv.iterrows()]
+by = cv.groupby("conf").agg(stage=("stage", "first"), measured=("measured_step_s", "median"),
+                            predicted=("cv_step_s", "median"), fastest=("measured_step_s", "min"),
+                            slowest=("measured_step_s", "max"))
+n, within = configurations_within(cv["conf"], cv["cv_step_s"].to_numpy(), cv["measured_step_s"].to_numpy())
+fig, ax = plt.subplots(figsize=(6.5, 6))
+for stage, g in by.groupby("stage"):
+    ax.errorbar(g["measured"] * ms, g["predicted"] * ms, fmt="o", ms=5, label=f"stage {stage}", elinewidth=0.8,
+                xerr=[(g["measured"] - g["fastest"]) * ms, (g["slowest"] - g["measured"]) * ms])
+lo, hi = by[["measured", "predicted"]].min().min() * ms * 0.8, by[["measured", "predicted"]].max().max() * ms * 1.25
+ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="identity")
+ax.fill_between([lo, hi], [0.85 * lo, 0.85 * hi], [1.15 * lo, 1.15 * hi], color="green", alpha=0.08, label="±15%")
+ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured step time, median of the jobs (ms)",
+       ylabel="predicted by a fit without this configuration (ms)",
+       title=f"per configuration, cross-validated: {within} of {n} within 15%")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(os.path.join(FIG, "step_time_crossval.png"), dpi=110)
+print(f"cross-validated: {within} of {n} configurations within 15%")"""),
     ("md", "## The caching allocator, simulated\n\nReserved memory beyond the allocated peak is the caching "
            "allocator's: which segments it cudaMallocs depends on the order of allocations. `zerocalc.allocator` "
            "replays the allocations of recorded histories (model build to the end of warm-up, `data/snapshots/`); "
