@@ -125,14 +125,12 @@ print(f"at the fitted hosts' median speed (zerocalc estimate without --host-laun
     ("code", """# Step time per configuration, cross-validated (`python -m validate crossval`): each quarter of the
 # configurations predicted by the time constants fitted on the other three, so every point is one the fit
 # never saw; a point is the median of the configuration's jobs, its bar their fastest..slowest.
-from validate.fit import cross_validate_time, configurations_within
-from validate.report import configuration
+from validate.fit import cross_validate_time
+from validate.report import by_configuration
 cv, _ = cross_validate_time(paths)
-cv["conf"] = [configuration(r.to_dict()) for _, r in cv.iterrows()]
-by = cv.groupby("conf").agg(stage=("stage", "first"), measured=("measured_step_s", "median"),
-                            predicted=("cv_step_s", "median"), fastest=("measured_step_s", "min"),
-                            slowest=("measured_step_s", "max"))
-n, within = configurations_within(cv["conf"], cv["cv_step_s"].to_numpy(), cv["measured_step_s"].to_numpy())
+by = by_configuration(cv.assign(now_step_s=cv["cv_step_s"])).rename(
+    columns={"measured_step_s": "measured", "now_step_s": "predicted"})
+n, within = len(by), int(((by["predicted"] / by["measured"] - 1).abs() <= 0.15).sum())
 fig, ax = plt.subplots(figsize=(6.5, 6))
 for stage, g in by.groupby("stage"):
     ax.errorbar(g["measured"] * ms, g["predicted"] * ms, fmt="o", ms=5, label=f"stage {stage}", elinewidth=0.8,

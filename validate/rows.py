@@ -68,6 +68,15 @@ def _comm_by_op(comm: dict) -> dict:
     return out
 
 
+def _every_ranks_probes(ranks: list[dict], name: str) -> list[list[float]] | None:
+    """Each rank's per-step probes `name`, in rank order, where every rank took one before every timed
+    step (a rank off CUDA has none for the launch probe); None otherwise, so a column is never half filled."""
+    probes = [r.get(name) for r in ranks]
+    if not all(probes) or any(None in p for p in probes) or len({len(p) for p in probes}) != 1:
+        return None
+    return probes
+
+
 def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
     row, spec, setup = _config(job, backend)
     row.update(_predicted(spec, setup, backend))
@@ -122,8 +131,8 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         # per timed step: the host's launch speed just before it, the slowest of the ranks' (the ranks
         # wait for each other in every collective, so the slower host sets the pace), and where the
         # slowest step's rank spent its host time (measure.HostCounters; data/README.md)
-        issue = [r["host_issue_s"] for r in ok if r.get("host_issue_s") and None not in r["host_issue_s"]]
-        if issue and len(issue) == len(ok) and len({len(i) for i in issue}) == 1:
+        issue = _every_ranks_probes(ok, "host_issue_s")
+        if issue:
             row["measured_step_issue_us"] = json.dumps([round(max(t) * 1e6, 3) for t in zip(*issue)])
             # every rank's probes too, in rank order: at N = 2 the slower rank's ran 11-12 us where the
             # host's N = 1 rows probed 10-11 (data/README.md, t9), so whether the max, the mean or one
@@ -131,8 +140,8 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
             if len(issue) > 1:
                 row["measured_step_issue_by_rank_us"] = json.dumps([[round(t * 1e6, 3) for t in i] for i in issue])
         # per timed step: the host's Python speed just before it (measure.host_python_s), the slowest rank's
-        python = [r["host_python_s"] for r in ok if r.get("host_python_s")]
-        if python and len(python) == len(ok) and len({len(p) for p in python}) == 1:
+        python = _every_ranks_probes(ok, "host_python_s")
+        if python:
             row["measured_step_python_us"] = json.dumps([round(max(t) * 1e6, 4) for t in zip(*python)])
         if slowest.get("main_cpu") is not None:   # VALIDATE_PIN_CPUS=main: timed with the main thread alone on a core
             row["cpus"] = f"{row.get('cpus') or ''}, main thread alone on CPU {slowest['main_cpu']}".lstrip(", ")
