@@ -1,5 +1,6 @@
 """The report's bookkeeping of timing protocols and repeats, on rows built by hand."""
 import json
+import math
 
 import pytest
 
@@ -187,3 +188,30 @@ def test_a_constant_a_fold_fitted_to_zero_has_no_spread():
     from validate.fit import _spread
     assert _spread([2.0, 4.0, 3.0]) == " 2.00"           # 4 / 2
     assert _spread([0.0, 0.09]) == "    -"               # a share fitted to 0 in one fold: no ratio
+
+
+def test_a_perfect_models_count_per_configuration_by_hand():
+    """Two configurations of two jobs each, 100 and 200 ms: each job is ln(2)/2 = 0.347 from its
+    configuration's mean log time, sqrt(2 / 1) times that in the pool: ±0.490. A median of two draws
+    is +0.490 (both +), -0.490 (both -) or 0 (one of each): the perfect model is within 15% only in the
+    last case, half the time. So each configuration is within with p = 1/2: the count is 0, 1 or 2 with
+    probability 1/4, 1/2, 1/4; expected 1, P(all) = 1/4, 5th percentile 0, 95th 2. A configuration of
+    one job adds nothing to the pool but is counted (one draw: never 0, p = 0)."""
+    from validate.report import by_configuration, jobs_log_deviation, perfect_model_floor
+    arch = Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False)
+    jobs = [make_job(arch, 1, stage=s, seq_len=8, repeat=i) for s in (0, 2) for i in range(2)]
+    rows = pd.DataFrame([make_row(j, _result({}), "cuda", "cmd") for j in jobs])
+    rows["measured_step_s"] = [0.100, 0.200, 0.100, 0.200]
+    rows["now_step_s"] = 0.15
+    pool = jobs_log_deviation(rows)
+    assert sorted(pool) == pytest.approx([-math.log(2) / math.sqrt(2)] * 2 + [math.log(2) / math.sqrt(2)] * 2)
+    f = perfect_model_floor(by_configuration(rows), pool, draws=100_000)
+    assert f["within_by_jobs"][2] == pytest.approx(0.5, abs=0.006)     # 4 standard errors of 100,000 draws
+    assert f["expected"] == pytest.approx(1.0, abs=0.012)
+    assert f["all"] == pytest.approx(0.25, abs=0.006)
+    assert (f["p05"], f["p95"]) == (0, 2)
+    one = make_row(make_job(arch, 1, stage=1, seq_len=8), _result({}), "cuda", "cmd")
+    rows = pd.concat([rows, pd.DataFrame([{**one, "measured_step_s": 0.3, "now_step_s": 0.3}])], ignore_index=True)
+    assert len(jobs_log_deviation(rows)) == 4
+    f = perfect_model_floor(by_configuration(rows), jobs_log_deviation(rows), draws=100_000)
+    assert f["within_by_jobs"][1] == 0.0 and f["expected"] == pytest.approx(1.0, abs=0.012) and f["all"] == 0.0

@@ -1,6 +1,7 @@
 """Error tables: zerocalc's current predictions against every measured row."""
 import json
 
+import numpy as np
 import pandas as pd
 
 from zerocalc import sequence
@@ -215,6 +216,20 @@ def _repeats(confs: pd.DataFrame) -> list[str]:
                 f"prediction is within 15% of all their jobs ({', '.join(f'{a * 1e3:.0f}-{b * 1e3:.0f} ms' for a, b in zip(wide['fastest'], wide['slowest']))})"]
 
 
+def _floor(confs: pd.DataFrame, timed: pd.DataFrame, target: float = 0.15) -> list[str]:
+    """The per-configuration count beside what a perfect model would reach on these jobs."""
+    pool = jobs_log_deviation(timed)
+    if len(pool) < 2:
+        return []
+    f = perfect_model_floor(confs, pool, target)
+    model = int((abs(confs["now_step_s"] / confs["measured_step_s"] - 1) <= target).sum())
+    return [f"A perfect model (each configuration's true mean step time, exactly) would put {f['expected']:.1f} of "
+            f"these {len(confs)} configurations within {target:.0%} of the median of their jobs (5-95%: "
+            f"{f['p05']}-{f['p95']}; all {len(confs)}: probability {f['all']:.2g}), the jobs scattering as they did "
+            f"(log step time between jobs of a configuration: sigma {np.sqrt(np.mean(pool ** 2)):.1%}); this model "
+            f"{model}"]
+
+
 def with_configuration(timed: pd.DataFrame) -> pd.DataFrame:
     """timed with a `conf` column: what each row ran, without its key (`configuration`)."""
     return timed.assign(conf=[configuration(r.to_dict()) for _, r in timed.iterrows()])
@@ -235,6 +250,40 @@ def reachable_rows(timed: pd.DataFrame, target: float = 0.15) -> tuple[int, int,
         best += max(int((((1 - target) * t <= v) & (v <= (1 + target) * t)).sum()) for v in (1 - target) * t)
         model += int((abs(g["now_step_s"].to_numpy(float) / t - 1) <= target).sum())
     return rows, best, model
+
+
+
+def perfect_model_floor(confs: pd.DataFrame, jobs_log_dev: np.ndarray, target: float = 0.15,
+                        draws: int = 200_000, seed: int = 0) -> dict:
+    """How many configurations a perfect model would put within `target` of the median of their jobs:
+    one that predicts each configuration's true (mean log) step time exactly, judged against medians
+    of as many jobs as each configuration has (`confs["jobs"]`), the jobs scattered as the measured
+    ones are. `jobs_log_dev`: every job's log step time less its configuration's mean, scaled by
+    sqrt(n / (n - 1)) for the mean it was taken from (pooled: two or three jobs say little about one
+    configuration's own spread). A configuration of n jobs is within with probability p_n, the
+    chance that the median of n draws from the pool is within target (Monte Carlo, `draws`, fixed
+    seed); the count is then a sum of independent Bernoullis, its distribution exact by convolution.
+    Returns the expected count, the 5th and 95th percentiles, and the chance that all are within."""
+    rng = np.random.default_rng(seed)
+    p = {}
+    for n in sorted(set(int(j) for j in confs["jobs"])):
+        median = np.median(rng.choice(jobs_log_dev, size=(draws, n)), axis=1)
+        p[n] = float(np.mean(np.abs(np.exp(-median) - 1) <= target))   # prediction / measured - 1
+    dist = np.array([1.0])                                          # P(count = k), k = 0..
+    for n in confs["jobs"]:
+        dist = np.convolve(dist, [1 - p[int(n)], p[int(n)]])
+    cdf = np.cumsum(dist)
+    return {"expected": float(np.dot(np.arange(len(dist)), dist)), "p05": int(np.searchsorted(cdf, 0.05)),
+            "p95": int(np.searchsorted(cdf, 0.95)), "all": float(dist[-1]), "within_by_jobs": p}
+
+
+def jobs_log_deviation(timed: pd.DataFrame) -> np.ndarray:
+    """`perfect_model_floor`'s pool: each job's log median step less its configuration's mean, over
+    configurations timed in two or more jobs, scaled by sqrt(n / (n - 1))."""
+    conf = with_configuration(timed).assign(log_s=lambda d: np.log(d["measured_step_s"].astype(float)))
+    n = conf.groupby("conf")["log_s"].transform("size")
+    dev = (conf["log_s"] - conf.groupby("conf")["log_s"].transform("mean")) * np.sqrt(n / (n - 1).clip(lower=1))
+    return dev[n >= 2].to_numpy(float)
 
 
 RESERVED_ORDER = ("init", "first_forward", "first_backward", "first_step", "forward", "backward", "step")
@@ -356,6 +405,7 @@ def report(paths) -> tuple[str, bool]:
             lines += [""] + _table(confs, "now_step_s", "measured_step_s", f"Step time per configuration (median over "
                                    f"its jobs; {int((confs['jobs'] > 1).sum())} of {len(confs)} timed in more than one "
                                    "job); target 15%", False, 0.15)
+            lines += _floor(confs, timed)
             if "split" in confs:   # the split is by configuration (fit.held_out): all its jobs on one side
                 held = confs[confs["split"] == "held-out"]
                 lines += [""] + _table(held, "now_step_s", "measured_step_s", f"Step time per configuration, held-out "
