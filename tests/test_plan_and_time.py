@@ -353,3 +353,34 @@ def test_plan_with_expandable_segments_keeps_every_fit_and_admits_what_only_rese
     for k in set(before) - after:
         peak = before[k]["peak_bytes"]
         assert before[k]["device_bytes"] > limit >= peak    # rejected for the reserved margin, not the tensors
+
+
+def test_estimate_quotes_the_measured_accuracy_of_its_own_regimes():
+    """The calibration's accuracy by regime (validate fit): an estimate at N = 2 for stages 2 and 3 quotes
+    "stages 0-2, N > 1" and "stage 3, N > 1", not the N = 1 or offload groups it does not fall in."""
+    from zerocalc import render
+    from zerocalc.timing import accuracy_regime
+    assert accuracy_regime(3, 2, False) == "stage 3, N > 1"
+    assert accuracy_regime(1, 1, False) == "stages 0-2, N = 1"
+    assert accuracy_regime(3, 8, True) == "offload"
+    by = {"stages 0-2, N = 1": {"rows": 10, "within_15pct": 9, "mean_abs_error": 0.05},
+          "stages 0-2, N > 1": {"rows": 8, "within_15pct": 6, "mean_abs_error": 0.11},
+          "stage 3, N > 1": {"rows": 4, "within_15pct": 2, "mean_abs_error": 0.2},
+          "offload": {"rows": 3, "within_15pct": 3, "mean_abs_error": 0.04}}
+    cal = with_time(accuracy={"rows": 25, "within_15pct": 20, "mean_abs_error": 0.1, "by_regime": by})
+    spec = from_architecture(A.Architecture("hf-llama", 32000, 1024, 4, 8, 8, 2816, False))
+    estimates = [estimate(spec, Setup(stage=s, dp=2, micro_batch=1, seq_len=128), cal=cal, hardware=gpu("h100"))
+                 for s in (Stage.GRADIENTS, Stage.PARAMETERS)]
+    line = [x for x in render.as_table(estimates).splitlines() if "by regime" in x]
+    assert line == ["  by regime, H200 steps within 15% (N > 1 measured at N = 2 only): stages 0-2, N > 1: 6 of 8 "
+                    "(mean 11%); stage 3, N > 1: 2 of 4 (mean 20%)"]
+
+
+def test_the_calibrations_accuracy_by_regime_by_hand():
+    """Regime a: predicted 1.0 and 1.2 s against 1.0 and 1.0 measured, off by 0% and 20%: 1 of 2 within
+    15%, mean 10%. Regime b: 2.0 against 1.5, off by 33%: 0 of 1."""
+    pytest.importorskip("pandas")
+    from validate.fit import accuracy_by_regime
+    assert accuracy_by_regime(["a", "a", "b"], [1.0, 1.2, 2.0], [1.0, 1.0, 1.5]) == {
+        "a": {"rows": 2, "within_15pct": 1, "mean_abs_error": 0.1},
+        "b": {"rows": 1, "within_15pct": 0, "mean_abs_error": 0.3333}}

@@ -45,7 +45,7 @@ from validate.report import (configuration, earlier_jobs, expandable_rows, load,
 from validate.rows import at_row_host, job_from_row, measured_host_launch_s
 from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
-from zerocalc.timing import STEP_CLASSES, features, phase_times, whole_step_s
+from zerocalc.timing import STEP_CLASSES, accuracy_regime, features, phase_times, whole_step_s
 
 FOLDS = 4
 
@@ -244,9 +244,19 @@ def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
     err = np.abs(predicted / measured - 1)
     n_confs, confs_within = configurations_within([configuration(r.to_dict()) for _, r in timed.iterrows()],
                                                   predicted, measured)
+    regimes = [accuracy_regime(r["stage"], int(r["nproc"]), (r["offload_optimizer"], r["offload_param"]) != ("none", "none"))
+               for _, r in timed.iterrows()]
     return {"rows": int(len(err)), "within_15pct": int((err <= 0.15).sum()),
             "mean_abs_error": round(float(err.mean()), 4),
-            "configurations": n_confs, "configurations_within_15pct": confs_within}
+            "configurations": n_confs, "configurations_within_15pct": confs_within,
+            "by_regime": accuracy_by_regime(regimes, predicted, measured)}
+
+
+def accuracy_by_regime(regimes, predicted, measured, target: float = 0.15) -> dict:
+    """{regime: {"rows", "within_15pct", "mean_abs_error"}}: the rows of each `timing.accuracy_regime`."""
+    err = pd.Series(np.abs(np.asarray(predicted, float) / np.asarray(measured, float) - 1))
+    return {k: {"rows": int(len(g)), "within_15pct": int((g <= target).sum()),
+                "mean_abs_error": round(float(g.mean()), 4)} for k, g in err.groupby(np.asarray(regimes))}
 
 
 def cross_validate_time(paths, progress=None) -> tuple[pd.DataFrame, list[dict]]:

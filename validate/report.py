@@ -252,7 +252,6 @@ def reachable_rows(timed: pd.DataFrame, target: float = 0.15) -> tuple[int, int,
     return rows, best, model
 
 
-
 def perfect_model_floor(confs: pd.DataFrame, jobs_log_dev: np.ndarray, target: float = 0.15,
                         draws: int = 200_000, seed: int = 0) -> dict:
     """How many configurations a perfect model would put within `target` of the median of their jobs:

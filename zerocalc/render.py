@@ -4,6 +4,7 @@ import io
 import json
 
 from zerocalc import __version__, DEEPSPEED_VERSION
+from zerocalc.timing import accuracy_regime
 from zerocalc.units import gb, gib
 
 COLUMNS = ("stage", "offload", "params", "grads", "optim", "buffers", "activ", "peak", "peak phase", "reserved",
@@ -87,6 +88,7 @@ def as_table(estimates) -> str:
             lines.append(f"Measured: {acc['within_15pct']} of {acc['rows']} H200 steps within 15% of this model (mean "
                          f"{acc['mean_abs_error']:.0%}){_by_configuration(acc)}; small and stage-3 steps are host-bound "
                          "and follow the host's speed, which drifted 7-25 us per launch on those VMs (--host-launch-us).")
+            lines += _by_regime(acc, estimates)
     elif e0.hardware is not None:
         lines.append("Step time needs an architecture and --seq-len.")
     if e0.activation_bytes is None:
@@ -173,6 +175,16 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
                 lines.append(f"  {s.dp:4d} GPUs stage {int(s.stage)} offload {s.offload_optimizer}/{s.offload_param} "
                              f"micro {s.micro_batch} ckpt {'on' if s.activation_checkpointing else 'off'}: {c.rejected}")
     return "\n".join(lines)
+
+
+def _by_regime(acc: dict, estimates) -> list[str]:
+    """The calibration's accuracy for the regimes these estimates fall in (`timing.accuracy_regime`)."""
+    by = acc.get("by_regime") or {}
+    offloaded = lambda s: (s.offload_optimizer, s.offload_param) != ("none", "none")  # noqa: E731
+    seen = dict.fromkeys(accuracy_regime(e.setup.stage, e.setup.dp, offloaded(e.setup)) for e in estimates)
+    parts = [f"{r}: {by[r]['within_15pct']} of {by[r]['rows']} (mean {by[r]['mean_abs_error']:.0%})"
+             for r in seen if r in by]
+    return [f"  by regime, H200 steps within 15% (N > 1 measured at N = 2 only): {'; '.join(parts)}"] if parts else []
 
 
 def _by_configuration(acc: dict) -> str:

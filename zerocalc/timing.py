@@ -35,16 +35,22 @@ what waits on communication:
   GPU this fast small steps are host-bound: that is the max. A Llama layer dispatches 38 operators
   forward and 71 backward (sdpa), the seed's GPT layer 25 and 43; with the per-layer cost alone the
   host-bound Llama rows came out 5-7% under their measured steps and the GPT ones 5-6% over, at stages
-  0 and 2. t_op fitted: 14.1 us, beside the 9.5 us the hosts took to launch one kernel from Python.
+  0 and 2. t_op fitted: 12.7 us, beside the 9.5 us the hosts took to launch one kernel from Python.
 - Activation checkpointing (ck = 1): backward's host pays the recomputation as the forward pass it is
   (L·t_launch_fwd, its operators in o_bwd), not as a second backward pass: cross-validated
-  (`python -m validate crossval`), 229/304 rows and 86/100 configurations within 15% against 222 and 85.
+  (`python -m validate crossval`), 229/304 rows and 86/100 configurations within 15% against 222 and 85
+  (before the t11 rows).
   It costs the host more in forward too: PyTorch's non-reentrant
   checkpoint runs each layer under saved-tensor hooks (t_ckpt_fwd per layer, fitted); measured
   checkpointed forwards of small models took 2–2.5× the plain ones.
 - Stage 3 at N > 1: each all-gather call is issued and waited for inside a hook (t_gather per
   call) and its wire bytes W cross the link; the gradient reduce-scatter overlaps backward
-  (overlap_comm is on at stage 3) and is taken as hidden.
+  (overlap_comm is on at stage 3) and is taken as hidden. t_gather fitted on 0.16-1.4B models alone
+  (1.58 ms) over-predicted 3-7B steps by 31-78%, blind (`data/h200-t11-blind-s3-*`); with them in the fit
+  it is 0.81 ms. Those steps are host-bound still at 4k-8k tokens: a profile of rank 0
+  (`data/profiles/t11/`) showed 224 all-gather kernels of 98 us each in one job, and 2.7 ms each in
+  another where they waited for the other rank's host. Counting the calls inside the host's side of the
+  max instead (hidden behind compute) predicted no better and was not adopted.
 - Stages 0–2 at N > 1: gradient all-reduce wire bytes W_reduce (overlap_comm is off by default:
   exposed), stages 1/2 the all-gather of updated parameters at the step. Stage 2 also spends
   t_grad_hook per parameter tensor in its hook copying each gradient into the ipg buffer during
@@ -77,7 +83,7 @@ what waits on communication:
   t_grad_move, t0) is the fitted hosts' and is h times longer on a host whose cost to issue a kernel
   from Python is r times theirs (`--host-launch-us`; their median is 9.5 us on the H200 VMs):
   h = 1 + φ·(r - 1) (`host_scale`), φ the share of that host time which follows the launch cost, the
-  rest being Python that issues nothing (fitted: 0.69). Measured on those VMs (`data/h200-t7-*.csv`):
+  rest being Python that issues nothing (fitted: 0.75). Measured on those VMs (`data/h200-t7-*.csv`):
   these steps are host-bound, the launch cost drifted between 7 and 25 us within minutes with no
   run-queue wait, steal or garbage collection behind it, and a configuration's step time followed it
   (r = 0.65-0.90 over its steps). With each row's launch cost (the median of the probes taken before
@@ -258,6 +264,16 @@ def dispatched_ops(a, setup) -> tuple[int, int]:
     fwd, bwd, bwd_checkpointed, out_fwd, out_bwd = DISPATCHED_OPS[(a.family, "eager" if setup.attention == "eager" else "sdpa")]
     return (a.num_layers * fwd + out_fwd,
             a.num_layers * (bwd_checkpointed if setup.activation_checkpointing else bwd) + out_bwd)
+
+
+def accuracy_regime(stage: int, dp: int, offloaded: bool) -> str:
+    """Which of the calibration's accuracy groups (`time.accuracy.by_regime`, written by `validate fit`) a
+    step falls in: CPU offload (the host's Adam and PCIe), else stage 3 or stages 0-2, at N = 1 or more.
+    They differ in what sets the pace: stage 3 at N > 1 is host-bound up to 7B on H200 (its fetch hooks
+    and all-gather calls), stages 0-2 turn device-bound from about 1B at 8k tokens."""
+    if offloaded:
+        return "offload"
+    return f"{'stage 3' if int(stage) == 3 else 'stages 0-2'}, N {'= 1' if dp == 1 else '> 1'}"
 
 
 def host_launch_ratio(cal: dict | None = None) -> float:
