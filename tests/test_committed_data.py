@@ -136,7 +136,7 @@ def test_cross_validated_step_time():
 def test_the_users_regime_predicted_before_it_ran(rows):
     """The t11 blind rows (data/h200-t11-blind-*predictions.txt, committed before each run): 14 jobs of
     1.35-6.7B models at 8k-16k tokens per micro-step. Stages 0-2 are device-bound there and come out
-    within 8% on the current calibration (7 rows: -7.4% to +7.0%); stage 3 at N = 2 is still host-bound and
+    within 8% on the current calibration (6 rows: -7.4% to +7.0%); stage 3 at N = 2 is still host-bound and
     three of its seven rows miss (+17%, +27%, +32% on their own host speed). Every row's state and comm
     bytes exact, peak allocated within 2%."""
     blind = rows[rows["source"].str.contains("h200-t11-blind-")]
