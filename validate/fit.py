@@ -41,7 +41,7 @@ import pandas as pd
 
 from validate.jobs import to_zerocalc
 from validate.report import (configuration, earlier_jobs, expandable_rows, load, predicted_reserved, process_replays,
-                             started_clean, timed_whole_steps)
+                             started_clean, timed_whole_steps, with_configuration)
 from validate.rows import at_row_host, job_from_row, measured_host_launch_s
 from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
@@ -242,8 +242,7 @@ def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
     predicted = _predict(time_features(timed, cal), cal["time"])[:, 3]
     measured = timed["measured_step_s"].to_numpy(float)
     err = np.abs(predicted / measured - 1)
-    n_confs, confs_within = configurations_within([configuration(r.to_dict()) for _, r in timed.iterrows()],
-                                                  predicted, measured)
+    n_confs, confs_within = configurations_within(with_configuration(timed)["conf"], predicted, measured)
     regimes = [accuracy_regime(r["stage"], int(r["nproc"]), (r["offload_optimizer"], r["offload_param"]) != ("none", "none"))
                for _, r in timed.iterrows()]
     return {"rows": int(len(err)), "within_15pct": int((err <= 0.15).sum()),
@@ -288,7 +287,7 @@ def cross_validation_report(timed: pd.DataFrame, sections: list[dict]) -> str:
     """What `python -m validate crossval` prints: the out-of-fold accuracy per row and per configuration,
     then each fitted constant's range over the folds (how firmly the rows pin it)."""
     err = np.abs(timed["cv_step_s"].to_numpy(float) / timed["measured_step_s"].to_numpy(float) - 1)
-    n_confs, within = configurations_within([configuration(r.to_dict()) for _, r in timed.iterrows()],
+    n_confs, within = configurations_within(with_configuration(timed)["conf"],
                                             timed["cv_step_s"].to_numpy(float), timed["measured_step_s"].to_numpy(float))
     lines = [f"Step time predicted by constants fitted without the row's configuration ({FOLDS} folds by configuration):",
              f"  rows: {int((err <= 0.15).sum())} of {len(err)} within 15%, mean {err.mean():.1%}, worst {err.max():.0%}",
