@@ -50,3 +50,21 @@ def test_sweep_cli_writes_csv(tmp_path):
     assert bad.exit_code == 2 and "stages are 0-3" in bad.output
     bad = CliRunner().invoke(main, ["sweep", "--params", "lots"])
     assert bad.exit_code == 2 and "comma-separated" in bad.output
+
+
+def test_sweep_cli_takes_fp16_as_the_two_byte_rows_bf16_gives(tmp_path):
+    from click.testing import CliRunner
+    from zerocalc.cli import main
+    out = tmp_path / "s.csv"
+    r = CliRunner().invoke(main, ["sweep", "--params", "1e9", "--dp", "8", "--stage", "0", "--dtype", "fp16,bf16,fp32",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    header, *rows = [ln.split(",") for ln in out.read_text().splitlines()]
+    # fp16 and bf16 are one param_bytes = 2 row (the same bytes), fp32 the other
+    assert [row[header.index("param_bytes")] for row in rows] == ["2", "4"]
+    # stage 0, mixed precision: 2 B params + 4 B fp32 master + 8 B Adam per parameter = 14e9 bytes
+    assert float(rows[0][header.index("resident_bytes")]) == 14e9
+    # the gradient all-reduce: 2 B per parameter (no 4-byte fp32 norm in mixed precision)
+    assert float(rows[0][header.index("comm_bytes")]) == 2e9
+    bad = CliRunner().invoke(main, ["sweep", "--params", "1e9", "--dtype", "fp8"])
+    assert bad.exit_code == 2 and "fp8: give bf16, fp16 or fp32" in bad.output

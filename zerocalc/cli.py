@@ -346,12 +346,17 @@ def _list(kind):
     return convert
 
 
+_PARAM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}   # the sweep's param_bytes axis, per --dtype
+
+
 @main.command("sweep")
 @click.option("--params", "params_list", required=True, callback=_list(parse_count),
               help="Comma list of parameter counts: 1e9,7B,70e9.")
 @click.option("--dp", "dp_list", default="1,8,64", show_default=True, callback=_list(int))
 @click.option("--stage", "stage_list", default="0,1,2,3", show_default=True, callback=_list(int))
-@click.option("--dtype", "dtype_list", default="bf16", show_default=True, callback=_list(str), help="bf16 and/or fp32.")
+@click.option("--dtype", "dtype_list", default="bf16", show_default=True, callback=_list(str),
+              help="bf16, fp16 and/or fp32. fp16 and bf16 hold the same bytes (param_bytes 2, one set of rows); "
+                   "fp16's 1-byte overflow all-reduce at stage 3 is left out, as are the other few-byte collectives.")
 @click.option("--gas", "gas_list", default="1", show_default=True, callback=_list(int))
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="CSV file [default: standard output].")
 def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
@@ -359,12 +364,13 @@ def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
     communication per rank, for P-only models (no activations). A million rows take about a second."""
     import csv
     from zerocalc import sweep
-    if any(d not in ("bf16", "fp32") for d in dtype_list):
-        raise click.BadParameter("sweep knows bf16 and fp32", param_hint="--dtype")
+    unknown = [d for d in dtype_list if d not in _PARAM_BYTES]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: give bf16, fp16 or fp32", param_hint="--dtype")
     if any(s not in (0, 1, 2, 3) for s in stage_list) or any(n < 1 for n in dp_list) or any(g < 1 for g in gas_list):
         raise click.UsageError("stages are 0-3; --dp and --gas must be at least 1")
     g = sweep.grid(num_params=params_list, dp=dp_list, stage=stage_list,
-                   param_bytes=[2 if d == "bf16" else 4 for d in dtype_list], gas=gas_list)
+                   param_bytes=list(dict.fromkeys(_PARAM_BYTES[d] for d in dtype_list)), gas=gas_list)
     out = sweep.evaluate(g)
     cols = list(sweep.AXES) + list(out)
     f = open(out_path, "w", newline="") if out_path else sys.stdout
