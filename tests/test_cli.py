@@ -217,3 +217,53 @@ def test_expandable_segments_flag_reaches_the_estimate():
     assert exp["peak_reserved_bytes"] == int(plain["peak_bytes"] * ratios["allocator_expandable"])
     assert "expandable_segments allocator" in run("--params", "1e9", "--dp", "8", "--expandable-segments").output
     assert "expandable_segments" not in run("--params", "1e9", "--dp", "8").output
+
+
+# The usual per-GPU memories as nvidia-smi reports them: 16-80 GB cards hold that many GiB, the H200
+# 143,771 MiB. Written out here, not read from zerocalc.
+CARDS = [("16 GB", 16 * 2**30), ("24 GB", 24 * 2**30), ("32 GB", 32 * 2**30), ("40 GB", 40 * 2**30),
+         ("48 GB", 48 * 2**30), ("80 GB", 80 * 2**30), ("141 GB", 143771 * 2**20)]
+
+
+def test_without_gpu_memory_each_stage_says_the_smallest_gpu_it_fits_on():
+    """The Quick start's question, 7B on 8 GPUs with no --gpu-memory: each stage names the smallest
+    usual GPU holding its device bytes (reserved + context), and the one holding its worst case; on
+    32 GB exactly the stages whose smallest GPU is at most 32 GB fit."""
+    doc = json.loads(run("--params", "7e9", "--dp", "8", "--format", "json").output)
+    at_32 = json.loads(run("--params", "7e9", "--dp", "8", "--gpu-memory", "32GiB", "--format", "json").output)
+    table = run("--params", "7e9", "--dp", "8").output
+    rows = {ln.split()[0]: ln for ln in table.splitlines() if ln[:5].strip().isdigit()}
+    assert "fits on" in table.splitlines()[2] and "--gpu-memory 32GiB" in table
+    for e, e32 in zip(doc["estimates"], at_32["estimates"]):
+        assert e["fits"] is None and e["fits_worst_case"] is None           # no GPU given: no verdict ...
+        smallest = next(((n, b) for n, b in CARDS if e["device_bytes"] <= b), (None, None))
+        safe = next(((n, b) for n, b in CARDS if e["device_bytes"] - e["peak_reserved_bytes"]
+                     + e["peak_reserved_worst_bytes"] <= b), (None, None))
+        assert e["fits_on_gpu_memory_bytes"] == smallest[1]                # ... but the smallest GPU
+        assert e["fits_on_worst_case_gpu_memory_bytes"] == safe[1]
+        assert e32["fits"] == (smallest[1] is not None and smallest[1] <= 32 * 2**30)
+        row = rows[str(e["stage"])]
+        if smallest[0] is None:
+            assert row.endswith("> 141 GB")
+        elif smallest == safe:
+            assert row.endswith(f" {smallest[0]}")
+        else:
+            assert row.endswith(f" {smallest[0]} tight, {safe[0] or '> 141 GB'}")
+    # stage 0's step holds 14 B per parameter of states, 2 B of gradients and 8 B of their fp32 copies:
+    # 24 × 7e9 = 168e9 B = 156 GiB allocated, beyond the H200's 140.4 GiB
+    assert doc["estimates"][0]["fits_on_gpu_memory_bytes"] is None
+
+
+def test_csv_carries_the_time_section_of_the_json():
+    args = ("--model", "llama-2-7b", "--dp", "8", "--seq-len", "2048", "--gpu", "h100", "--stage", "2,3")
+    doc = json.loads(run(*args, "--format", "json").output)
+    import csv
+    import io
+    rows = list(csv.DictReader(io.StringIO(run(*args, "--format", "csv").output)))
+    for e, row in zip(doc["estimates"], rows):
+        assert set(e["time"]) <= set(row)                                   # every time field has a column
+        for k, v in e["time"].items():
+            assert float(row[k]) == pytest.approx(v, rel=1e-12), k
+        assert row["fits"] == str(e["fits"]) and row["fits_worst_case"] == str(e["fits_worst_case"])
+    plain = list(csv.DictReader(io.StringIO(run("--params", "1e9", "--dp", "2", "--format", "csv").output)))
+    assert plain[0]["step_s"] == "" and plain[0]["fits"] == ""             # no time without --gpu and a shape

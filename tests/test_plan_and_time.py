@@ -384,3 +384,56 @@ def test_the_calibrations_accuracy_by_regime_by_hand():
     assert accuracy_by_regime(["a", "a", "b"], [1.0, 1.2, 2.0], [1.0, 1.0, 1.5]) == {
         "a": {"rows": 2, "within_15pct": 1, "mean_abs_error": 0.1},
         "b": {"rows": 1, "within_15pct": 0, "mean_abs_error": 0.3333}}
+
+
+def test_stage_3_exposed_communication_is_wire_time_plus_per_call_time():
+    """At stage 3 the step waits on its all-gathers twice: their bytes crossing the link, and each
+    call's own cost (t_gather, its hook issuing it and waiting), which a faster link would not
+    shorten. The two are reported apart and sum to the exposed communication; the step is unchanged."""
+    a = A.Architecture("hf-llama", 32000, 1024, 4, 8, 8, 2816, False)
+    spec = from_architecture(a)
+    s = Setup(stage=Stage.PARAMETERS, dp=2, micro_batch=1, seq_len=128, gas=2)
+    e = estimate(spec, s, cal=with_time(module_hook_s=1.0, gather_call_s=0.5), hardware=gpu("h100"))
+    t = e.time
+    gathers = [c for c in e.collectives if c.op == "all_gather_into_tensor" and c.phase in ("forward", "backward")]
+    calls = sum(c.calls for c in gathers)                                  # over both micro-steps
+    assert t.gather_calls_s == pytest.approx(calls * 0.5)
+    # the reduce-scatter overlaps backward (hidden); every other collective's wire bytes wait at 450 GB/s
+    waited = sum(c.wire_bytes for c in e.collectives if c.op != "reduce_scatter_tensor")
+    assert t.exposed_wire_s == pytest.approx(waited / 450e9)
+    assert t.exposed_comm_s == pytest.approx(t.exposed_wire_s + t.gather_calls_s)
+    assert t.wire_share == pytest.approx(t.exposed_wire_s / t.step_s)
+    assert t.gather_calls_share == pytest.approx(t.gather_calls_s / t.step_s)
+    assert t.as_dict()["gather_calls_share"] == t.gather_calls_share
+    # stages 0-2 make no all-gather calls of their own inside the step's hooks
+    t2 = estimate(spec, Setup(stage=Stage.GRADIENTS, dp=2, micro_batch=1, seq_len=128),
+                  cal=with_time(gather_call_s=0.5), hardware=gpu("h100")).time
+    assert t2.gather_calls_s == 0 and t2.exposed_wire_s == pytest.approx(t2.exposed_comm_s)
+
+
+def test_durations_read_as_people_write_them():
+    from zerocalc.render import duration
+    assert duration(0.0123) == "12.3 ms"
+    assert duration(0.602) == "602 ms"
+    assert duration(3.149) == "3.15 s"
+    assert duration(84.07) == "84.1 s"
+    assert duration(432.5701) == "7.2 min"         # 432,570.1 ms
+    assert duration(1620.26) == "27.0 min"
+    assert duration(9000) == "2.5 h"
+
+
+def test_plan_table_prints_human_times_and_estimates_tight_flag():
+    """The --min-gpus pick for 70B on H100s: its row's fits column is `estimate`'s verdict on the same
+    setup (tight: fits at the predicted reserved, not at the worst measured miss), its step a duration."""
+    from zerocalc.render import duration
+    doc = plan("--max-gpus", "64", "--min-gpus", model="llama-2-70b")
+    best = doc["ranked"][0]
+    r = CliRunner().invoke(main, ["plan", "--model", "llama-2-70b", "--gpu", "h100", "--gpu-memory", "80GiB",
+                                  "--seq-len", "4096", "--global-batch", "256", "--max-gpus", "64", "--min-gpus"])
+    lines = r.output.splitlines()
+    head = lines[2].split()
+    row = lines[4]
+    expected = "yes" if best["fits_worst_case"] else "tight"
+    assert best["fits"] is True
+    assert row.split()[head.index("fits")] == expected
+    assert f" {duration(best['time']['step_s'])} " in row and "ms/step" not in r.output

@@ -7,7 +7,13 @@ from zerocalc.hardware import Hardware
 from zerocalc.model import ModelSpec
 from zerocalc.training import Setup, validate_setup
 
-__all__ = ["Estimate", "estimate"]
+__all__ = ["COMMON_GPU_MEMORY", "Estimate", "estimate"]
+
+# The usual per-GPU memories, as nvidia-smi reports them (16-80 GB cards hold that many GiB; the
+# H200 143,771 MiB, as `hardware.PRESETS`): where no --gpu-memory is given, an estimate says the
+# smallest of them it fits on.
+COMMON_GPU_MEMORY = {"16 GB": 16 * 2**30, "24 GB": 24 * 2**30, "32 GB": 32 * 2**30, "40 GB": 40 * 2**30,
+                     "48 GB": 48 * 2**30, "80 GB": 80 * 2**30, "141 GB": 143771 * 2**20}
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,16 @@ class Estimate:
         """Fits even at the worst allocator overhead measured; `fits` and not this means tight."""
         return None if self.gpu_memory_bytes is None else self.device_worst_bytes <= self.gpu_memory_bytes
 
+    @property
+    def fits_on(self) -> str | None:
+        """The smallest of `COMMON_GPU_MEMORY` this fits on (device_bytes within it), None if none."""
+        return next((name for name, size in COMMON_GPU_MEMORY.items() if self.device_bytes <= size), None)
+
+    @property
+    def fits_on_worst_case(self) -> str | None:
+        """The smallest of `COMMON_GPU_MEMORY` this fits on at the worst allocator overhead measured."""
+        return next((name for name, size in COMMON_GPU_MEMORY.items() if self.device_worst_bytes <= size), None)
+
     @cached_property
     def time(self) -> "timing.StepTime | None":
         if self.hardware is None:
@@ -171,6 +187,8 @@ class Estimate:
             },
             "fits": self.fits,
             "fits_worst_case": self.fits_worst_case,
+            "fits_on_gpu_memory_bytes": COMMON_GPU_MEMORY.get(self.fits_on),
+            "fits_on_worst_case_gpu_memory_bytes": COMMON_GPU_MEMORY.get(self.fits_on_worst_case),
             "time": None if self.time is None else self.time.as_dict(),
         }
 

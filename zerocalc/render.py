@@ -3,8 +3,11 @@ import csv
 import io
 import json
 
+from dataclasses import fields
+
 from zerocalc import __version__, DEEPSPEED_VERSION
-from zerocalc.timing import accuracy_regime
+from zerocalc.estimate import COMMON_GPU_MEMORY
+from zerocalc.timing import StepTime, accuracy_regime
 from zerocalc.units import gb, gib
 
 COLUMNS = ("stage", "offload", "params", "grads", "optim", "buffers", "activ", "peak", "peak phase", "reserved",
@@ -28,11 +31,35 @@ def as_json(estimates) -> str:
     return json.dumps(doc, indent=2)
 
 
+def duration(seconds: float) -> str:
+    """A step time for people: ms under a second, s under two minutes, then min, then h."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _fits(e) -> str:
+    """estimate's fits rule: NO, yes, or tight (fits at the predicted reserved, not at its worst measured miss)."""
+    return "" if e.fits is None else "NO" if not e.fits else "yes" if e.fits_worst_case else "tight"
+
+
+def _fits_on(e) -> str:
+    """The smallest common GPU memory it fits on; "24 GB tight, 32 GB": on 24 GB only at the predicted
+    reserved, on 32 GB at its worst measured miss too."""
+    if e.fits_on is None:
+        return f"> {list(COMMON_GPU_MEMORY)[-1]}"
+    if e.fits_on == e.fits_on_worst_case:
+        return e.fits_on
+    return f"{e.fits_on} tight, {e.fits_on_worst_case or '> ' + list(COMMON_GPU_MEMORY)[-1]}"
+
+
 def _row(e) -> list[str]:
     d = e.as_dict()
     pr = d["per_rank_bytes"]
     offload = "/".join(x for x in (e.setup.offload_optimizer, e.setup.offload_param) if x != "none") or "-"
-    fits = "" if d["fits"] is None else "NO" if not d["fits"] else "yes" if d["fits_worst_case"] else "tight"
+    fits = _fits_on(e) if e.gpu_memory_bytes is None else _fits(e)
     act = "" if pr["activations"] is None else f"{gib(pr['activations']):.2f}"
     return [str(d["stage"]), offload, f"{gib(pr['params']):.2f}", f"{gib(pr['gradients']):.2f}",
             f"{gib(pr['optimizer_states']):.2f}", f"{gib(pr['buffers']):.2f}", act,
@@ -48,8 +75,9 @@ def as_table(estimates) -> str:
             f"{s.optimizer.name}, GAS {s.gas}, micro-batch {s.micro_batch}"
             + (f", seq {s.seq_len}" if s.seq_len else "")
             + (", expandable_segments allocator" if s.expandable_segments else "") + f"  [DeepSpeed {DEEPSPEED_VERSION}]")
-    rows = [list(COLUMNS)] + [_row(e) for e in estimates]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    columns = list(COLUMNS[:-1]) + ["fits" if e0.gpu_memory_bytes is not None else "fits on"]
+    rows = [columns] + [_row(e) for e in estimates]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = [head, ""]
     for i, r in enumerate(rows):
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip())
@@ -58,14 +86,22 @@ def as_table(estimates) -> str:
     lines += ["",
               "GiB per rank: params, grads and buffers at their largest in a step, optim = fp32 master + moments;",
               "peak = predicted max_memory_allocated and the phase that sets it; reserved = max_memory_reserved;",
-              "fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst miss of the reserved",
-              "prediction measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
+              ("fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst miss of the reserved"
+               if e0.gpu_memory_bytes is not None else
+               "fits on = the smallest GPU (16-80 GB, 141 GB) holding reserved + CUDA context/NCCL (tight: not at"),
+              ("prediction measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);"
+               if e0.gpu_memory_bytes is not None else
+               "the reserved prediction's worst measured miss, which can OOM; then the one that holds that too);"),
+              *([] if e0.gpu_memory_bytes is not None else ["paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]),
               "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
     sources = {e.reserved_source for e in estimates}
     lines.append("reserved: " + ("the job's allocation sequence through PyTorch's caching allocator, simulated"
                                  if sources == {"simulated"} else "allocated × the reserved/allocated ratio measured "
                                  "on H200" if sources == {"ratio"} else "simulated from the allocation sequence "
                                  "where it is generated, a measured ratio elsewhere") + " (docs/reserved-memory.md).")
+    if e0.gpu_memory_bytes is None:
+        lines.append("To check one GPU, give its memory (--gpu-memory 32GiB: a 32 GB card; 32GB is 32e9 bytes) "
+                     "or --gpu.")
     tight = [e for e in estimates if e.fits and not e.fits_worst_case and not e.setup.expandable_segments]
     if tight:
         lines.append("tight: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lowered reserved on every H200 "
@@ -81,8 +117,12 @@ def as_table(estimates) -> str:
         lines.append(f"Step time on {e0.hardware.name} (calibrated on H200 runs{host}):")
         for e in estimates:
             t = e.time
-            lines.append(f"  stage {e.setup.stage:d}: {t.step_s * 1e3:8.1f} ms/step, {t.tokens_per_s:10,.0f} tokens/s, "
-                         f"MFU {t.mfu:5.1%}, exposed communication {t.comm_share:5.1%} of the step")
+            calls = f", all-gather calls {t.gather_calls_share:5.1%}" if e.setup.stage == 3 else ""
+            lines.append(f"  stage {e.setup.stage:d}: {duration(t.step_s):>9}/step, {t.tokens_per_s:10,.0f} tokens/s, "
+                         f"MFU {t.mfu:5.1%}, waiting on the wire {t.wire_share:5.1%}{calls} of the step")
+        if any(e.setup.stage == 3 for e in estimates):
+            lines.append("  all-gather calls = stage 3's cost per all-gather call (its hook issuing it and waiting), "
+                         "not wire time.")
         acc = k.get("accuracy")
         if acc:
             lines.append(f"Measured: {acc['within_15pct']} of {acc['rows']} H200 steps within 15% of this model (mean "
@@ -96,22 +136,30 @@ def as_table(estimates) -> str:
     return "\n".join(lines)
 
 
+# The JSON's time section, one column each (empty without --gpu, an architecture and --seq-len).
+TIME_COLUMNS = tuple(f.name for f in fields(StepTime)) + ("wire_share", "gather_calls_share")
+
+
 def as_csv(estimates) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["stage", "offload_optimizer", "offload_param", "params_bytes", "gradients_bytes",
                 "optimizer_states_bytes", "buffers_bytes", "activations_bytes", "total_bytes", "peak_bytes",
                 "peak_phase", "peak_reserved_bytes", "paper_model_states_bytes", "comm_bytes_per_step",
-                "comm_volume_over_params", "fits"])
+                "comm_volume_over_params", "fits", "fits_worst_case", "fits_on_gpu_memory_bytes",
+                "fits_on_worst_case_gpu_memory_bytes", *TIME_COLUMNS])
+    blank = lambda v: "" if v is None else v  # noqa: E731
     for e in estimates:
         d = e.as_dict()
         pr = d["per_rank_bytes"]
+        time = d["time"] or {}
         w.writerow([d["stage"], d["offload_optimizer"], d["offload_param"], pr["params"], pr["gradients"],
-                    pr["optimizer_states"], pr["buffers"], "" if pr["activations"] is None else pr["activations"],
+                    pr["optimizer_states"], pr["buffers"], blank(pr["activations"]),
                     pr["total"], d["peak_bytes"], d["peak_phase"], d["peak_reserved_bytes"],
                     int(d["paper"]["model_states_bytes"]),
                     d["comm"]["bytes_per_rank_per_step"], round(d["comm"]["volume_over_params"], 6),
-                    "" if d["fits"] is None else d["fits"]])
+                    blank(d["fits"]), blank(d["fits_worst_case"]), blank(d["fits_on_gpu_memory_bytes"]),
+                    blank(d["fits_on_worst_case_gpu_memory_bytes"]), *(blank(time.get(k)) for k in TIME_COLUMNS)])
     return buf.getvalue().rstrip("\n")
 
 
@@ -123,8 +171,9 @@ def _plan_row(c, price):
     s, t = c.setup, c.estimate.time
     offload = "/".join(x for x in (s.offload_optimizer, s.offload_param) if x != "none") or "-"
     row = [str(s.dp), str(int(s.stage)), offload, str(s.micro_batch), str(s.gas), "yes" if s.activation_checkpointing
-           else "no", f"{gib(c.estimate.device_bytes):.1f}", f"{t.step_s:.2f}", f"{t.tokens_per_s:,.0f}",
-           f"{t.mfu:.1%}", f"{t.comm_share:.0%}"]
+           else "no", f"{gib(c.estimate.device_bytes):.1f}", _fits(c.estimate), duration(t.step_s),
+           f"{t.tokens_per_s:,.0f}", f"{t.mfu:.1%}", f"{t.wire_share:.0%}",
+           f"{t.gather_calls_share:.0%}" if s.stage == 3 else "-"]
     if price:
         row.append(f"{c.cost_per_mtoken(price):.3f}")
     return row
@@ -137,6 +186,8 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
             d["stage"] = int(c.setup.stage)
             d["device_bytes"] = c.estimate.device_bytes if c.estimate else None
             d["peak_bytes"] = c.estimate.peak_bytes if c.estimate else None
+            d["fits"] = c.estimate.fits if c.estimate else None
+            d["fits_worst_case"] = c.estimate.fits_worst_case if c.estimate else None
             d["time"] = c.estimate.time.as_dict() if c.estimate and c.estimate.time else None
             d["rejected"] = c.rejected
             return d
@@ -145,7 +196,8 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
         if rejected is not None:
             doc["rejected"] = [one(c) for c in rejected if c.rejected]
         return json.dumps(doc, indent=2)
-    head = ["GPUs", "stage", "offload", "micro", "GAS", "ckpt", "GiB/GPU", "step s", "tokens/s", "MFU", "comm"]
+    head = ["GPUs", "stage", "offload", "micro", "GAS", "ckpt", "GiB/GPU", "fits", "step", "tokens/s", "MFU", "wire",
+            "calls"]
     if price:
         head.append("$/Mtok")
     rows = [head] + [_plan_row(c, price) for c in ranked]
@@ -162,7 +214,10 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
             lines.append("  ".join("-" * w for w in widths))
     lines += ["", "GiB/GPU = predicted reserved peak + CUDA context: for speed, the allocated peak × the calibrated",
               "reserved ratio, except for a --min-gpus pick, which is simulated through the allocator as `estimate`",
-              "does (more precise: run `estimate` on your pick); comm = exposed communication share of a step."]
+              "does (more precise: run `estimate` on your pick); fits = `estimate`'s rule on that: yes, or tight",
+              "(fits, but not at the reserved prediction's worst measured miss, which can OOM);",
+              "step = one optimizer step; wire = share of the step waiting on bytes crossing the link; calls = stage 3's",
+              "share spent per all-gather call (its hook issuing it and waiting), not wire time."]
     acc = ranked[0].estimate.cal["time"].get("accuracy") if ranked else None
     if acc:
         lines.append(f"Step time calibrated on H200 runs: {acc['within_15pct']} of {acc['rows']} measured steps within "

@@ -131,16 +131,29 @@ class StepTime:
     backward_s: float        # per micro-step
     optimizer_s: float       # the optimizer step (on the host with offload)
     comm_s: float            # all communication at link speed, hidden or not
-    exposed_comm_s: float    # the part the step waits for
+    exposed_comm_s: float    # what the step waits for on communication: exposed_wire_s + gather_calls_s
     hooks_s: float           # stage 3's fetch/release hooks, host time per optimizer step
     offload_s: float         # offload's share of the above: gradients down, the host's step
     step_s: float
     tokens_per_s: float
     mfu: float
-    comm_share: float
+    comm_share: float        # exposed_comm_s / step_s
+    # exposed_comm_s in its two parts: bytes crossing the link that nothing hides (W / (ε·link)), and
+    # stage 3's per-call cost of its all-gathers (t_gather per call: the hook issuing each call on the
+    # host and waiting for it), which a faster link would not shorten. Both are in step_s already.
+    exposed_wire_s: float = 0.0
+    gather_calls_s: float = 0.0
+
+    @property
+    def wire_share(self) -> float:
+        return self.exposed_wire_s / self.step_s
+
+    @property
+    def gather_calls_share(self) -> float:
+        return self.gather_calls_s / self.step_s
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {**self.__dict__, "wire_share": self.wire_share, "gather_calls_share": self.gather_calls_share}
 
 
 def flops_per_micro_step(model, setup) -> tuple[float, float]:
@@ -370,7 +383,8 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
     if f["overlap_passes"]:   # overlap_comm at stages 1/2: as much of the reduction as backward covers
         hidden += min(f["reduce_at_link_s"] / k["link_efficiency"], f["overlap_passes"] * backward)
     h = host_scale(f["host_launch_ratio"], k)
-    exposed = comm - hidden + h * f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
+    gather_calls = h * f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
+    exposed = comm - hidden + gather_calls
     hooks = h * f["gas"] * (f["modules_fwd"] + f["modules_bwd"]) * k["module_hook_s"]
     # Offload's own time (inside forward, backward and the step above): the gradients' way down and
     # the host's step; parameter fetches are overlapped with compute.
@@ -380,4 +394,4 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
     tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
     mfu = 6 * model.num_params * tokens / (step * setup.dp * hw.peak_flops_per_s)
     return StepTime(forward, backward, optimizer, comm, exposed, hooks, offload, step, tokens / step, mfu,
-                    exposed / step)
+                    exposed / step, exposed_wire_s=comm - hidden, gather_calls_s=gather_calls)
