@@ -1,5 +1,6 @@
 """The 'what' input: a model known by its parameter count or by its architecture."""
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import cached_property
 
 from zerocalc import arch as _arch
 
@@ -19,18 +20,34 @@ class ModelSpec:
         plain = self.backward_trace if self.backward_trace is not None else self.trace[::-1]
         return (self.checkpointed_backward_trace or plain) if checkpointing else plain
 
-    @property
+    # The model is frozen, so what is derived from it is computed once and kept on it (functools'
+    # cached_property writes the instance's __dict__, which the frozen dataclass's fields, equality
+    # and `replace` never see). `plan` asks for these hundreds of times per model.
+    @cached_property
     def num_params(self) -> int:
         return sum(self.param_numels)
 
-    @property
+    @cached_property
     def head_numel(self) -> int:
         """Parameters of the last module in forward, whose gradient backward makes first."""
         return sum(self.param_numels[i] for i in self.trace[-1])
 
-    @property
+    @cached_property
+    def largest_param_numel(self) -> int:
+        return max(self.param_numels)
+
+    @cached_property
     def largest_module_numel(self) -> int:
         return max(sum(self.param_numels[i] for i in m) for m in self.trace)
+
+    @cached_property
+    def _fields_hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+
+    def __hash__(self) -> int:
+        """The fields' hash, as the dataclass's own, computed once: the model keys the stage-3 walk's and
+        the partition's caches, and rehashing its tensor lists on every lookup cost more than the lookup."""
+        return self._fields_hash
 
 
 def from_params(num_params: int) -> ModelSpec:

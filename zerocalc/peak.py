@@ -129,7 +129,7 @@ def _stage12(model, setup, st, act):
             end_grads = b * max(p, max(p - r, 0) + (0 if offload else g_in))
             why = "autograd gradients not yet moved into the buffer (+ partition gradients)"
         else:
-            end_grads, why = in_partition + b * max(model.param_numels), "partition gradients + one autograd gradient"
+            end_grads, why = in_partition + b * model.largest_param_numel, "partition gradients + one autograd gradient"
         end_buffers, why = ipg, why + " + ipg buffer"
     else:
         # Without contiguous gradients each reduction flattens its bucket into a copy.
@@ -144,7 +144,7 @@ def _stage12(model, setup, st, act):
         # Measured on H200 (N = 1 and 2, to 0.01%): init is the flat buffer beside the module's
         # parameters (the fp32 shard and the gradient staging buffer are on the host or come later);
         # the step runs on the host and writes the updated shard back in place.
-        init = Phase("init", resident - b * max(model.param_numels), 0, b * p, 0,
+        init = Phase("init", resident - b * model.largest_param_numel, 0, b * p, 0,
                      "module parameters beside the flat buffer (master, Adam state and fp32 gradients on the host)")
         step = Phase("step", resident, 0, 0, 0, "the flat parameters only: the optimizer steps on the host")
     else:
@@ -170,14 +170,14 @@ def _stage3(model, setup, st, act):
     # A coalesced fetch allocates a flat buffer and a per-parameter copy: ≈ 2·b·(numel fetched at once).
     # The big early prefetch comes while activations are small; at the end of forward, where the peak
     # is, a fetch is at most one module (measured at prefetch 5e7 and 5e8).
-    fetch = 2 * b * min(setup.prefetch_bucket_size or max(model.param_numels), model.largest_module_numel) \
+    fetch = 2 * b * min(setup.prefetch_bucket_size or model.largest_param_numel, model.largest_module_numel) \
         if setup.dp > 1 else 0
     reduce_scatter = c * min(setup.reduce_bucket_size, setup.dp * part.stage3_shard)
     sub = part.largest_sub_group
     # Init (measured on H200 at N = 1 and 2): the engine partitions parameter by parameter; it never
     # holds the whole module (the case study's "whole model first" does not happen). One tensor is
     # whole at a time, twice over when gathered from N > 1 ranks.
-    init_extra = 0 if setup.zero_init else b * max(model.param_numels) * min(setup.dp, 2)
+    init_extra = 0 if setup.zero_init else b * model.largest_param_numel * min(setup.dp, 2)
     init = Phase("init", resident - (0 if setup.offload_optimizer != "none" else st.moments_bytes), 0, init_extra, 0,
                  "partitions, fp32 master and gradient buffers (Adam state comes at the first step)")
     if setup.offload_param != "none" and not setup.zero_init:

@@ -49,13 +49,14 @@ def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int, g
                     continue
                 for micro in MICRO_BATCHES:
                     for ckpt in (False, True):
+                        divides = global_batch % (micro * n) == 0
                         setup = replace(base, stage=stage, dp=n, micro_batch=micro, activation_checkpointing=ckpt,
-                                        offload_optimizer=offload_optimizer, offload_param=offload_param)
-                        if global_batch % (micro * n):
+                                        offload_optimizer=offload_optimizer, offload_param=offload_param,
+                                        gas=global_batch // (micro * n) if divides else base.gas)
+                        if not divides:
                             out.append(Candidate(setup, None, f"global batch {global_batch} is not a multiple of "
                                                               f"micro-batch {micro} × {n} GPUs"))
                             continue
-                        setup = replace(setup, gas=global_batch // (micro * n))
                         e = estimate(model, setup, gpu_memory_bytes, cal, hw, simulate=False)
                         reason = None if e.fits else \
                             f"needs {e.device_bytes / 2**30:.1f} GiB per GPU ({e.peak.name} peak), has " \

@@ -628,7 +628,7 @@ class _Stage:
             # the slice's clone goes to the host as the fp32 master; temp_grad_buffer_for_gpu_offload
             # (the largest parameter's numel, stage_1_and_2.py:659) stays
             t.free(t.alloc(b * s))
-            t.alloc(b * max(self.model.param_numels))
+            t.alloc(b * self.model.largest_param_numel)
             return
         clone = t.alloc(b * s)                        # the rank's slice cloned, then cast to fp32
         t.alloc(4 * s)                                # fp32 master partition

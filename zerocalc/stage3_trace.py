@@ -13,7 +13,9 @@ nothing is released: 2Ψ of traffic, not the paper's 3Ψ, and the whole model st
 forward through backward. Checked against the comms logger on 2-rank CPU jobs
 (`tests/test_against_deepspeed.py`).
 """
+from bisect import bisect_left, bisect_right
 from collections import deque
+from itertools import accumulate
 from functools import lru_cache
 from dataclasses import dataclass
 from math import ceil
@@ -49,75 +51,101 @@ def simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     partitions live on the host (parameter offload): then every "gather" copies them up, and the
     reuse rule keeps them on the device as at N > 1 (measured on H200: the same 2.27 GB kept at the
     end of forward at N = 1 as at N = 2)."""
-    return _simulate(model, Setup(stage=Stage.PARAMETERS, dp=setup.dp, offload_param=setup.offload_param,
-                                  activation_checkpointing=setup.activation_checkpointing,
-                                  prefetch_bucket_size=setup.prefetch_bucket_size,
-                                  max_live_parameters=setup.max_live_parameters,
-                                  max_reuse_distance=setup.max_reuse_distance,
-                                  param_persistence_threshold=setup.param_persistence_threshold,
-                                  model_persistence_threshold=setup.model_persistence_threshold))
-
-
-@lru_cache(maxsize=256)
-def _simulate(model: ModelSpec, setup: Setup) -> Stage3Iteration:
     n = setup.dp
     if n == 1 and setup.offload_param == "none":
         return Stage3Iteration(0, 0, 0, 0, 0)
+    return _simulate(model, _walk_setup(setup), n)
+
+
+def _walk_setup(setup: Setup) -> Setup:
+    """The setup with only what the coordinator's walk depends on: which parameters are gathered,
+    waited for and released at each step follows from the trace, the prefetch and reuse limits (in
+    elements of the whole parameters) and which parameters persist; not from N or offload, which only
+    scale what a gather moves. One walk serves every GPU count and offload choice."""
+    return Setup(stage=Stage.PARAMETERS, activation_checkpointing=setup.activation_checkpointing,
+                 prefetch_bucket_size=setup.prefetch_bucket_size, max_live_parameters=setup.max_live_parameters,
+                 max_reuse_distance=setup.max_reuse_distance,
+                 param_persistence_threshold=setup.param_persistence_threshold,
+                 model_persistence_threshold=setup.model_persistence_threshold)
+
+
+@lru_cache(maxsize=256)
+def _simulate(model: ModelSpec, walk: Setup, n: int) -> Stage3Iteration:
+    fwd_calls, fwd_counts, bwd_calls, bwd_counts, kept = _gathers(model, walk)
     shard = [ceil(x / n) for x in model.param_numels]
-    turn = len(model.trace) - 1   # the last forward step
-    out = {"fwd_calls": 0, "fwd": 0, "bwd_calls": 0, "bwd": 0}
-    kept_after_forward = 0
-    for step, actions, gathered in _walk(model, setup, record=False):
-        for a in actions:
-            if a[0] == "gather":
-                phase = "bwd" if step > turn else "fwd"
-                out[phase + "_calls"] += 1
-                out[phase] += sum(shard[p] for p in a[1])
-        if step == turn:
-            kept_after_forward = gathered
-    return Stage3Iteration(out["fwd_calls"], out["fwd"], out["bwd_calls"], out["bwd"], kept_after_forward, copies=n == 1)
+    return Stage3Iteration(fwd_calls, sum(shard[p] * k for p, k in fwd_counts), bwd_calls,
+                           sum(shard[p] * k for p, k in bwd_counts), sum(shard[p] * n for p in kept), copies=n == 1)
 
 
 @lru_cache(maxsize=64)
+def _gathers(model: ModelSpec, walk: Setup):
+    """One iteration's walk summed up: (forward's gather calls, ((parameter, times gathered in
+    forward), ...), backward's calls, the same for backward, the non-persistent parameters still
+    gathered when forward ends)."""
+    turn = len(model.trace) - 1   # the last forward step
+    calls, counts = [0, 0], [{}, {}]
+    live, kept = set(), ()
+    for step, actions in enumerate(fetches(model, walk, record=False)):
+        phase = int(step > turn)
+        for kind, what in actions:
+            if kind == "gather":
+                calls[phase] += 1
+                for p in what:
+                    counts[phase][p] = counts[phase].get(p, 0) + 1
+                live.update(what)
+            elif kind == "release":
+                live.discard(what)
+        if step == turn:
+            kept = tuple(sorted(live))
+    return calls[0], tuple(counts[0].items()), calls[1], tuple(counts[1].items()), kept
+
+
 def fetches(model: ModelSpec, setup: Setup, record: bool) -> tuple[tuple[tuple, ...], ...]:
     """What the coordinator does at each step of one iteration's trace (forward's steps, then
     backward's), in order: ("gather", params) for each all-gather call (params in `ds_id` order), then
     ("wait", p) for each of the module's parameters still in flight (gathered now or prefetched), then
     ("release", p). record: the first iteration, while the trace is recorded: no prefetch, and each
-    module's parameters are released after it (`release_sub_module` before the trace is complete)."""
-    return tuple(tuple(actions) for _step, actions, _gathered in _walk(model, setup, record))
+    module's parameters are released after it (`release_sub_module` before the trace is complete).
+    The same for every N and offload choice (`_walk_setup`)."""
+    return _fetches(model, _walk_setup(setup), record)
+
+
+@lru_cache(maxsize=64)
+def _fetches(model: ModelSpec, walk: Setup, record: bool) -> tuple[tuple[tuple, ...], ...]:
+    return tuple(tuple(actions) for _step, actions in _walk(model, walk, record))
 
 
 def _walk(model: ModelSpec, setup: Setup, record: bool):
-    """Yields (step, actions, padded elements of non-persistent parameters gathered after it)."""
-    n = setup.dp
+    """Yields (step, actions)."""
     numel = model.param_numels
     pers = persistent_mask(numel, setup)
-    padded = [ceil(x / n) * n for x in numel]
     # The trace: forward's hooks, then backward's (recomputed layers included when checkpointing).
-    ids = [list(m) for m in model.trace]
-    trace = ids + [list(m) for m in model.backward(setup.activation_checkpointing)]
+    trace = (*model.trace, *model.backward(setup.activation_checkpointing))
     queue = deque((p, step) for step, mod in enumerate(trace) for p in mod)
     marked = {}
     available = {p for p in range(len(numel)) if pers[p]}
     inflight = set()      # gathered, not yet waited for by a module
-    gathered = 0          # padded elements of non-persistent params available now
     n_available = 0       # `__n_available_params`: ds_numel gathered this iteration, less releases
-
+    # The reuse rule reads the modules after this one until they add up to max_reuse_distance elements:
+    # those before the first later module m with elements[step + 1:m] >= the distance. A parameter is
+    # kept if it occurs in one of them (its next occurrence comes before m).
+    elements = [0, *accumulate(sum(numel[p] for p in mod) for mod in trace)]   # of the modules before each
+    occurs = {}
     for step, mod in enumerate(trace):
-        actions = []
+        for p in mod:
+            occurs.setdefault(p, []).append(step)
 
-        def gather(params):
-            nonlocal gathered, n_available
-            todo = sorted(dict.fromkeys(p for p in params if p not in available))
-            if not todo:
-                return
+    def gather(params):
+        nonlocal n_available
+        todo = sorted({p for p in params if p not in available})
+        if todo:
             actions.append(("gather", tuple(todo)))
             available.update(todo)
             inflight.update(todo)
-            gathered += sum(padded[p] for p in todo)
             n_available += sum(numel[p] for p in todo)
 
+    for step, mod in enumerate(trace):
+        actions = []
         gather(mod)
         for p in dict.fromkeys(mod):
             if p in inflight:
@@ -145,19 +173,18 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
                         batch.append(p)
                         size += numel[p]
                 gather(batch)
-            # Release after the module runs.
+            # Release after the module runs, unless the reuse rule keeps it.
             release = {p for p in mod if not pers[p] and marked.get(p, -1) <= step + 1}
-            traversed = 0
-            for later in trace[step + 1:]:
-                if traversed >= setup.max_reuse_distance or not release:
-                    break
-                for p in later:
-                    release.discard(p)
-                    traversed += numel[p]
+            if release and setup.max_reuse_distance > 0:
+                window = bisect_left(elements, elements[step + 1] + setup.max_reuse_distance, step + 1)
+                for p in list(release):
+                    later = occurs[p]
+                    k = bisect_right(later, step)
+                    if k < len(later) and later[k] < window:
+                        release.discard(p)
         for p in sorted(release):
             if p in available:
                 available.discard(p)
-                gathered -= padded[p]
                 n_available -= numel[p]
                 actions.append(("release", p))
-        yield step, actions, gathered
+        yield step, actions

@@ -78,7 +78,7 @@ def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
         # partitions there too (`offload_gradient_dict`, 4S), a host copy of the low-precision shard for
         # the upload (b·S), and a gradient staging buffer of the largest tensor on each side.
         # Stage 2 under GAS > 1 also accumulates the shard's gradients on the host (`accumulated_grads_in_cpu`, b·S).
-        staging = b * max(model.param_numels)
+        staging = b * model.largest_param_numel
         accumulate = b * s if setup.stage == Stage.GRADIENTS and setup.gas > 1 else 0
         host = MASTER_BYTES * s + k * s + 4 * s + b * s + staging + accumulate
         return StateBytes(b * part.padded_flat, MASTER_BYTES * s, k * s, 4 * s + accumulate,
