@@ -81,9 +81,14 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
 @main.command()
 @click.argument("csv_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--strict", is_flag=True, help="Exit 1 unless state and comm bytes match exactly on every ok row.")
-def report(csv_paths, strict):
+@click.option("--markdown", is_flag=True, help="Print only the summary table the README shows (markdown).")
+def report(csv_paths, strict, markdown):
     """Errors of zerocalc's current predictions against the measured rows, per stage."""
     from validate.report import report as make_report
+    if markdown:
+        from validate.report import committed_rows, markdown_summary
+        click.echo(markdown_summary(committed_rows(list(csv_paths))))
+        return
     text, exact = make_report(csv_paths)
     click.echo(text)
     if strict and not exact:
@@ -104,6 +109,22 @@ def fit_cmd(csv_paths, out_path):
     calibration._cache.clear()
     click.echo("")
     click.echo(make_report(list(csv_paths))[0])
+
+
+@main.command("docs")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if a generated block is stale.")
+def docs_cmd(check):
+    """Rewrite the generated blocks of README.md and docs/accuracy.md (supported models, the examples'
+    output, the accuracy tables) from the code and the committed rows in data/ (about a minute)."""
+    from validate.docs import stale, write_all
+    if check:
+        bad = stale()
+        if bad:
+            click.echo(f"stale: {', '.join(bad)}; run python -m validate docs", err=True)
+            sys.exit(1)
+        return
+    changed = write_all()
+    click.echo(f"rewrote {', '.join(changed)}" if changed else "up to date")
 
 
 @main.command("crossval")

@@ -323,14 +323,15 @@ def by_configuration(timed: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def report(paths) -> tuple[str, bool]:
+def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
+    """The error tables. `rows`: the ok rows already re-predicted (`committed_rows`), to save doing it again."""
     df = load(paths)
     ok = df[df["outcome"] == "ok"]
     lines = [f"{len(df)} rows from {', '.join(paths)}: " +
              ", ".join(f"{k} {v}" for k, v in df["outcome"].value_counts().items())]
     if ok.empty:
         return "\n".join(lines), False
-    ok = repredict(ok, df)
+    ok = repredict(ok, df) if rows is None else rows
     lines += [""] + _table(ok, "now_state_bytes", "measured_state_bytes",
                            "Resident state bytes per rank after a step (max over ranks); exact = to the byte", True)
     lines += [""] + _table(ok, "now_comm_bytes", "measured_comm_bytes",
@@ -417,3 +418,69 @@ def report(paths) -> tuple[str, bool]:
     scal = ok["measured_scalar_bytes"].max() if "measured_scalar_bytes" in ok else 0
     lines += ["", f"Residual not modelled: scalar tensors of <= 8 bytes (grad norm, overflow flag), at most {scal:.0f} B/rank."]
     return "\n".join(lines), exact
+
+
+# --- Accuracy tables for README.md and docs/accuracy.md (`python -m validate report --markdown`,
+# `python -m validate docs`): generated from the committed rows so that the documents cannot go stale.
+
+def committed_rows(paths) -> pd.DataFrame:
+    """Every ok row of `paths`, re-predicted by the current zerocalc (`repredict`)."""
+    df = load(paths)
+    return repredict(df[df["outcome"] == "ok"], df)
+
+
+def accuracy_errors(ok: pd.DataFrame) -> dict:
+    """For each quantity the documents quote, the |relative error| of every row it is judged on and
+    its target (0: exact to the byte), from re-predicted rows (`committed_rows`). Memory is judged on
+    every GPU row (peak allocated less what an earlier engine left) and, for reserved, on rows that
+    started clean with the default allocator; step time on rows timed as training runs, each on its
+    own host's speed where probed, and per configuration (the median of its jobs)."""
+    err = lambda pred, meas: (pred.astype(float) / meas.astype(float) - 1).abs()  # noqa: E731
+    gpu = ok[ok["measured_peak_allocated_bytes"].notna()]
+    out = {"resident state bytes": (err(ok["now_state_bytes"], ok["measured_state_bytes"]), 0),
+           "communication bytes per step": (err(ok["now_comm_bytes"], ok["measured_comm_bytes"]), 0)}
+    offloaded = gpu[(gpu["offload_optimizer"] != "none") | (gpu["offload_param"] != "none")]
+    if not offloaded.empty:
+        out["host (offloaded) state bytes"] = (err(offloaded["now_host_bytes"],
+                                                   offloaded["measured_host_state_bytes"]), 0)
+    if gpu.empty:
+        return out
+    out["peak allocated"] = (err(gpu["now_peak_allocated_bytes"], own_peak_allocated(gpu)), 0.05)
+    clean = gpu[started_clean(gpu) & ~expandable_rows(gpu)]
+    out["peak reserved"] = (err(clean["now_peak_reserved_bytes"], clean["measured_peak_reserved_bytes"]), 0.10)
+    timed = gpu[timed_whole_steps(gpu)]
+    if not timed.empty:
+        out["step time (H200), per job"] = (err(timed["now_step_s"], timed["measured_step_s"]), 0.15)
+        confs = by_configuration(timed)
+        out["step time (H200), per configuration"] = (err(confs["now_step_s"], confs["measured_step_s"]), 0.15)
+    return out
+
+
+def _pct(x: float) -> str:
+    return "0" if x == 0 else f"{x:.1%}" if x >= 0.1 else f"{x:.2%}"
+
+
+def markdown_summary(ok: pd.DataFrame) -> str:
+    """The README's accuracy table: per quantity, rows, median, 95th percentile and worst |error|, and
+    how many rows meet the target."""
+    lines = ["| quantity (per rank) | rows | median error | 95th percentile | worst | within target |",
+             "|---|---:|---:|---:|---:|---|"]
+    for name, (e, target) in accuracy_errors(ok).items():
+        within = f"{int((e == 0).sum())} exact to the byte" if target == 0 else \
+            f"{int((e <= target).sum())} within {target:.0%}"
+        lines.append(f"| {name} | {len(e)} | {_pct(e.median())} | {_pct(e.quantile(0.95))} | {_pct(e.max())} | "
+                     f"{within} |")
+    return "\n".join(lines)
+
+
+def markdown_by_stage(ok: pd.DataFrame, pred: str, meas: str, target: float, subset=None) -> str:
+    """One quantity per stage, as a markdown table: rows, within target, median, 95th percentile, worst."""
+    df = ok if subset is None else ok[subset]
+    lines = [f"| stage | rows | within {target:.0%} | median error | 95th percentile | worst |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for stage, g in df.groupby("stage"):
+        e = (g[pred].astype(float) / g[meas].astype(float) - 1).abs().dropna()
+        if not e.empty:
+            lines.append(f"| {stage} | {len(e)} | {int((e <= target).sum())} | {_pct(e.median())} | "
+                         f"{_pct(e.quantile(0.95))} | {_pct(e.max())} |")
+    return "\n".join(lines)

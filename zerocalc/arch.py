@@ -222,6 +222,9 @@ def preset(name: str, **overrides) -> Architecture:
     return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
 
 
+HF_MODEL_TYPES = ("gpt2", "llama", "mistral")   # the config.json model_types `from_hf_config` reads
+
+
 def from_hf_config(cfg: dict) -> Architecture:
     """An Architecture from a Hugging Face config.json (GPT-2 or Llama-style: Llama, Mistral, Qwen2 without
     biases). No hub access: the caller reads the local file."""

@@ -1,0 +1,17 @@
+"""Shared fixtures. The committed H200 rows are re-predicted once per session (about a minute on two
+cores) for every test that checks them (`test_committed_data.py`, `test_docs.py`)."""
+import glob
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMITTED = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
+
+
+@pytest.fixture(scope="session")
+def committed_rows():
+    """Every ok row of data/h200-*.csv with the current zerocalc's predictions (`report.committed_rows`)."""
+    pytest.importorskip("pandas")
+    from validate.report import committed_rows as repredicted
+    return repredicted(COMMITTED)

@@ -1,0 +1,179 @@
+"""The generated parts of README.md and docs/*.md: the supported models, the examples' output and the
+accuracy tables, each between markers
+
+    <!-- generated: NAME -->
+    ...
+    <!-- end generated -->
+
+`python -m validate docs` rewrites them from the code and the committed rows (`data/h200-*.csv`);
+`tests/test_docs.py` fails when one is stale, so a number in the documents is what the code gives."""
+import glob
+import os
+import re
+
+from click.testing import CliRunner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCUMENTS = ("README.md", "docs/accuracy.md")
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+
+# The README's examples: each is run through the CLI and its output shown up to the end of its table,
+# with the step-time lines where it prints them.
+EXAMPLES = {
+    "7b-8x32gb": "estimate --params 7e9 --dp 8 --dtype fp16 --gpu-memory 32GB",
+    "llama-3-8b-8x40gb": "estimate --model llama-3-8b --dp 8 --stage 2,3 --seq-len 4096 --activation-checkpointing "
+                         "--gpu h100 --gpu-memory 40GB",
+    "plan-70b": "plan --model llama-2-70b --gpu h100 --max-gpus 64 --seq-len 4096 --global-batch 1024",
+    "own-config": "estimate --hf-config docs/examples/llama-3-8b-config.json --ds-config "
+                  "docs/examples/ds_config_zero3_offload.json --dp 8 --seq-len 4096 --activation-checkpointing "
+                  "--gpu-memory 24GB",
+}
+MAX_TABLE_ROWS = 3   # of a plan's ranked list; an estimate shows every stage
+
+
+def committed_paths() -> list[str]:
+    return sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
+
+
+def supported_models() -> str:
+    """What `--model` and `--hf-config` accept, read from `zerocalc.arch`: one line per family."""
+    from zerocalc import arch
+    lines = []
+    for family in arch.FAMILIES:
+        names = [f"`{n}` ({arch.num_params(a) / 1e9:.2f}B)" for n, a in arch.PRESETS.items() if a.family == family]
+        if names:
+            lines.append(f"- {family}: {', '.join(names)}")
+    types = getattr(arch, "HF_MODEL_TYPES", ())
+    lines += ["", f"`--model NAME`, or `--hf-config config.json` (a local Hugging Face config with `model_type` "
+                  f"{', '.join(f'`{t}`' for t in types)}); shape flags (`--hidden-size`, `--num-layers`, ...) "
+                  f"override any field."]
+    return "\n".join(lines)
+
+
+def example(command: str) -> str:
+    """`$ zerocalc COMMAND` and its output, up to the end of the table, with the step-time lines."""
+    from zerocalc.cli import main
+    result = CliRunner().invoke(main, command.split())
+    if result.exit_code != 0:
+        raise RuntimeError(f"zerocalc {command} exited {result.exit_code}: {result.output}")
+    lines = result.output.splitlines()
+    limit = MAX_TABLE_ROWS if command.startswith("plan") else len(lines)
+    start = next(i for i, line in enumerate(lines) if lines[i + 1:i + 2] and lines[i + 1].startswith("----"))
+    shown, table_rows = [], None
+    for line in lines[start:]:
+        if table_rows is not None and not line.strip():
+            break
+        if table_rows is not None:
+            table_rows += 1
+        if table_rows is None or table_rows <= limit:
+            shown.append(line)
+        if line.startswith("----"):
+            table_rows = 0
+    if table_rows and table_rows > limit:
+        shown.append(f"... ({table_rows - limit} more)")
+    times = [ln for ln in lines if re.match(r"^\s+stage \d: ", ln) or ln.startswith("Step time on")]
+    shown += [""] + times if times else []
+    return "```text\n$ zerocalc " + command + "\n" + "\n".join(shown) + "\n```"
+
+
+def _accuracy(name: str, rows) -> str:
+    from validate import report as R
+    ok = rows()
+    gpu = ok[ok["measured_peak_allocated_bytes"].notna()]
+    if name == "summary":
+        return R.markdown_summary(ok)
+    if name == "allocated":
+        return R.markdown_by_stage(gpu.assign(own=R.own_peak_allocated(gpu)), "now_peak_allocated_bytes", "own", 0.05)
+    if name == "reserved":
+        clean = R.started_clean(gpu) & ~R.expandable_rows(gpu)
+        return R.markdown_by_stage(gpu, "now_peak_reserved_bytes", "measured_peak_reserved_bytes", 0.10, clean)
+    if name == "reserved-expandable":
+        rows_ = R.started_clean(gpu) & R.expandable_rows(gpu)
+        return R.markdown_by_stage(gpu, "now_peak_reserved_bytes", "measured_peak_reserved_bytes", 0.10, rows_)
+    timed = gpu[R.timed_whole_steps(gpu)]
+    if name == "step":
+        return R.markdown_by_stage(timed, "now_step_s", "measured_step_s", 0.15)
+    if name == "step-fitted-host":
+        return R.markdown_by_stage(timed, "now_step_fitted_host_s", "measured_step_s", 0.15)
+    if name == "step-offload":
+        off = (timed["offload_optimizer"] != "none") | (timed["offload_param"] != "none")
+        return R.markdown_by_stage(timed, "now_step_s", "measured_step_s", 0.15, off)
+    if name == "step-configuration":
+        return R.markdown_by_stage(R.by_configuration(timed), "now_step_s", "measured_step_s", 0.15)
+    confs = R.by_configuration(timed)
+    if name == "perfect-model":
+        pool = R.jobs_log_deviation(timed)
+        f = R.perfect_model_floor(confs, pool)
+        model = int(((confs["now_step_s"] / confs["measured_step_s"] - 1).abs() <= 0.15).sum())
+        return (f"It would put {f['expected']:.1f} of the {len(confs)} configurations within 15% on average "
+                f"(5–95%: {f['p05']}–{f['p95']}), and all {len(confs)} with probability {f['all']:.1g}, the jobs "
+                f"scattering as they did (σ = {(pool ** 2).mean() ** 0.5:.1%} in log step time between jobs of one "
+                f"configuration, pooled). zerocalc puts {model} there.")
+    if name == "own-steps":
+        r = R.step_range(timed)
+        inside = int(((timed["now_step_s"] >= r["fastest"]) & (timed["now_step_s"] <= r["slowest"])).sum())
+        spread = ((r["slowest"] - r["fastest"]) / timed["measured_step_s"]).median()
+        return (f"Within one job, a row's own timed steps spread by {spread:.0%} (median of (slowest − fastest) / "
+                f"median), and the prediction falls inside that range on {inside} of {len(timed)} rows.")
+    if name == "repeatability":
+        rep = confs[confs["jobs"] >= 2]
+        wide = rep[rep["slowest"] / rep["fastest"] > 1.15 / 0.85]
+        return (f"{len(rep)} configurations were timed in {rep['jobs'].min()}–{rep['jobs'].max()} separate jobs; "
+                f"their jobs' medians differ by {rep['span'].median():.0%} (median of (max − min) / mean; worst "
+                f"{rep['span'].max():.0%}), and {len(wide)} spread so wide (slowest / fastest above 1.35) that no "
+                f"single prediction is within 15% of all their jobs.")
+    raise KeyError(name)
+
+
+def generate(name: str, rows) -> str:
+    """The text of block `name`; `rows()` gives the re-predicted committed rows (only called when needed)."""
+    if name == "models":
+        return supported_models()
+    if name.startswith("example:"):
+        return example(EXAMPLES[name.split(":", 1)[1]])
+    if name.startswith("accuracy:"):
+        return _accuracy(name.split(":", 1)[1], rows)
+    raise KeyError(f"unknown generated block {name!r}")
+
+
+def update(text: str, rows) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + generate(m.group("name"), rows) + "\n" + m.group(4), text)
+
+
+def cached_rows(paths=None):
+    """A `rows` callable that re-predicts the committed rows once, on first use (about a minute)."""
+    cache = []
+
+    def rows():
+        if not cache:
+            from validate.report import committed_rows
+            cache.append(committed_rows(paths or committed_paths()))
+        return cache[0]
+    return rows
+
+
+def stale(rows=None) -> list[str]:
+    """The documents whose generated blocks differ from what the code and data give now."""
+    rows = rows or cached_rows()
+    out = []
+    for doc in DOCUMENTS:
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            text = f.read()
+        if update(text, rows) != text:
+            out.append(doc)
+    return out
+
+
+def write_all(rows=None) -> list[str]:
+    rows = rows or cached_rows()
+    changed = []
+    for doc in DOCUMENTS:
+        path = os.path.join(ROOT, doc)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        new = update(text, rows)
+        if new != text:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+            changed.append(doc)
+    return changed
