@@ -96,8 +96,9 @@ def dump(path: str) -> None:
             ev = sweep.evaluate(g, **options)
             for k in sorted(g):
                 out.write(f"grid {k} {_digest(g[k])}\n")
-            for k in sorted(ev):
-                out.write(f"evaluate {options} {k} {_digest(ev[k])}\n")
+            for k in sorted(ev):     # peak_phase: codes into sweep.PHASES, digested by name
+                v = sweep.PHASES[ev[k]] if k == "peak_phase" and ev[k].dtype.kind == "i" else ev[k]
+                out.write(f"evaluate {options} {k} {_digest(v)}\n")
             frame = sweep.sweep(**grid, **options)
             cols = frame.columns if hasattr(frame, "columns") else frame
             for k in cols:

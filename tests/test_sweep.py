@@ -68,3 +68,33 @@ def test_sweep_cli_takes_fp16_as_the_two_byte_rows_bf16_gives(tmp_path):
     assert float(rows[0][header.index("comm_bytes")]) == 2e9
     bad = CliRunner().invoke(main, ["sweep", "--params", "1e9", "--dtype", "fp8"])
     assert bad.exit_code == 2 and "fp8: give bf16, fp16 or fp32" in bad.output
+
+
+def test_grid_by_its_axes_equals_the_same_points_one_by_one():
+    """Broadcasting over the grid's axes gives, byte for byte, what the formulas give on the flat
+    list of its points (every quantity on every point, `np.select` over the stages)."""
+    import numpy as np
+    from zerocalc.sweep import AXES
+    g = grid(num_params=[1e7, 3.3e9, 7e9, 175e9], dp=[1, 2, 3, 64], stage=[3, 0, 2, 1, 3], param_bytes=[4, 2],
+             gas=[1, 2, 7])
+    assert g.shape == (4, 4, 5, 2, 3)
+    flat = {k: g[k] for k in AXES}
+    assert len(flat["gas"]) == 4 * 4 * 5 * 2 * 3
+    assert list(flat["stage"][:12]) == [3] * 6 + [0] * 6       # C order: gas, then param_bytes fastest
+    for options in ({}, {"optimizer_state_bytes": 0, "reduce_bucket_size": 3e7, "sub_group_size": 1e8}):
+        by_axes, by_point = evaluate(g, **options), evaluate(flat, **options)
+        assert list(by_axes) == list(by_point)
+        for k in by_axes:
+            assert by_axes[k].dtype == by_point[k].dtype and by_axes[k].tobytes() == by_point[k].tobytes(), k
+
+
+def test_peak_phase_is_categorical_by_name():
+    from zerocalc.sweep import PHASES, table
+    df = sweep(num_params=[1e9], dp=[1, 8], stage=[0, 3])
+    assert str(df.peak_phase.dtype) == "category" and list(df.peak_phase.cat.categories) == list(PHASES)
+    g = grid(num_params=[1e9], dp=[1, 8], stage=[0, 3])
+    out = evaluate(g)
+    assert out["peak_phase"].dtype.kind == "i"
+    assert list(table(g, out)["peak_phase"]) == list(df.peak_phase)
+    # stage 0, bf16, N = 1: the step's 2P gradients + 8P fp32 copies beat the 4P dummy-step gradients at init
+    assert df.peak_phase[0] == "step"

@@ -371,13 +371,11 @@ def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
         raise click.UsageError("stages are 0-3; --dp and --gas must be at least 1")
     g = sweep.grid(num_params=params_list, dp=dp_list, stage=stage_list,
                    param_bytes=list(dict.fromkeys(_PARAM_BYTES[d] for d in dtype_list)), gas=gas_list)
-    out = sweep.evaluate(g)
-    cols = list(sweep.AXES) + list(out)
+    columns = sweep.table(g, sweep.evaluate(g))
     f = open(out_path, "w", newline="") if out_path else sys.stdout
     w = csv.writer(f, lineterminator="\n")
-    w.writerow(cols)
-    data = [g[k].astype("int64") for k in sweep.AXES] + [out[k] for k in out]
-    w.writerows(zip(*data))
+    w.writerow(columns)
+    w.writerows(zip(*columns.values()))
     if out_path:
         f.close()
         click.echo(f"{len(g['num_params']):,} rows -> {out_path}", err=True)

@@ -135,18 +135,18 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
         for p in mod:
             occurs.setdefault(p, []).append(step)
 
-    def gather(params):
-        nonlocal n_available
-        todo = sorted({p for p in params if p not in available})
+    prefetch_bucket, max_live = setup.prefetch_bucket_size, setup.max_live_parameters
+    reuse = setup.max_reuse_distance
+    popleft, get = queue.popleft, marked.get
+
+    for step, mod in enumerate(trace):
+        actions = []
+        todo = sorted({p for p in mod if p not in available})
         if todo:
             actions.append(("gather", tuple(todo)))
             available.update(todo)
             inflight.update(todo)
             n_available += sum(numel[p] for p in todo)
-
-    for step, mod in enumerate(trace):
-        actions = []
-        gather(mod)
         for p in dict.fromkeys(mod):
             if p in inflight:
                 inflight.discard(p)
@@ -155,28 +155,33 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
             release = {p for p in mod if not pers[p]}
         else:
             # Pop this module's own entries off the queue.
-            mine = {p for p in mod if marked.get(p, -1) < step}
+            mine = {p for p in mod if get(p, -1) < step}
             popped = set()
             while queue and popped != mine:
-                p, s = queue.popleft()
+                p, s = popleft()
                 marked[p] = s
                 popped.add(p)
             # Prefetch.
-            if setup.prefetch_bucket_size > 0:
-                budget = min(setup.max_live_parameters - n_available, setup.prefetch_bucket_size)
+            if prefetch_bucket > 0:
+                budget = min(max_live - n_available, prefetch_bucket)
                 batch, size = [], 0
                 while queue and size < budget:
-                    p, s = queue.popleft()
-                    fetch = p not in available and p not in batch
-                    marked[p] = max(marked.get(p, -1), s)
-                    if fetch:
+                    p, s = popleft()
+                    if s > get(p, -1):
+                        marked[p] = s
+                    if p not in available and p not in batch:
                         batch.append(p)
                         size += numel[p]
-                gather(batch)
+                todo = sorted(set(batch))
+                if todo:
+                    actions.append(("gather", tuple(todo)))
+                    available.update(todo)
+                    inflight.update(todo)
+                    n_available += sum(numel[p] for p in todo)
             # Release after the module runs, unless the reuse rule keeps it.
-            release = {p for p in mod if not pers[p] and marked.get(p, -1) <= step + 1}
-            if release and setup.max_reuse_distance > 0:
-                window = bisect_left(elements, elements[step + 1] + setup.max_reuse_distance, step + 1)
+            release = {p for p in mod if not pers[p] and get(p, -1) <= step + 1}
+            if release and reuse > 0:
+                window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
                 for p in list(release):
                     later = occurs[p]
                     k = bisect_right(later, step)
