@@ -84,6 +84,8 @@ def _accuracy(name: str, rows) -> str:
         return R.markdown_summary(ok)
     if name == "allocated":
         return R.markdown_by_stage(gpu.assign(own=R.own_peak_allocated(gpu)), "now_peak_allocated_bytes", "own", 0.05)
+    if name == "anchors":
+        return R.markdown_anchors(gpu)
     if name == "reserved":
         clean = R.started_clean(gpu) & ~R.expandable_rows(gpu)
         return R.markdown_by_stage(gpu, "now_peak_reserved_bytes", "measured_peak_reserved_bytes", 0.10, clean)

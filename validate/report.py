@@ -484,3 +484,35 @@ def markdown_by_stage(ok: pd.DataFrame, pred: str, meas: str, target: float, sub
             lines.append(f"| {stage} | {len(e)} | {int((e <= target).sum())} | {_pct(e.median())} | "
                          f"{_pct(e.quantile(0.95))} | {_pct(e.max())} |")
     return "\n".join(lines)
+
+
+def with_anchors(gpu: pd.DataFrame) -> pd.DataFrame:
+    """GPU rows with the measured peak allocated (`measured`, bytes, less what an earlier engine left)
+    beside zerocalc's (`zerocalc`), the ZeRO paper's model states (`paper`) and DeepSpeed's own
+    estimator (`deepspeed_estimator`: stages 1-3, offload as the row ran; NaN at stage 0, where it has
+    none), and each one's relative error (`*_err`)."""
+    from zerocalc import reference
+    paper, ds = [], []
+    for _, r in gpu.iterrows():
+        spec, _ = to_zerocalc(job_from_row(r.to_dict()))
+        paper.append(reference.paper_model_states_bytes(r["num_params"], r["nproc"], r["stage"]))
+        est = reference.deepspeed_estimator_gpu_bytes(r["num_params"], max(spec.param_numels), r["nproc"], r["stage"],
+                                                      r["offload_optimizer"] != "none", r["offload_param"] != "none")
+        ds.append(float("nan") if est is None else est)
+    out = gpu.assign(measured=own_peak_allocated(gpu).astype(float), zerocalc=gpu["now_peak_allocated_bytes"].astype(float),
+                     paper=paper, deepspeed_estimator=ds)
+    for col in ("zerocalc", "paper", "deepspeed_estimator"):
+        out[f"{col}_err"] = out[col] / out["measured"] - 1
+    return out
+
+
+def markdown_anchors(gpu: pd.DataFrame) -> str:
+    """Per stage, the mean |error| against the measured peak allocated of zerocalc, the ZeRO paper's
+    model states and DeepSpeed's estimator (`with_anchors`)."""
+    a = with_anchors(gpu)
+    lines = ["| stage | rows | zerocalc | ZeRO paper (model states) | DeepSpeed's estimator |", "|---:|---:|---:|---:|---:|"]
+    for stage, g in a.groupby("stage"):
+        ds = g["deepspeed_estimator_err"].abs().mean()
+        lines.append(f"| {stage} | {len(g)} | {_pct(g['zerocalc_err'].abs().mean())} | "
+                     f"{_pct(g['paper_err'].abs().mean())} | {'none' if pd.isna(ds) else _pct(ds)} |")
+    return "\n".join(lines)
