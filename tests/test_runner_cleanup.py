@@ -1,5 +1,5 @@
 """The runner removes the shared-memory buffers DeepSpeed's CPU all-reduce leaves and the build locks a
-failed launch leaves, and only its own;
+failed launch's ranks created, and only its own;
 it extends an older results file by a new column instead of refusing the row."""
 import os
 
@@ -82,22 +82,33 @@ def test_a_row_with_a_new_column_extends_an_older_file(tmp_path):
 
 def test_a_failed_launch_leaves_no_build_lock_of_its_own(tmp_path, monkeypatch):
     """A rank that dies while it JIT-builds an extension leaves torch's build lock, on which every later
-    launch would wait until its timeout. A stand-in launch makes a lock, as a build does, and fails; a
-    lock made before the launch (another build's) stays."""
+    launch would wait until its timeout. A stand-in launch creates a lock and records it as the worker
+    does (`lifeline.note_build_lock`, called by the patched FileBaton), then fails; a lock created
+    during the launch by another process (another build in the shared cache, not recorded) and one
+    made before the launch both stay."""
+    import sys
     import time
     from validate.jobs import make_job
     from zerocalc.arch import Architecture
     ext = tmp_path / "torch_extensions"
-    (ext / "py311_cpu" / "deepspeed_shm_comm").mkdir(parents=True)
-    (ext / "py311_cpu" / "cpu_adam").mkdir(parents=True)
+    for name in ("deepspeed_shm_comm", "cpu_adam", "fused_adam"):
+        (ext / "py311_cpu" / name).mkdir(parents=True)
     older = ext / "py311_cpu" / "cpu_adam" / "lock"
     older.write_text("")
     os.utime(older, (time.time() - 3600, time.time() - 3600))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
     new_lock = ext / "py311_cpu" / "deepspeed_shm_comm" / "lock"
-    monkeypatch.setattr(runner, "launch_command", lambda *a, **k: ["sh", "-c", f"touch {new_lock}; exit 1"])
+    others = ext / "py311_cpu" / "fused_adam" / "lock"
+
+    def launch(backend, nproc, jobs_path, out_dir, include, port):
+        code = (f"import os; from validate import lifeline; os.close(os.open({str(new_lock)!r}, os.O_CREAT | os.O_EXCL)); "
+                f"lifeline.note_build_lock({out_dir!r}, {str(new_lock)!r}); "
+                f"open({str(others)!r}, 'w').close(); raise SystemExit(1)")
+        return [sys.executable, "-c", code]
+    monkeypatch.setattr(runner, "launch_command", launch)
     job = make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 1, stage=0, seq_len=8)
     written = runner.run([job], "cpu", 1, str(tmp_path / "rows.csv"), log=lambda *a: None)
     assert [r["outcome"] for r in written] == ["crash"]
     assert not new_lock.exists()
+    assert others.exists()
     assert older.exists()

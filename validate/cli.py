@@ -29,6 +29,12 @@ def main():
     """
 
 
+def _fail(message: str, code: int):
+    """One line on stderr and the exit code: 2 for input to fix, 1 for a sweep stopped part-way."""
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
 @main.command()
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), required=True)
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks (GPUs or CPU processes).")
@@ -55,9 +61,13 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
         ffn_hidden_size, vocab_size, seq_lens, micro_batches, gases, rbs, ckpt, timeout_s, include, retry_failed, out_csv):
     """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows."""
     from validate import jobs as J
-    from validate.runner import run as run_jobs
+    from validate.results_file import ResultsFileError, check_output
+    from validate.runner import RowWriteError, run as run_jobs
     if matrix:
-        job_list = J.load_matrix(matrix)
+        try:
+            job_list = J.load_matrix(matrix)
+        except J.MatrixError as err:
+            _fail(str(err), 2)
         for j in job_list:
             if j["nproc"] != nproc:
                 raise click.UsageError(f"the matrix asks for nproc {j['nproc']} but --nproc is {nproc}")
@@ -71,9 +81,18 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
         job_list = J.grid([a], nproc, stage=_ints(stages), dtype=_strs(dtypes), seq_len=_ints(seq_lens),
                           micro_batch=_ints(micro_batches), gas=_ints(gases), reduce_bucket_size=_ints(rbs),
                           activation_checkpointing=[bool(x) for x in _ints(ckpt)])
+    try:
+        check_output(out_csv)
+    except ResultsFileError as err:
+        _fail(str(err), 2)
     click.echo(f"{len(job_list)} jobs, backend {backend}, {nproc} ranks -> {out_csv}", err=True)
-    written = run_jobs(job_list, backend, nproc, out_csv, timeout_s, include,
-                       log=lambda m: click.echo(m, err=True), retry_failed=retry_failed)
+    try:
+        written = run_jobs(job_list, backend, nproc, out_csv, timeout_s, include,
+                           log=lambda m: click.echo(m, err=True), retry_failed=retry_failed)
+    except RowWriteError as err:     # mid-sweep (a full disk): the file keeps whole rows; resumable
+        _fail(str(err), 1)
+    except ResultsFileError as err:  # --out unusable, found before any launch
+        _fail(str(err), 2)
     bad = [r for r in written if r["outcome"] != "ok"]
     click.echo(f"done: {len(written)} rows written, {len(bad)} not ok", err=True)
 
@@ -85,11 +104,15 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
 def report(csv_paths, strict, markdown):
     """Errors of zerocalc's current predictions against the measured rows, per stage."""
     from validate.report import report as make_report
-    if markdown:
-        from validate.report import committed_rows, markdown_summary
-        click.echo(markdown_summary(committed_rows(list(csv_paths))))
-        return
-    text, exact = make_report(csv_paths)
+    from validate.results_file import ResultsFileError
+    try:
+        if markdown:
+            from validate.report import committed_rows, markdown_summary
+            click.echo(markdown_summary(committed_rows(list(csv_paths))))
+            return
+        text, exact = make_report(csv_paths)
+    except ResultsFileError as err:
+        _fail(str(err), 2)
     click.echo(text)
     if strict and not exact:
         sys.exit(1)

@@ -62,21 +62,65 @@ def grid(arches: list[_arch.Architecture], nproc: int, **axes) -> list[dict]:
     return jobs
 
 
+MATRIX_KEYS = ("nproc", "architectures", "axes", "jobs", "about")
+JOB_KEYS = tuple(sorted(set(DEFAULTS) | {"stage", "optimizer", "repeat"}))   # an axis or a job's field
+ARCH_DEFAULTS = dict(family="seed-gpt", tie_embeddings=False)              # num_kv_heads, ffn: from the others
+
+
+class MatrixError(ValueError):
+    """A matrix file that cannot be run as written: one line naming the file, the key and what is valid."""
+
+
+def _check_keys(path: str, where: str, given, valid) -> None:
+    if not isinstance(given, dict):
+        raise MatrixError(f"{path}: {where} must be a JSON object, got {type(given).__name__}")
+    unknown = [k for k in given if k not in valid]
+    if unknown:
+        raise MatrixError(f"{path}: unknown key {unknown[0]!r} in {where}; valid keys: {', '.join(valid)}")
+
+
+def _architecture(path: str, where: str, a) -> _arch.Architecture:
+    _check_keys(path, where, a, ARCH_FIELDS)
+    missing = [k for k in ("vocab_size", "hidden_size", "num_layers", "num_heads") if k not in a]
+    if missing:
+        raise MatrixError(f"{path}: {where} lacks {missing[0]!r}")
+    fields_ = {**ARCH_DEFAULTS, "num_kv_heads": a["num_heads"], "ffn_hidden_size": 4 * a["hidden_size"], **a}
+    try:
+        return _arch.Architecture(**fields_)
+    except (TypeError, ValueError) as err:
+        raise MatrixError(f"{path}: {where}: {err}")
+
+
 def load_matrix(path: str) -> list[dict]:
     """A matrix file: {"nproc": 2, "architectures": [{...}], "axes": {"stage": [0,1,2,3], ...},
     "jobs": [{...}, ...]} — the product of the axes per architecture, plus explicit jobs. A job may carry
-    "repeat": n, which only changes its key: one configuration measured n times in one sweep."""
-    with open(path) as f:
-        spec = json.load(f)
+    "repeat": n, which only changes its key: one configuration measured n times in one sweep. Every key
+    is checked (a misspelt axis would silently run the default): MatrixError names the first unknown
+    one and the valid ones."""
+    try:
+        with open(path) as f:
+            spec = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise MatrixError(f"{path}: not a readable JSON matrix ({err})")
+    _check_keys(path, "the matrix", spec, MATRIX_KEYS)
     nproc = spec.get("nproc", 1)
-    arches = [_arch.Architecture(**{**dict(family="seed-gpt", num_kv_heads=a.get("num_heads"),
-                                          ffn_hidden_size=4 * a["hidden_size"], tie_embeddings=False), **a})
-              for a in spec.get("architectures", [])]
-    jobs = grid(arches, nproc, **spec.get("axes", {})) if arches else []
-    for extra in spec.get("jobs", []):
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise MatrixError(f"{path}: nproc must be a positive integer, got {nproc!r}")
+    axes = spec.get("axes", {})
+    _check_keys(path, "axes", axes, JOB_KEYS)
+    for name, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise MatrixError(f"{path}: axis {name!r} must be a non-empty list, got {values!r}")
+    for name in ("architectures", "jobs"):
+        if not isinstance(spec.get(name, []), list):
+            raise MatrixError(f"{path}: {name} must be a list")
+    arches = [_architecture(path, f"architectures[{i}]", a) for i, a in enumerate(spec.get("architectures", []))]
+    jobs = grid(arches, nproc, **axes) if arches else []
+    for i, extra in enumerate(spec.get("jobs", [])):
+        _check_keys(path, f"jobs[{i}]", extra, JOB_KEYS + ("arch", "nproc"))
         extra = dict(extra)
-        a = extra.pop("arch")
-        arch = _arch.Architecture(**{**dict(family="seed-gpt", num_kv_heads=a.get("num_heads"),
-                                            ffn_hidden_size=4 * a["hidden_size"], tie_embeddings=False), **a})
+        if "arch" not in extra:
+            raise MatrixError(f"{path}: jobs[{i}] lacks 'arch'")
+        arch = _architecture(path, f"jobs[{i}].arch", extra.pop("arch"))
         jobs.append(make_job(arch, extra.pop("nproc", nproc), **extra))
     return jobs

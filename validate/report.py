@@ -1,10 +1,12 @@
 """Error tables: zerocalc's current predictions against every measured row."""
+import io
 import json
 
 import numpy as np
 import pandas as pd
 
 from zerocalc import sequence
+from validate import results_file
 from zerocalc.estimate import estimate
 from validate.jobs import to_zerocalc
 from validate.rows import _cast, at_row_host, job_from_row, measured_host_launch_s, predicted_state_bytes
@@ -59,11 +61,37 @@ def configuration(row: dict, allocator: bool = True) -> str:
     return json.dumps(job, sort_keys=True)
 
 
+def read_results(path: str) -> tuple[pd.DataFrame, list[str]]:
+    """One results file's whole rows, and a note for each row skipped: a half row at the end (a sweep
+    killed mid-write; the next resume drops it) or a row whose field count is not the header's (a row
+    an older validator appended onto a half one)."""
+    parsed = results_file.read(path)
+    if not parsed.header:
+        raise results_file.ResultsFileError(f"{path} has no header line: not a validator results file")
+    if not results_file.is_results_header(parsed.header):
+        raise results_file.ResultsFileError(f"{path} is not a validator results file (its header starts "
+                                            f"{','.join(parsed.header[:3])[:60]!r})")
+    df = pd.read_csv(io.StringIO(parsed.text), keep_default_na=False, na_values=[""])
+    notes = [f"{path}: skipped a row whose field count is not the header's {len(parsed.header)} ({r[:50]!r}...)"
+             for r in parsed.bad]
+    if parsed.partial:
+        notes.append(f"{path}: skipped a half-written last row ({len(parsed.partial.encode())} bytes, "
+                     f"{parsed.partial[:50]!r}...)")
+    return df, notes
+
+
 def load(paths) -> pd.DataFrame:
-    frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]).assign(source=p) for p in paths]
+    """Every file's whole rows, each with its `source`; notes on skipped rows in `df.attrs["notes"]`."""
+    frames, notes = [], []
+    for p in paths:
+        df, skipped = read_results(p)
+        frames.append(df.assign(source=p))
+        notes += skipped
     # A job run again in its file (--retry-failed) has several rows there: the last one counts. One
     # configuration measured in several files (a repeat) keeps a row per file.
-    return pd.concat(frames, ignore_index=True).drop_duplicates(["key", "source"], keep="last")
+    out = pd.concat(frames, ignore_index=True).drop_duplicates(["key", "source"], keep="last")
+    out.attrs["notes"] = notes
+    return out
 
 
 def earlier_jobs(df: pd.DataFrame) -> dict:
@@ -328,7 +356,7 @@ def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
     df = load(paths)
     ok = df[df["outcome"] == "ok"]
     lines = [f"{len(df)} rows from {', '.join(paths)}: " +
-             ", ".join(f"{k} {v}" for k, v in df["outcome"].value_counts().items())]
+             ", ".join(f"{k} {v}" for k, v in df["outcome"].value_counts().items())] + df.attrs.get("notes", [])
     if ok.empty:
         return "\n".join(lines), False
     ok = repredict(ok, df) if rows is None else rows

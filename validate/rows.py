@@ -32,10 +32,32 @@ def _config(job, backend):
     row = {"key": job["key"], "backend": backend, "nproc": job["nproc"], "stage": job["stage"],
            "optimizer": job["optimizer"]}
     row.update({f: job.get(f) for f in SETUP_FIELDS})
-    row.update({f: job["arch"][f] for f in ARCH_FIELDS})
+    row.update({f: job["arch"].get(f) for f in ARCH_FIELDS})
     spec, setup = to_zerocalc(job)
     row["num_params"] = spec.num_params
     return row, spec, setup
+
+
+def rejection(job: dict, backend: str) -> str | None:
+    """Why zerocalc cannot predict this job (its Setup or architecture refused, or the estimate
+    failed), None when it can: such a job is not launched but written as an `error` row with the
+    reason, so the sweep goes on and a resume does not stop on it."""
+    try:
+        _, spec, setup = _config(job, backend)
+        _predicted(spec, setup, backend)
+    except Exception as err:  # noqa: BLE001  -- any refusal is the row's reason
+        return f"zerocalc rejects this job: {type(err).__name__}: {err}"[:500]
+    return None
+
+
+def rejected_row(job: dict, reason: str, backend: str, command: str) -> dict:
+    """The row of a job zerocalc rejects (`rejection`): its configuration, no prediction, outcome error."""
+    row = {"key": job["key"], "backend": backend, "nproc": job.get("nproc"), "stage": job.get("stage"),
+           "optimizer": job.get("optimizer")}
+    row.update({f: job.get(f) for f in SETUP_FIELDS})
+    row.update({f: job.get("arch", {}).get(f) for f in ARCH_FIELDS})
+    row.update(outcome="error", error=reason, command=command, zerocalc_version=zerocalc.__version__)
+    return row
 
 
 def predicted_state_bytes(e, backend: str) -> int:

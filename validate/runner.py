@@ -1,15 +1,17 @@
 """Launch jobs through DeepSpeed's own launcher and turn what the worker measured into tidy rows.
 
-Resumable and crash-proof: rows go to the CSV as each job finishes (appended, flushed, whole lines),
-jobs already in the CSV are skipped, and a job that crashes its launch or hangs past the timeout
-becomes a row with that outcome while the rest are relaunched.
+Resumable and crash-proof: rows go to the CSV as each job finishes (whole lines only,
+`validate.results_file`), jobs already in the CSV are skipped, and every job ends in a row: a job
+zerocalc rejects is not launched but written as an `error` row with the reason, a job whose launch
+crashes, hangs past the timeout or loses one rank becomes a row with that outcome (and the failing
+rank's traceback, `validate.lifeline`) while the rest are relaunched. One runner per results file (a
+lock); the output is checked before the first launch; nothing the runner started outlives it.
 """
 import contextlib
-import csv
-import glob
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,69 +20,16 @@ import tempfile
 import threading
 import time
 
-from validate import rows
+from validate import lifeline, rows
 from validate.jobs import to_worker
+from validate.results_file import ResultsFileError, append_row, done_keys  # noqa: F401  (the runner's file API)
+from validate import results_file
 
-
-def done_keys(csv_path: str, retry_failed: bool = False) -> set[str]:
-    """Keys with a row already; with retry_failed, only those whose last row is ok."""
-    if not os.path.exists(csv_path):
-        return set()
-    last = {}
-    with open(csv_path, newline="") as f:
-        for r in csv.DictReader(f):
-            last[r["key"]] = r["outcome"]
-    return {k for k, o in last.items() if o == "ok" or not retry_failed}
-
-
-def append_row(csv_path: str, row: dict) -> None:
-    """Append one row; the header is written with the first. Flushed and fsynced: a killed sweep
-    leaves whole lines only. A file written before a column existed (a new Setup field) gets it,
-    empty in its earlier rows (read back as the field's default, `rows.job_from_row`)."""
-    new = not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
-    if not new:
-        with open(csv_path, newline="") as f:
-            header = next(csv.reader(f))
-    else:
-        header = list(rows.COLUMNS)
-    missing = [k for k in row if k not in header]
-    if missing:
-        header = _add_columns(csv_path, header, missing)
-    with open(csv_path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
-        if new:
-            w.writeheader()
-        w.writerow({k: row.get(k, "") for k in header})
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _add_columns(csv_path: str, header: list[str], missing: list[str]) -> list[str]:
-    """Rewrite the file with the missing columns at the end of its header (atomically: a killed sweep
-    keeps the old file or the new one)."""
-    with open(csv_path, newline="") as f:
-        old = list(csv.DictReader(f))
-    header = header + missing
-    tmp = csv_path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
-        w.writeheader()
-        w.writerows({k: r.get(k, "") for k in header} for r in old)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, csv_path)
-    return header
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # where `validate` and `zerocalc` live
 
 
 def _read_lines(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            if line.endswith("\n"):
-                out.append(json.loads(line))
-    return out
+    return lifeline.read_lines(path)
 
 
 def _free_port() -> int:
@@ -93,33 +42,8 @@ SHM_DIR = "/dev/shm"
 
 
 def remove_shm_buffers(port: int) -> None:
-    """DeepSpeed 0.19.8's CPU all-reduce (deepspeed_shm_comm) makes one 66 MiB shared-memory buffer
-    per rank, `/dev/shm/deepspeed_allreduce_buffer_0_<addr>_<port>_<rank>`, and never unlinks it: RAM
-    that outlives the launch (19 GB had piled up on the CI-like machine after a day of CPU tests).
-    Remove the buffers of the launch that used `port`."""
-    for path in glob.glob(os.path.join(SHM_DIR, f"deepspeed_*_{port}_*")):
-        with contextlib.suppress(OSError):
-            os.remove(path)
-
-
-def extensions_dir() -> str:
-    """Where torch JIT-builds C++ extensions (DeepSpeed's FusedAdam, CPUAdam, the CPU all-reduce):
-    torch.utils.cpp_extension's build root, one folder per Python/device flavour and extension."""
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
-
-
-def remove_build_locks_since(t0: float) -> list[str]:
-    """A rank that dies while it JIT-builds an extension leaves the build's `lock` file behind, and every
-    later launch waits on it forever (torch's FileBaton): seen when one rank failed at start while rank 0
-    built deepspeed_shm_comm; the next launches hung until their timeout. Remove the locks made since t0
-    (the failed launch's start); a lock older than that is someone else's build. Returns what it removed."""
-    removed = []
-    for path in glob.glob(os.path.join(extensions_dir(), "*", "*", "lock")):
-        with contextlib.suppress(OSError):
-            if os.path.getmtime(path) >= t0:
-                os.remove(path)
-                removed.append(path)
-    return removed
+    """The shared-memory buffers of the launch that used `port` (`lifeline.remove_shm_buffers`)."""
+    lifeline.remove_shm_buffers(port, SHM_DIR)
 
 
 class _Stop:
@@ -127,10 +51,11 @@ class _Stop:
     driver leaves the block (a signal, an error such as a row the CSV cannot take, or normally), a launch
     still running is killed as a group (it runs in a session of its own, so it would otherwise live on,
     holding GPUs and locks) and its shared-memory buffers are removed; a launch that did not exit
-    cleanly also leaves no extension-build lock it made (`remove_build_locks_since`)."""
+    cleanly also leaves no extension-build lock its ranks made (`lifeline.remove_own_build_locks`).
+    SIGKILL cannot be caught: then the launch dies by `lifeline` and the next runner cleans up."""
 
-    def __init__(self, proc, port, started: float):
-        self.proc, self.port, self.started = proc, port, started
+    def __init__(self, proc, port, out_dir: str):
+        self.proc, self.port, self.out_dir = proc, port, out_dir
         self.previous = {}
 
     def __enter__(self):
@@ -146,94 +71,203 @@ class _Stop:
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        kill_launch(self.proc)
         remove_shm_buffers(self.port)
         if self.proc.returncode != 0:
-            remove_build_locks_since(self.started)
+            lifeline.remove_own_build_locks(self.out_dir)
+
+
+def kill_launch(proc) -> None:
+    """SIGKILL the launch's whole session (the launcher is its leader): the ranks, and the compilers of
+    an extension build, which run in process groups of their own."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    lifeline.kill_session(proc.pid)
+    proc.wait()
+
+
+def launcher() -> list[str]:
+    """DeepSpeed's launcher run by this interpreter (`deepspeed` is `deepspeed.launcher.runner.main`),
+    so `validate run` finds it when started outside its virtual environment, and the launch's ranks
+    (started with the launcher's sys.executable) use the same Python and packages."""
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
 
 
 def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, include: str | None,
                    port: int) -> list[str]:
-    cmd = ["deepspeed", "--master_port", str(port)]
+    cmd = launcher() + ["--master_port", str(port)]
     cmd += ["--include", include] if include else ["--num_gpus", str(nproc)]
     return cmd + ["--module", "validate.worker", jobs_path, out_dir]
 
 
 def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: float = 600,
         include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False) -> list[dict]:
-    """Run every job not yet in csv_path; return the rows written."""
-    done = done_keys(csv_path, retry_failed)
-    # Stage-3 engines are not freed by DeepSpeed (the worker restarts after one): run them last.
-    pending = sorted((j for j in jobs if j["key"] not in done), key=lambda j: j["stage"] == 3)
-    skipped = len(jobs) - len(pending)
-    if skipped:
-        log(f"{skipped} of {len(jobs)} jobs already in {csv_path}; running the other {len(pending)}")
+    """Run every job not yet in csv_path; return the rows written. Raises ResultsFileError (one line)
+    for an --out it cannot use, before any launch, or for a row it cannot write (the file keeps its
+    whole rows: run the same command again to resume)."""
+    results_file.check_output(csv_path)
+    with results_file.OutputLock(csv_path):
+        for d in lifeline.clean_orphans(shm_dir=SHM_DIR):
+            log(f"removed {d}, left by a runner that is gone")
+        dropped = results_file.drop_partial_row(csv_path)
+        if dropped:
+            log(f"dropped a half-written last row of {csv_path} ({len(dropped.encode())} bytes, "
+                f"{dropped[:60]!r}...): its job runs again")
+        return _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry_failed)
+
+
+class RowWriteError(ResultsFileError):
+    """A row the results file could not take (a full disk): the sweep stops, the file keeps its whole
+    rows, and the same command resumes it."""
+
+
+def _write(csv_path: str, row: dict, written: list) -> None:
+    try:
+        append_row(csv_path, row)
+    except OSError as err:
+        raise RowWriteError(f"could not write a row to {csv_path}: {err.strerror or err}; the file keeps its "
+                               "whole rows: make room and run the same command again to resume") from err
+    written.append(row)
+
+
+def _launch_env(backend: str) -> dict:
     env = dict(os.environ)
     if backend == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env[lifeline.RUNNER_ENV] = lifeline.identity()
+    return env
+
+
+def _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry_failed) -> list[dict]:
     command = command or " ".join(shlex.quote(a) for a in sys.argv)
-    written, total, t_start = [], len(pending), time.time()
+    done = done_keys(csv_path, retry_failed)
+    todo = [j for j in jobs if j["key"] not in done]
+    skipped = len(jobs) - len(todo)
+    if skipped:
+        log(f"{skipped} of {len(jobs)} jobs already in {csv_path}; running the other {len(todo)}")
+    written, total, t_start = [], len(todo), time.time()
+    pending = []
+    for j in todo:
+        reason = rows.rejection(j, backend)
+        if reason is None:
+            pending.append(j)
+            continue
+        _write(csv_path, rows.rejected_row(j, reason, backend, command), written)
+        log(f"[{len(written)}/{total}] {j['key']}: error, not launched: {reason}")
+    # Stage-3 engines are not freed by DeepSpeed (the worker restarts after one): run them last.
+    pending.sort(key=lambda j: j["stage"] == 3)
+    env = _launch_env(backend)
     while pending:
-        with tempfile.TemporaryDirectory(prefix="zerocalc-validate-") as tmp:
-            jobs_path = os.path.join(tmp, "jobs.json")
-            with open(jobs_path, "w") as f:
-                json.dump([to_worker(j) for j in pending], f)
-            port = _free_port()
-            launched = time.time() - 1   # file times may be rounded down to the second
-            cmd = launch_command(backend, nproc, jobs_path, tmp, include, port)
-            logf = open(os.path.join(tmp, "launch.log"), "w")
-            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        finished = _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command, env,
+                           written, total, t_start)
+        pending = [j for j in pending if j["key"] not in finished]
+    return written
+
+
+def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command, env, written, total,
+            t_start) -> set[str]:
+    """One launch over the pending jobs, until it ends, hangs or loses a rank; every job it finished or
+    lost has a row. Returns their keys."""
+    tmp = tempfile.mkdtemp(prefix=lifeline.TEMP_PREFIX)
+    try:
+        jobs_path = os.path.join(tmp, "jobs.json")
+        with open(jobs_path, "w") as f:
+            json.dump([to_worker(j) for j in pending], f)
+        port = _free_port()
+        lifeline.write_owner(tmp, port)
+        cmd = launch_command(backend, nproc, jobs_path, tmp, include, port)
+        by_key = {j["key"]: j for j in pending}
+        finished, failed_rank, hung = set(), None, None
+        with open(os.path.join(tmp, "launch.log"), "w") as logf:
+            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=lifeline.die_with_parent())
             # The launch runs in its own session (a hang is killed as a group): if this driver is
             # interrupted, terminated or fails, take the launch and its shared memory down with it.
-            with _Stop(proc, port, launched):
-                by_key = {j["key"]: j for j in pending}
-                finished, last_progress, hung = set(), time.time(), None
-                while True:
-                    code = proc.poll()
+            with _Stop(proc, port, tmp):
+                last_progress, failure_seen = time.time(), {}
+
+                def collect():
+                    nonlocal last_progress
                     for res in _read_lines(os.path.join(tmp, "results.jsonl")):
-                        if res["key"] in finished:
+                        if res["key"] in finished or res["key"] not in by_key:
                             continue
-                        finished.add(res["key"])
                         row = rows.make_row(by_key[res["key"]], res, backend, command)
-                        append_row(csv_path, row)
-                        written.append(row)
+                        _write(csv_path, row, written)
+                        finished.add(res["key"])
                         last_progress = time.time()
                         log(f"[{len(written)}/{total}] {res['key']}: {rows.describe(row)}  "
                             f"({time.time() - t_start:.0f} s)")
+
+                while True:
+                    code = proc.poll()
+                    collect()
                     if code is not None:
+                        break
+                    # A rank failed and the others have not reached the gather: they are blocked in a
+                    # collective of the job; end the launch (lifeline.arrive).
+                    now = time.time()
+                    for key in lifeline.rank_failures(tmp):
+                        if key in by_key and key not in finished:
+                            failure_seen.setdefault(key, now)
+                    late = [k for k, t in failure_seen.items() if k not in finished
+                            and now - t > lifeline.RANK_FAILURE_GRACE_S]
+                    if late:
+                        failed_rank = late[0]
+                        kill_launch(proc)
                         break
                     started = _read_lines(os.path.join(tmp, "started.jsonl"))
                     running = [s for s in started if s["key"] not in finished]
                     since = running[-1]["time"] if running else last_progress
-                    if time.time() - max(since, last_progress) > timeout_s:
+                    if now - max(since, last_progress) > timeout_s:
                         hung = running[-1]["key"] if running else None
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
+                        kill_launch(proc)
                         break
                     time.sleep(0.5)
-            logf.close()
-            started = [s["key"] for s in _read_lines(os.path.join(tmp, "started.jsonl"))]
-            lost = [k for k in started if k not in finished]
-            restarted = _read_lines(os.path.join(tmp, "restart.jsonl"))
-            if restarted and not lost:
-                log(f"fresh process for the remaining {len(pending) - len(finished)} jobs "
-                    "(the last engine left memory allocated)")
-            elif not lost and len(finished) < len(pending):
-                # The launch died before starting the next job (e.g. at import): report the first pending.
-                lost = [next(j["key"] for j in pending if j["key"] not in finished)]
-            with open(os.path.join(tmp, "launch.log")) as f:
-                tail = f.read()[-2000:]
-            for key in lost[:1]:
-                outcome = "timeout" if key == hung else "crash"
-                row = rows.failed_row(by_key[key], outcome, tail, backend, command)
-                append_row(csv_path, row)
-                written.append(row)
-                finished.add(key)
-                log(f"[{len(written)}/{total}] {key}: {outcome} (launch exit {proc.returncode}); continuing")
-            pending = [j for j in pending if j["key"] not in finished]
-    return written
+                collect()   # results that landed as the launch ended
+                _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path,
+                          written, total, log)
+        return finished
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path, written,
+              total, log) -> None:
+    """The row of the job a launch lost (started and not finished, or the first not started when the
+    launch died before it), with the failing rank's traceback where one was recorded, else the
+    launcher's last lines. The jobs after it are relaunched."""
+    started = [s["key"] for s in _read_lines(os.path.join(tmp, "started.jsonl"))]
+    lost = [k for k in started if k not in finished and k in by_key]
+    restarted = _read_lines(os.path.join(tmp, "restart.jsonl"))
+    if failed_rank and failed_rank not in finished:
+        lost = [failed_rank]
+    elif restarted and not lost:
+        log(f"fresh process for the remaining {len(pending) - len(finished)} jobs "
+            "(the last engine left memory allocated)")
+        return
+    elif not lost and len(finished) < len(pending):
+        # The launch died before starting the next job (e.g. at import): report the first pending.
+        lost = [next(j["key"] for j in pending if j["key"] not in finished)]
+    if not lost:
+        return
+    key = lost[0]
+    failures = lifeline.rank_failures(tmp)
+    record = failures.get(key) or failures.get("")
+    if key == hung:
+        outcome = "timeout"
+    elif record and record["key"] == key:
+        outcome = record["outcome"]
+    else:
+        outcome = "crash"
+    if record:
+        text = lifeline.describe_failure(record)
+    else:
+        with open(os.path.join(tmp, "launch.log"), errors="replace") as f:
+            text = f.read()[-2000:]
+    row = rows.failed_row(by_key[key], outcome, text, backend, command)
+    _write(csv_path, row, written)
+    finished.add(key)
+    log(f"[{len(written)}/{total}] {key}: {outcome} (launch exit {proc.returncode}): {row['error'][:200]}; continuing")

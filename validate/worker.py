@@ -10,10 +10,11 @@ import pickle
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 
-from validate import measure
+from validate import lifeline, measure
 from validate.models import build_model
 
 WARMUP_STEPS = 2      # optimizer steps before measuring: Adam state and the stage-3 trace (frozen after
@@ -281,6 +282,8 @@ def _leaked(device):
 
 
 def main(jobs_path, out_dir):
+    lifeline.watch_runner(out_dir=out_dir)      # nothing outlives the runner
+    lifeline.record_build_locks(out_dir)        # so a failed launch removes only its own build locks
     import deepspeed
     import deepspeed.comm as dist
     deepspeed.init_distributed()
@@ -303,13 +306,18 @@ def main(jobs_path, out_dir):
             break
         if rank == 0:
             measure.append_line(os.path.join(out_dir, "started.jsonl"), {"key": job["key"], "time": time.time()})
+        failure = ""
         try:
             result = run_job(job, device)
         except torch.cuda.OutOfMemoryError as err:
             result = {"outcome": "oom", "error": str(err).splitlines()[0][:300]}
+            failure = traceback.format_exc()
         except Exception as err:  # noqa: BLE001  -- recorded as the job's outcome; the sweep goes on
             result = {"outcome": "error", "error": f"{type(err).__name__}: {err}"[:500]}
+            failure = traceback.format_exc()
         result["rank"] = rank
+        # A failed rank waits here until every rank is out of the job's collectives (lifeline.arrive)
+        lifeline.arrive(out_dir, job["key"], rank, world, result["outcome"], failure)
         if SNAPSHOT_DIR and device.type == "cuda":
             torch.cuda.memory._record_memory_history(enabled=None)   # a job that failed while recording
         gc.collect()
@@ -347,4 +355,8 @@ def _pin_cpus():
 if __name__ == "__main__":
     _pin_cpus()
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
-    main(args[0], args[1])
+    try:
+        main(args[0], args[1])
+    except Exception:   # the rank's own traceback for the row, then die as before
+        lifeline.record_crash(args[1], int(os.environ.get("RANK", 0)), traceback.format_exc())
+        raise

@@ -1,0 +1,326 @@
+"""The validator under faults loses nothing: every job ends in exactly one whole row, and nothing the
+runner started outlives it. The launches are stand-ins (tests/scripts/fake_launch.py: the launcher and
+two ranks doing what the worker does around a job, without torch or DeepSpeed); what is under test is
+the runner, the results file and the worker's lifeline (validate/lifeline.py), which the stand-in
+ranks call as the worker does."""
+import csv
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from validate import lifeline, report, results_file, runner
+from validate.cli import main as validate_main
+from validate.jobs import make_job
+from zerocalc.arch import Architecture
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKE = os.path.join(ROOT, "tests", "scripts", "fake_launch.py")
+ARCH = Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False)
+
+
+def jobs(n, **setup):
+    return [make_job(ARCH, 2, stage=0, seq_len=8, micro_batch=i + 1, **setup) for i in range(n)]
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """Launches go to the stand-in; returns a function that sets the jobs' behaviours."""
+    log = tmp_path / "log"
+    log.mkdir()
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_PLAN", str(plan))
+    monkeypatch.setattr(runner, "launch_command",
+                        lambda backend, nproc, jobs_path, out_dir, include, port: [sys.executable, FAKE, jobs_path, out_dir, str(nproc)])
+    monkeypatch.setattr(lifeline, "RANK_FAILURE_GRACE_S", 1.0)
+
+    def set_plan(behaviours):
+        plan.write_text(json.dumps(behaviours))
+        return log
+    return set_plan
+
+
+def file_rows(path):
+    """The file's rows, checking that every line is a whole row of the header's width."""
+    with open(path, newline="") as f:
+        text = f.read()
+    assert text.endswith("\n")
+    table = list(csv.reader(text.splitlines()))
+    assert all(len(r) == len(table[0]) for r in table), "a row of the wrong width"
+    return [dict(zip(table[0], r)) for r in table[1:]]
+
+
+def alive(pid):
+    return lifeline.process_start(pid) is not None
+
+
+def wait_gone(pids, seconds=10):
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+# --- whole rows ---------------------------------------------------------------------------------------
+
+def test_a_failing_write_leaves_whole_rows_and_the_resume_runs_the_job_once(tmp_path, fake, monkeypatch):
+    """The disk fills while the second row is written: half of it reaches the file, then ENOSPC. The
+    runner cuts the file back to its whole rows and stops with a one-line error; once there is room,
+    the same call writes the second and third rows, each key once."""
+    fake({})
+    out = str(tmp_path / "rows.csv")
+    todo = jobs(3)
+    real, calls = results_file._write_all, []
+
+    def full_disk(fd, data):
+        calls.append(len(data))
+        if len(calls) == 2:
+            os.write(fd, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+    monkeypatch.setattr(results_file, "_write_all", full_disk)
+    with pytest.raises(runner.RowWriteError, match="No space left on device"):
+        runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    assert [r["key"] for r in file_rows(out)] == [todo[0]["key"]]
+    monkeypatch.setattr(results_file, "_write_all", real)
+    written = runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    assert [r["key"] for r in written] == [todo[1]["key"], todo[2]["key"]]
+    assert sorted(r["key"] for r in file_rows(out)) == sorted(j["key"] for j in todo)
+    assert {r["outcome"] for r in file_rows(out)} == {"ok"}
+
+
+def test_a_half_row_is_skipped_by_report_and_dropped_on_resume(tmp_path, fake):
+    """A sweep killed mid-write leaves a half row at the end: `validate report` reads the whole rows and
+    says it skipped one (no ParserError); the resume cuts it off before appending, so the next row
+    starts on its own line, and runs its job again."""
+    fake({})
+    out = str(tmp_path / "rows.csv")
+    todo = jobs(2)
+    runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    with open(out) as f:
+        text = f.read()
+    cut = text.rindex("\n", 0, len(text) - 1) + 1 + 70      # 70 characters into the last row
+    with open(out, "w") as f:
+        f.write(text[:cut])
+    df, notes = report.read_results(out)
+    assert list(df["key"]) == [todo[0]["key"]]
+    assert len(notes) == 1 and "half-written last row" in notes[0]
+    result = CliRunner().invoke(validate_main, ["report", out])
+    assert result.exit_code == 0, result.output
+    assert "half-written last row" in result.output
+    logged = []
+    written = runner.run(todo, "cpu", 2, out, log=logged.append)
+    assert [r["key"] for r in written] == [todo[1]["key"]]
+    assert any("dropped a half-written last row" in m for m in logged)
+    assert [r["key"] for r in file_rows(out)] == [j["key"] for j in todo]
+
+
+def test_a_row_written_onto_a_half_row_is_skipped_not_a_parser_error(tmp_path):
+    """A file an older validator damaged: a half row, then a whole row appended onto it (one line too
+    wide). The report skips that line and names it; the rows around it are read."""
+    path = tmp_path / "old.csv"
+    path.write_text("key,outcome,stage\nA,ok,0\nB,o" "C,error,1\nD,error,2\n")
+    df, notes = report.read_results(str(path))
+    assert list(df["key"]) == ["A", "D"]
+    assert len(notes) == 1 and "field count" in notes[0]
+    assert results_file.done_keys(str(path)) == {"A", "D"}   # B and C run again on a resume
+
+
+# --- every job ends in a row --------------------------------------------------------------------------
+
+def test_rejected_jobs_are_error_rows_and_the_sweep_goes_on(tmp_path, fake):
+    """A job zerocalc rejects (reduce_bucket_size 0) is not launched: an error row with the reason. A
+    job every rank fails (as when DeepSpeed refuses its config) is an error row from the gather, in the
+    same launch. The good jobs run; a resume runs nothing and does not stop on either."""
+    todo = jobs(3)
+    zero_bucket = make_job(ARCH, 2, stage=0, seq_len=8, reduce_bucket_size=0)
+    log = fake({todo[1]["key"]: "raise_all"})
+    out = str(tmp_path / "rows.csv")
+    written = runner.run([todo[0], zero_bucket, todo[1], todo[2]], "cpu", 2, out, log=lambda *a: None)
+    by_key = {r["key"]: r for r in file_rows(out)}
+    assert len(by_key) == 4 == len(written)
+    assert by_key[zero_bucket["key"]]["outcome"] == "error"
+    assert "reduce_bucket_size must be a positive integer" in by_key[zero_bucket["key"]]["error"]
+    assert by_key[todo[1]["key"]]["outcome"] == "error"
+    assert "ValueError: boom from rank 0" in by_key[todo[1]["key"]]["error"]
+    assert by_key[todo[0]["key"]]["outcome"] == by_key[todo[2]["key"]]["outcome"] == "ok"
+    assert (log / "launches").read_text() == "3 jobs\n"      # the rejected job was not launched
+    assert runner.run([todo[0], zero_bucket, todo[1], todo[2]], "cpu", 2, out, log=lambda *a: None) == []
+    assert len(file_rows(out)) == 4
+
+
+def test_a_rank_that_raises_ends_its_job_promptly_with_its_traceback(tmp_path, fake):
+    """Rank 1 raises while rank 0 is blocked in the job's collective: rank 1 records its traceback and
+    waits outside any collective; the runner ends the launch after the grace period (1 s here, not the
+    600 s timeout) and writes rank 1's exception and where it was raised; the next job runs in a
+    fresh launch."""
+    todo = jobs(2)
+    log = fake({todo[0]["key"]: "raise"})
+    out = str(tmp_path / "rows.csv")
+    t0 = time.time()
+    runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    took = time.time() - t0
+    rows_ = file_rows(out)
+    assert [r["key"] for r in rows_] == [todo[0]["key"], todo[1]["key"]]
+    assert rows_[0]["outcome"] == "error"
+    assert rows_[0]["error"].startswith("rank 1: ")
+    assert "ValueError: boom from rank 1" in rows_[0]["error"] and "fake_launch.py" in rows_[0]["error"]
+    assert rows_[1]["outcome"] == "ok"
+    assert (log / "launches").read_text() == "2 jobs\n1 jobs\n"
+    assert took < 30, took
+    assert not wait_gone([int((log / f"pid-{n}").read_text()) for n in ("launcher", "rank0", "rank1")], 5)
+
+
+def test_a_rank_that_dies_ends_its_job_with_a_crash_row(tmp_path, fake):
+    """Rank 1 dies without a word (os._exit, as a segfault or the OOM killer): the launcher ends the
+    other rank and exits; the job's row is a crash with the launcher's last lines, the next job runs."""
+    todo = jobs(2)
+    fake({todo[0]["key"]: "die"})
+    out = str(tmp_path / "rows.csv")
+    runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    rows_ = file_rows(out)
+    assert [(r["key"], r["outcome"]) for r in rows_] == [(todo[0]["key"], "crash"), (todo[1]["key"], "ok")]
+    assert "return code = 3" in rows_[0]["error"]
+
+
+# --- nothing outlives the runner; one runner per file -------------------------------------------------
+
+DRIVER = textwrap.dedent("""
+    import sys
+    from validate import runner
+    from validate.jobs import make_job
+    from zerocalc.arch import Architecture
+    runner.launch_command = lambda b, n, jobs_path, out_dir, i, p: [sys.executable, {fake!r}, jobs_path, out_dir, str(n)]
+    todo = [make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 2, stage=0, seq_len=8, micro_batch=1)]
+    runner.run(todo, "cpu", 2, {out!r}, log=lambda *a: None)
+""")
+
+
+def test_sigkill_of_the_runner_leaves_no_process_and_a_second_runner_is_refused(tmp_path, fake):
+    """Runner A (a subprocess) runs a long job. Runner B on the same --out is refused, naming A, before
+    any launch. A is killed with SIGKILL: its launcher and both ranks die within seconds (the launcher
+    by PR_SET_PDEATHSIG, the ranks by their watch of the runner, which also removes the launch's temp
+    folder and shared-memory buffers). Then B takes the stale lock and runs the job: one row."""
+    out = str(tmp_path / "rows.csv")
+    todo = jobs(1)
+    log = fake({todo[0]["key"]: "sleep"})
+    script = tmp_path / "drive.py"
+    script.write_text(DRIVER.format(fake=FAKE, out=out))
+    a = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    names = ("launcher", "rank0", "rank1")
+    deadline = time.time() + 60
+    while not all((log / f"pid-{n}").exists() for n in names) and time.time() < deadline:
+        time.sleep(0.1)
+    pids = [int((log / f"pid-{n}").read_text()) for n in names]
+    temp = [d for d in os.listdir(lifeline.tempfile.gettempdir()) if d.startswith(lifeline.TEMP_PREFIX)
+            and (lifeline.read_owner(os.path.join(lifeline.tempfile.gettempdir(), d)) or {}).get("runner", "").startswith(f"{a.pid}:")]
+    assert len(temp) == 1
+    port = lifeline.read_owner(os.path.join(lifeline.tempfile.gettempdir(), temp[0]))["port"]
+    buffers = [os.path.join(lifeline.SHM_DIR, f"deepspeed_fake_127.0.0.1_{port}_{r}") for r in (0, 1)]
+    assert all(os.path.exists(b) for b in buffers)
+
+    with pytest.raises(results_file.ResultsFileError, match=f"another `validate run` \\(pid {a.pid}\\)"):
+        runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    assert (log / "launches").read_text() == "1 jobs\n"        # B launched nothing
+
+    a.send_signal(signal.SIGKILL)
+    a.wait()
+    assert wait_gone(pids) == []
+    assert not os.path.exists(os.path.join(lifeline.tempfile.gettempdir(), temp[0]))
+    assert not any(os.path.exists(b) for b in buffers)
+
+    fake({})
+    written = runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    assert [r["outcome"] for r in written] == ["ok"]
+    assert [r["key"] for r in file_rows(out)] == [todo[0]["key"]]
+    assert not os.path.exists(out + ".lock")
+
+
+def test_a_dead_runners_leftovers_are_removed_by_the_next(tmp_path, monkeypatch):
+    """What a launch leaves when even its ranks could not clean up (killed together with the runner):
+    the next runner removes the temp folder, the shared-memory buffers and the build locks it recorded,
+    and leaves a live runner's folder alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    monkeypatch.setattr(lifeline.tempfile, "gettempdir", lambda: str(tmp_path))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    dead, live = tmp_path / (lifeline.TEMP_PREFIX + "dead"), tmp_path / (lifeline.TEMP_PREFIX + "live")
+    dead.mkdir()
+    live.mkdir()
+    (dead / lifeline.OWNER_FILE).write_text(json.dumps({"runner": f"{gone.pid}::{gone.pid}", "port": 41013}))
+    (live / lifeline.OWNER_FILE).write_text(json.dumps({"runner": lifeline.identity(), "port": 41014}))
+    (shm / "deepspeed_allreduce_buffer_0_127.0.0.1_41013_0").write_text("x")
+    (shm / "deepspeed_allreduce_buffer_0_127.0.0.1_41014_0").write_text("x")
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    lifeline.note_build_lock(str(dead), str(lock))
+    assert lifeline.clean_orphans(shm_dir=str(shm)) == [str(dead)]
+    assert not dead.exists() and live.exists() and not lock.exists()
+    assert [p.name for p in shm.iterdir()] == ["deepspeed_allreduce_buffer_0_127.0.0.1_41014_0"]
+
+
+def test_worker_records_the_build_locks_torchs_filebaton_creates(tmp_path):
+    """The worker's patch of torch's FileBaton notes the locks it creates (and not those it waits on),
+    so a failed launch removes only its own."""
+    import importlib.util
+    torch_dir = os.path.dirname(importlib.util.find_spec("torch").origin)   # torch's own file, without importing torch
+    spec = importlib.util.spec_from_file_location("file_baton", os.path.join(torch_dir, "utils", "file_baton.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lifeline.record_build_locks(str(tmp_path), module.FileBaton)
+    mine, other = module.FileBaton(str(tmp_path / "a.lock")), module.FileBaton(str(tmp_path / "a.lock"))
+    assert mine.try_acquire() and not other.try_acquire()
+    os.close(mine.fd)
+    assert lifeline.remove_own_build_locks(str(tmp_path)) == [str(tmp_path / "a.lock")]
+
+
+# --- the output and the matrix, checked before any launch ----------------------------------------------
+
+def _no_launch(*a, **k):
+    raise AssertionError("launched")
+
+
+@pytest.mark.parametrize("case", ["missing dir", "foreign csv", "read-only dir", "matrix typo"])
+def test_bad_output_or_matrix_is_a_one_line_error_before_any_launch(tmp_path, monkeypatch, case):
+    monkeypatch.setattr(runner, "launch_command", _no_launch)
+    args = ["run", "--backend", "cpu", "--nproc", "1", "--stages", "0", "--hidden-size", "32", "--num-layers", "1",
+            "--vocab-size", "64", "--seq-len", "8"]
+    out = tmp_path / "rows.csv"
+    if case == "missing dir":
+        out, expect = tmp_path / "nope" / "rows.csv", "does not exist"
+    elif case == "foreign csv":
+        out.write_text("name,score\nx,1\n")
+        expect = "not a validator results file"
+    elif case == "read-only dir":
+        monkeypatch.setattr(results_file.os, "access", lambda p, mode: False)
+        expect = "not writable"
+    else:
+        matrix = tmp_path / "m.json"
+        matrix.write_text(json.dumps({"nproc": 1, "architectures": [{"vocab_size": 64, "hidden_size": 32,
+                                      "num_layers": 1, "num_heads": 4}], "axes": {"stages": [0, 1]}}))
+        args += ["--matrix", str(matrix)]
+        expect = "unknown key 'stages' in axes; valid keys: "
+    result = CliRunner().invoke(validate_main, args + ["--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert expect in result.output and "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    if case == "foreign csv":
+        assert out.read_text() == "name,score\nx,1\n"
+
+
+def test_the_launcher_is_this_interpreters():
+    """`validate run` started outside its virtual environment still launches DeepSpeed's launcher of
+    the interpreter running it (no `deepspeed` on PATH needed)."""
+    cmd = runner.launch_command("cpu", 2, "jobs.json", "out", None, 29500)
+    assert cmd[:4] == [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
