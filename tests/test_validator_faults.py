@@ -324,3 +324,21 @@ def test_the_launcher_is_this_interpreters():
     the interpreter running it (no `deepspeed` on PATH needed)."""
     cmd = runner.launch_command("cpu", 2, "jobs.json", "out", None, 29500)
     assert cmd[:4] == [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
+
+
+def test_a_rank_that_raises_in_a_real_launch(tmp_path, monkeypatch):
+    """The one real DeepSpeed launch of this file (2 CPU ranks, gloo, the smallest model): rank 1's
+    forward raises after the engine is built (tests/scripts/raising_worker.py), so rank 0 blocks in the
+    step's all-reduce. The worker records rank 1's traceback, the runner ends the launch after the
+    grace period (2 s here), and the row holds rank 1's exception and where it was raised."""
+    real = runner.launch_command
+    monkeypatch.setattr(runner, "launch_command",
+                        lambda *a: [x if x != "validate.worker" else "tests.scripts.raising_worker" for x in real(*a)])
+    monkeypatch.setattr(lifeline, "RANK_FAILURE_GRACE_S", 2.0)
+    job = make_job(Architecture("seed-gpt", 64, 16, 1, 2, 2, 64, False), 2, stage=0, seq_len=8, micro_batch=1)
+    out = str(tmp_path / "rows.csv")
+    written = runner.run([job], "cpu", 2, out, timeout_s=300, log=lambda *a: None)
+    assert [r["outcome"] for r in written] == ["error"]
+    error = file_rows(out)[0]["error"]
+    assert error.startswith("rank 1: ") and "raising_worker.py" in error
+    assert error.endswith("RuntimeError: injected fault in rank 1's forward")

@@ -273,7 +273,7 @@ def rank_failures(out_dir: str) -> dict:
 def describe_failure(record: dict, max_chars: int = 500) -> str:
     """A failed rank's record as one line for the row: "rank R: " and the last lines of its traceback
     (the exception, then where it was raised), the end kept when too long."""
-    lines = [ln.strip() for ln in str(record.get("error", "")).splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in str(record.get("error", "")).splitlines() if ln.strip(" \t^~")]
     text = f"rank {record.get('rank')}: " + " | ".join(lines[-4:])
     return text if len(text) <= max_chars else text[:40] + " ... " + text[-(max_chars - 45):]
 
