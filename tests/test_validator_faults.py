@@ -326,6 +326,8 @@ def test_the_launcher_is_this_interpreters():
     assert cmd[:4] == [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
 
 
+@pytest.mark.slow
+@pytest.mark.deepspeed
 def test_a_rank_that_raises_in_a_real_launch(tmp_path, monkeypatch):
     """The one real DeepSpeed launch of this file (2 CPU ranks, gloo, the smallest model): rank 1's
     forward raises after the engine is built (tests/scripts/raising_worker.py), so rank 0 blocks in the
