@@ -217,9 +217,21 @@ PRESETS = {
 
 
 def preset(name: str, **overrides) -> Architecture:
+    return preset_derived(name, **overrides)[0]
+
+
+def preset_derived(name: str, **overrides) -> tuple[Architecture, dict]:
+    """A preset with overrides, and what was re-derived from them: a new hidden size without a new
+    FFN width keeps the preset's FFN/hidden ratio (the seed's GPT has FFN 4·hidden at every width)."""
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    base = PRESETS[name]
+    given = {k: v for k, v in overrides.items() if v is not None}
+    derived = {}
+    if "hidden_size" in given and "ffn_hidden_size" not in given:
+        ratio = base.ffn_hidden_size / base.hidden_size
+        derived["ffn_hidden_size"] = int(round(given["hidden_size"] * ratio))
+    return replace(base, **given, **derived), derived
 
 
 HF_MODEL_TYPES = ("gpt2", "llama", "mistral")   # the config.json model_types `from_hf_config` reads

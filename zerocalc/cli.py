@@ -6,7 +6,7 @@ import click
 
 from zerocalc import __version__, DEEPSPEED_VERSION
 from zerocalc import arch as _arch
-from zerocalc import calibration, dsconfig, hardware, render
+from zerocalc import calibration, dsconfig, hardware, render, resolve
 from zerocalc.estimate import estimate
 from zerocalc.model import from_architecture, from_params
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
@@ -64,12 +64,9 @@ def _model(params, model, hf_config, overrides):
         return from_params(params)
     try:
         if model is not None:
-            a = _arch.preset(model, **arch_flags)
-            return from_architecture(a, model)
+            return resolve.preset_spec(model, arch_flags)
         if hf_config is not None:
-            from dataclasses import replace
-            a = replace(_arch.from_hf_config(_read_json(hf_config)), **arch_flags)
-            return from_architecture(a, hf_config)
+            return resolve.hf_config_spec(hf_config, arch_flags)
         needed = ("vocab_size", "hidden_size", "num_layers", "num_heads")
         if all(arch_flags.get(k) for k in needed):
             h = arch_flags["hidden_size"]
@@ -122,8 +119,11 @@ def model_options(f):
     """What is trained: --params, --model, --hf-config and the architecture overrides."""
     for opt in reversed([
         click.option("--params", type=COUNT, help="Parameter count P: 7e9, 7B, 350M."),
-        click.option("--model", "model_name", type=click.Choice(sorted(_arch.PRESETS)), help="A shipped architecture."),
-        click.option("--hf-config", type=click.Path(dir_okay=False), help="A local Hugging Face config.json."),
+        click.option("--model", "model_name", type=click.Choice(resolve.names()),
+                     help="A shipped architecture (`zerocalc models` lists them)."),
+        click.option("--hf-config", type=click.Path(),
+                     help="A Hugging Face config.json (any file name) or a model directory; a model_type "
+                          "without a shipped profile is read from its code (pip install 'zerocalc[trace]')."),
         click.option("--vocab-size", type=click.IntRange(min=1)),
         click.option("--hidden-size", type=click.IntRange(min=1)),
         click.option("--num-layers", type=click.IntRange(min=1)),
@@ -279,6 +279,8 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     elif any(x is not None for x in (peak_tflops, intra_node_gbps, inter_node_gbps)):
         raise click.UsageError("--peak-tflops and the bandwidth flags need --gpu")
     estimates = [estimate(spec, s, gpu_memory, cal, hw) for s in setups]
+    for note in resolve.notes(spec, [s.stage for s in setups]):
+        click.echo(f"note: {note}", err=True)
     click.echo(render.render(estimates, fmt))
 
 
@@ -379,6 +381,22 @@ def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
     if out_path:
         f.close()
         click.echo(f"{len(g['num_params']):,} rows -> {out_path}", err=True)
+
+
+@main.command("models")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def models_cmd(fmt):
+    """The models --model names: transcribed presets (their allocation sequence is simulated) and
+    profiles read from each model's own code (`zerocalc/profiles/`), with P, layers, hidden size and experts."""
+    rows = resolve.listing()
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=1))
+        return
+    click.echo(f"{'name':22s} {'model_type':13s} {'P':>16s} {'layers':>6s} {'hidden':>6s} {'experts':>8s}  read from")
+    for r in rows:
+        experts = f"{r['experts_per_token']}/{r['num_experts']}" if r["num_experts"] else "-"
+        click.echo(f"{r['name']:22s} {r['model_type']:13s} {r['num_params']:>16,} {r['num_layers']:>6d} "
+                   f"{r['hidden_size']:>6d} {experts:>8s}  {r['source']}")
 
 
 if __name__ == "__main__":

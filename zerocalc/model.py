@@ -1,5 +1,5 @@
 """The 'what' input: a model known by its parameter count or by its architecture."""
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from zerocalc import arch as _arch
@@ -14,6 +14,9 @@ class ModelSpec:
     architecture: _arch.Architecture | None = None
     backward_trace: tuple[tuple[int, ...], ...] | None = None              # None: forward's, reversed
     checkpointed_backward_trace: tuple[tuple[int, ...], ...] | None = None  # None: as without checkpointing
+    profile: object = field(default=None, compare=False, hash=False, repr=False)   # a traced model's Profile
+    transcribed: bool = True     # tensors and trace are a transcribed family's (zerocalc.arch), so its
+                                 # allocation sequence (zerocalc.sequence) applies
 
     def backward(self, checkpointing: bool) -> tuple[tuple[int, ...], ...]:
         """Backward's modules in hook order (recomputed layers included when checkpointing)."""
@@ -42,7 +45,7 @@ class ModelSpec:
 
     @cached_property
     def _fields_hash(self) -> int:
-        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+        return hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
 
     def __hash__(self) -> int:
         """The fields' hash, as the dataclass's own, computed once: the model keys the stage-3 walk's and

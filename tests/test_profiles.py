@@ -1,0 +1,160 @@
+"""Shipped profiles (torch-free): published parameter counts, the transcribed presets reproduced
+by their traced profiles, the compact JSON, MoE at stage 3, and --model / --hf-config input."""
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from zerocalc import arch as A
+from zerocalc import profile as P
+from zerocalc.cli import main
+from zerocalc.model import from_architecture
+
+# Published parameter counts (each model card / the hub's safetensors total).
+PUBLISHED = {
+    "llama-2-7b": 6_738_415_616,
+    "llama-3-8b": 8_030_261_248,
+    "llama-3.1-405b": 405_853_388_800,
+    "llama-3.2-1b": 1_235_814_400,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "mixtral-8x22b": 140_620_634_112,
+    "qwen2.5-0.5b": 494_032_768,
+    "qwen2.5-7b": 7_615_616_512,
+    "qwen2.5-72b": 72_706_203_648,
+    "qwen3-8b": 8_190_735_360,
+    "qwen3-30b-a3b": 30_532_122_624,
+    "gemma-2-2b": 2_614_341_888,
+    "phi-3-mini": 3_821_079_552,
+    "deepseek-v2-lite": 15_706_484_224,
+    "pythia-6.9b": 6_857_302_016,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_shipped_profiles_have_the_published_parameter_counts(name):
+    assert P.shipped_profile(name).num_params == PUBLISHED[name]
+
+
+def test_qwen2_5_7b_by_hand():
+    """Qwen2.5-7B (h 3584, 28 layers, 28 heads, 4 KV heads of 128, FFN 18944, vocab 152064, untied):
+    the attention's q, k, v projections have biases (Qwen2), o_proj none."""
+    h, layers, kv, f, v = 3584, 28, 4 * 128, 18944, 152064
+    attn = (h * h + h) + 2 * (kv * h + kv) + h * h     # q with bias, k and v with bias, o
+    mlp = 3 * h * f                                    # gate, up, down
+    norms = 2 * h
+    total = v * h + layers * (attn + mlp + norms) + h + v * h   # embedding, layers, final norm, head
+    assert total == 7_615_616_512
+    assert P.shipped_profile("qwen2.5-7b").num_params == total
+
+
+@pytest.mark.parametrize("name", sorted(set(A.PRESETS) & set(P.shipped())))
+def test_traced_profiles_of_the_presets_equal_the_transcribed_tensors_and_traces(name):
+    spec = P.to_model_spec(P.shipped_profile(name))
+    want = from_architecture(A.PRESETS[name])
+    assert spec.transcribed
+    assert spec.param_numels == want.param_numels
+    assert spec.trace == want.trace
+    assert spec.backward_trace == want.backward_trace
+    assert spec.checkpointed_backward_trace == want.checkpointed_backward_trace
+    assert spec.buffer_numels == want.buffer_numels
+
+
+def test_shipped_profiles_are_small_and_cover_the_families():
+    files = P.shipped()
+    assert len(files) >= 25
+    sizes = [os.path.getsize(f) for f in files.values()]
+    assert max(sizes) < 32_000 and sum(sizes) < 600_000
+    kinds = {P.shipped_profile(n).model_type for n in files}
+    assert {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "phi3", "olmo2",
+            "gpt_neox", "gpt2", "deepseek_v2"} <= kinds
+
+
+def test_json_round_trip_and_repeated_layers_stored_once():
+    p = P.shipped_profile("llama-3.1-405b")
+    d = P.to_json(p)
+    assert P.from_json(json.loads(json.dumps(d))) == p
+    # embedding, one repeat entry for the 126 layers, final norm, head
+    assert len(d["params"]) == 4 and d["params"][1]["repeat"] == 126
+
+
+def test_an_moe_block_is_one_stage3_fetch_unit():
+    """Mixtral-8x7B: each layer's MixtralSparseMoeBlock (router 8·h, experts' gate_up 8·2f·h and
+    down 8·h·f) is fetched whole; without the leaf, router and experts are separate steps."""
+    p = P.shipped_profile("mixtral-8x7b")
+    h, f = 4096, 14336
+    leaf = P.to_model_spec(p)
+    moe = 8 * h + 8 * 2 * f * h + 8 * h * f
+    steps = [sum(leaf.param_numels[i] for i in step) for step in leaf.trace]
+    assert steps.count(moe) == 32
+    plain = P.to_model_spec(p, z3_leaf_moe=False)
+    assert moe not in [sum(plain.param_numels[i] for i in step) for step in plain.trace]
+    assert leaf.num_params == plain.num_params == 46_702_792_704
+
+
+def _run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_model_names_a_shipped_profile():
+    r = _run("estimate", "--model", "qwen2.5-7b", "--dp", "8", "--stage", "3", "--format", "json")
+    assert r.exit_code == 0, r.output
+    inputs = json.loads(r.stdout)["inputs"]
+    assert inputs["num_params"] == 7_615_616_512
+    # embedding; per layer q, k, v weight and bias, o, gate, up, down, two norms (12); final norm; head
+    assert inputs["num_param_tensors"] == 1 + 28 * 12 + 1 + 1
+
+
+def test_models_lists_presets_and_profiles():
+    r = _run("models")
+    assert r.exit_code == 0
+    assert "qwen3-30b-a3b" in r.output and "8/128" in r.output and "seed-gpt" in r.output
+
+
+def test_moe_at_stage3_says_the_block_is_one_fetch_unit():
+    r = _run("estimate", "--model", "mixtral-8x7b", "--dp", "8", "--stage", "3")
+    assert r.exit_code == 0
+    assert "set_z3_leaf_modules(model, [MixtralSparseMoeBlock])" in r.output
+
+
+def test_overriding_the_seed_gpt_hidden_size_keeps_ffn_four_times_hidden():
+    r = _run("estimate", "--model", "seed-gpt", "--hidden-size", "1024", "--stage", "0", "--format", "json")
+    assert r.exit_code == 0, r.output
+    a = A.preset_derived("seed-gpt", hidden_size=1024)[0]
+    assert a.ffn_hidden_size == 4 * 1024
+    # embedding 50257·1024, per layer 12h² + 13h (4h² attention, 8h² MLP; biases and norms), final norm, head
+    h, v = 1024, 50257
+    assert A.num_params(a) == v * h + 24 * (12 * h * h + 13 * h) + 2 * h + v * h
+    r = _run("estimate", "--model", "seed-gpt", "--hidden-size", "1024", "--stage", "0")
+    assert "--hidden-size 1024" in r.output and "ffn-hidden-size 4096 derived" in r.output
+
+
+def test_hf_config_of_any_name_or_a_directory(tmp_path):
+    cfg = json.load(open(os.path.join(os.path.dirname(P.__file__), "hf", "configs", "qwen2.5-0.5b.json")))
+    f = tmp_path / "my-qwen.json"
+    f.write_text(json.dumps(cfg))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
+    for path in (str(f), str(tmp_path / "model")):
+        r = _run("estimate", "--hf-config", path, "--stage", "2", "--format", "json")
+        assert r.exit_code == 0, r.output
+        assert '"num_params": 494032768' in r.output
+
+
+def test_unknown_model_type_without_the_extra_says_how_to_get_an_answer(tmp_path, monkeypatch):
+    import builtins
+    real = builtins.__import__
+
+    def no_trace(name, *a, **k):
+        if name == "zerocalc.hf" or name.startswith("zerocalc.hf."):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_trace)
+    f = tmp_path / "cfg-xyz.json"
+    f.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2}))
+    r = _run("estimate", "--hf-config", str(f))
+    assert r.exit_code == 2
+    assert str(f) in r.output and "pip install 'zerocalc[trace]'" in r.output and "--params" in r.output
+    assert "Traceback" not in r.output

@@ -1,0 +1,182 @@
+"""Build a Hugging Face causal LM from its config.json on fake tensors and read its Profile.
+
+`AutoModelForCausalLM.from_config(cfg, dtype=bfloat16)` runs inside `FakeTensorMode` (no memory,
+no weights: a 70B model builds in seconds) with weight initialisation skipped; a forward over
+one short sequence, with a global forward pre-hook and hook, records the module calls as they nest,
+and whether each call's output requires grad. The parameter tensors are `named_parameters()`
+(tied weights once), each module's own ones `named_parameters(recurse=False)` mapped to them by
+identity. A decoder layer is a `GradientCheckpointingLayer` (what HF's checkpointing recomputes);
+an MoE block is a module with an `experts` child (what `set_z3_leaf_modules` is given).
+
+torch and transformers are imported here only: `zerocalc` itself stays torch-free.
+"""
+import hashlib
+import json
+import os
+
+from zerocalc.profile import CallNode, Module, Profile, Tensor
+
+TRACE_VERSION = 1        # bump when what the trace records changes: it is part of the cache key
+TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
+
+
+def _imports():
+    try:
+        import torch
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"tracing a config needs torch and transformers ({err.name} is missing): "
+                          "pip install 'zerocalc[trace]'") from None
+    return torch, transformers
+
+
+def hf_config(d: dict):
+    """The transformers config object of a config.json's contents."""
+    _, transformers = _imports()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    kind = d.get("model_type")
+    if kind not in CONFIG_MAPPING:
+        raise ValueError(f"model_type {kind!r} is not one transformers {transformers.__version__} knows")
+    return CONFIG_MAPPING[kind].from_dict(dict(d))
+
+
+def _get(cfg, *names, default=None):
+    for n in names:
+        v = getattr(cfg, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def dims(cfg) -> dict:
+    """The config's dimensions under zerocalc's names (text config of multimodal ones)."""
+    c = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    h = _get(c, "hidden_size", "n_embd", "d_model")
+    heads = _get(c, "num_attention_heads", "n_head")
+    experts = _get(c, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0)
+    out = {
+        "vocab_size": _get(c, "vocab_size"), "hidden_size": h,
+        "num_layers": _get(c, "num_hidden_layers", "n_layer", "num_layers"),
+        "num_heads": heads, "num_kv_heads": _get(c, "num_key_value_heads", "num_kv_heads", default=heads),
+        "head_dim": _get(c, "head_dim", default=h // heads if h and heads else None),
+        "ffn_hidden_size": _get(c, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * h if h else None),
+        "tie_embeddings": bool(_get(c, "tie_word_embeddings", default=False)),
+        "max_positions": _get(c, "max_position_embeddings", "n_positions"),
+    }
+    if experts:
+        out["num_experts"] = experts
+        out["experts_per_token"] = _get(c, "num_experts_per_tok", "moe_topk", "top_k", default=1)
+        out["moe_ffn_hidden_size"] = _get(c, "moe_intermediate_size", "expert_intermediate_size",
+                                          default=out["ffn_hidden_size"])
+        shared = _get(c, "shared_expert_intermediate_size", default=0)
+        n_shared = _get(c, "n_shared_experts", "num_shared_experts", default=0)
+        out["shared_ffn_hidden_size"] = shared or n_shared * out["moe_ffn_hidden_size"]
+    return out
+
+
+def _requires_grad(out) -> bool:
+    torch, _ = _imports()
+    if isinstance(out, torch.Tensor):
+        return out.requires_grad
+    if isinstance(out, dict):
+        return any(_requires_grad(v) for v in out.values())
+    if isinstance(out, (tuple, list)):
+        return any(_requires_grad(v) for v in out)
+    return False
+
+
+def build(cfg):
+    """The model on fake tensors, bf16, weights not initialised but tied as `from_config` ties them."""
+    torch, transformers = _imports()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, no_init_weights():
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model.tie_weights()   # skipped with the initialisation (`init_weights` ties)
+    model.train()
+    return model, mode
+
+
+def trace(d: dict, name: str = "") -> Profile:
+    """The Profile of a config.json's contents (a dict)."""
+    torch, transformers = _imports()
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    cfg = hf_config(d)
+    model, mode = build(cfg)
+    named = list(model.named_parameters())
+    index = {id(p): i for i, (_, p) in enumerate(named)}
+    mods = list(model.named_modules(remove_duplicate=False))
+    mindex = {}
+    modules = []
+    for qual, m in mods:
+        if id(m) in mindex:
+            continue
+        mindex[id(m)] = len(modules)
+        own = tuple(sorted(index[id(p)] for _, p in m.named_parameters(recurse=False)))
+        moe = "experts" in dict(m.named_children())
+        modules.append(Module(qual, type(m).__name__, own, isinstance(m, GradientCheckpointingLayer), moe))
+
+    stack = [[None, []]]    # (module index, children) of the calls in progress
+
+    def pre(m, args):
+        stack.append([mindex.get(id(m)), []])
+
+    def post(m, args, out):
+        idx, children = stack.pop()
+        stack[-1][1].append(CallNode(idx, tuple(children), _requires_grad(out)))
+
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
+    try:
+        with mode:
+            ids = torch.zeros(1, TRACE_TOKENS, dtype=torch.long)
+            model(input_ids=ids, use_cache=False)
+    finally:
+        h1.remove()
+        h2.remove()
+    roots = stack[0][1]
+    if len(roots) != 1:
+        raise RuntimeError(f"expected one root call, recorded {len(roots)}")
+    buffers = tuple(Tensor(n, tuple(b.shape), str(b.dtype).replace("torch.", "")) for n, b in model.named_buffers())
+    return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
+                   tuple(Tensor(n, tuple(p.shape)) for n, p in named), buffers, tuple(modules), roots[0],
+                   {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)})
+
+
+def config_digest(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "zerocalc", "profiles")
+
+
+def cache_key(d: dict) -> str:
+    """The config's content, the transformers and torch versions and what the trace records."""
+    torch, transformers = _imports()
+    text = json.dumps({"config": d, "transformers": transformers.__version__, "torch": torch.__version__,
+                       "trace_version": TRACE_VERSION}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_trace(d: dict, name: str = "") -> Profile:
+    """`trace`, kept in the user's cache directory (XDG_CACHE_HOME/zerocalc/profiles)."""
+    from zerocalc import profile as P
+    path = os.path.join(cache_dir(), cache_key(d) + ".json")
+    if os.path.exists(path):
+        try:
+            p = P.load(path)
+            from dataclasses import replace
+            return replace(p, name=name or p.name)
+        except (ValueError, KeyError, json.JSONDecodeError):
+            pass
+    p = trace(d, name)
+    os.makedirs(cache_dir(), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    P.save(p, tmp)
+    os.replace(tmp, path)
+    return p

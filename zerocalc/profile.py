@@ -1,0 +1,276 @@
+"""A model as its own code builds it, without torch: the parameter tensors, the module tree and one
+forward's module calls, read once from a real build (`zerocalc.hf.trace`, the optional `trace`
+extra) and kept as JSON (shipped in `zerocalc/profiles/`, cached in the user's cache directory).
+
+What DeepSpeed needs to be exact at every stage is all here:
+- the parameter tensors in `module.parameters()` order, tied weights once (stages 1/2 flatten and
+  pad them in this order; stage 3 partitions each);
+- which module owns which tensors (`named_parameters(recurse=False)`, a tied weight under each
+  module that holds it), and the calls of one forward, nested as they ran, with whether each call's
+  output requires grad (else DeepSpeed's backward hook never fires for it): stage 3's fetch trace
+  (`zerocalc.stage3_trace`) is walked from them exactly as from the transcribed `arch.calls`;
+- the module buffers; the config's dimensions (for listing, and for the activation formulas).
+
+The JSON stores repeated layers once: a run of items that differ only in a layer index is written
+as {"repeat": n, "prefix": "model.layers.", "from": i, "items": [...]} with "{i}" in their names
+(`_compress`), so a 126-layer model's profile is the size of a 1-layer one.
+"""
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from math import prod
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = ""            # buffers only: their dtype as built ("float32", "bfloat16", ...)
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str                  # qualified name ("" for the root)
+    cls: str                   # class name
+    params: tuple[int, ...]    # its own parameters (recurse=False), indices into Profile.params
+    layer: bool = False        # a decoder layer: the unit activation checkpointing recomputes
+    moe: bool = False          # a mixture-of-experts block: one fetch unit at stage 3 (set_z3_leaf_modules)
+
+
+@dataclass(frozen=True)
+class CallNode:
+    module: int                           # index into Profile.modules
+    children: tuple["CallNode", ...] = ()
+    grad: bool = True                     # its output requires grad
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model_type: str
+    dims: dict = field(hash=False, compare=False)   # config dimensions (see `hf.trace.dims`)
+    params: tuple[Tensor, ...]
+    buffers: tuple[Tensor, ...]
+    modules: tuple[Module, ...]
+    calls: CallNode                        # the root module's forward call
+    source: dict = field(default_factory=dict, hash=False, compare=False)   # versions, config digest
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    @property
+    def param_numels(self) -> tuple[int, ...]:
+        return tuple(p.numel for p in self.params)
+
+    @cached_property
+    def moe_classes(self) -> tuple[str, ...]:
+        return tuple(sorted({m.cls for m in self.modules if m.moe}))
+
+    def subtree_params(self, module: int) -> tuple[int, ...]:
+        """All parameters of a module and its descendants, in `parameters()` order."""
+        name = self.modules[module].name
+        inside = {i for m in self.modules if m.name == name or m.name.startswith(name + ".") for i in m.params}
+        return tuple(sorted(inside))
+
+
+# ---------------------------------------------------------------- JSON, with repeated layers stored once
+
+_INDEX = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
+
+
+def _first_name(item) -> str | None:
+    while isinstance(item, list) and item:
+        item = item[0]
+    return item if isinstance(item, str) else None
+
+
+def _template(block, prefix: str, i: int) -> str:
+    return re.sub(re.escape(prefix) + str(i) + r'(?=[."])', prefix.replace("\\", "\\\\") + "{i}", json.dumps(block))
+
+
+def _block_at(items, k: int, prefix: str, i: int) -> int:
+    """How many items from k on belong to index i under prefix."""
+    head = prefix + str(i)
+    n = 0
+    while k + n < len(items):
+        name = _first_name(items[k + n])
+        if name is None or not (name == head or name.startswith(head + ".")):
+            break
+        n += 1
+    return n
+
+
+def _compress(items: list) -> list:
+    """Runs of consecutive blocks that differ only in one index component become one repeat entry."""
+    out, k = [], 0
+    while k < len(items):
+        name = _first_name(items[k])
+        best = None
+        for m in _INDEX.finditer(name or ""):
+            prefix, i = name[:m.start(1)], int(m.group(1))
+            size = _block_at(items, k, prefix, i)
+            if not size:
+                continue
+            tmpl, reps, at = _template(items[k:k + size], prefix, i), 1, k + size
+            while True:
+                nxt = _block_at(items, at, prefix, i + reps)
+                if nxt != size or _template(items[at:at + size], prefix, i + reps) != tmpl:
+                    break
+                reps, at = reps + 1, at + size
+            if reps > 1 and (best is None or reps * size > best[0] * best[1]):
+                best = (reps, size, prefix, i, tmpl)
+        if best is None:
+            out.append(items[k])
+            k += 1
+            continue
+        reps, size, prefix, i, tmpl = best
+        out.append({"repeat": reps, "prefix": prefix, "from": i, "items": _compress(json.loads(tmpl))})
+        k += reps * size
+    return out
+
+
+def _expand(items: list) -> list:
+    out = []
+    for it in items:
+        if isinstance(it, dict):
+            text = json.dumps(_expand(it["items"]))
+            for r in range(it["repeat"]):
+                out += json.loads(text.replace(it["prefix"] + "{i}", it["prefix"] + str(it["from"] + r)))
+        else:
+            out.append(it)
+    return out
+
+
+def to_json(p: Profile) -> dict:
+    names = [t.name for t in p.params]
+    mods = [m.name for m in p.modules]
+
+    def node(c: CallNode):
+        return [mods[c.module], int(c.grad), _compress([node(x) for x in c.children])]
+
+    return {
+        "format": FORMAT, "name": p.name, "model_type": p.model_type, "dims": p.dims, "source": p.source,
+        "params": _compress([[t.name, list(t.shape)] for t in p.params]),
+        "buffers": _compress([[t.name, list(t.shape), t.dtype] for t in p.buffers]),
+        "modules": _compress([[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "")]
+                              for m in p.modules]),
+        "calls": node(p.calls),
+    }
+
+
+def from_json(d: dict) -> Profile:
+    if d.get("format") != FORMAT:
+        raise ValueError(f"profile format {d.get('format')!r}; this zerocalc reads format {FORMAT}")
+    params = tuple(Tensor(n, tuple(s)) for n, s in _expand(d["params"]))
+    index = {t.name: i for i, t in enumerate(params)}
+    modules = tuple(Module(n, c, tuple(index[x] for x in ps), "L" in f, "M" in f) for n, c, ps, f in _expand(d["modules"]))
+    mindex = {m.name: i for i, m in enumerate(modules)}
+
+    def node(x) -> CallNode:
+        name, grad, children = x
+        return CallNode(mindex[name], tuple(node(c) for c in _expand(children)), bool(grad))
+
+    return Profile(d["name"], d["model_type"], d.get("dims", {}), params,
+                   tuple(Tensor(n, tuple(s), dt) for n, s, dt in _expand(d["buffers"])), modules, node(d["calls"]),
+                   d.get("source", {}))
+
+
+def save(p: Profile, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(to_json(p), f, separators=(",", ":"))
+        f.write("\n")
+
+
+def load(path: str) -> Profile:
+    with open(path) as f:
+        return from_json(json.load(f))
+
+
+# ---------------------------------------------------------------- shipped profiles
+
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
+
+
+def shipped() -> dict[str, str]:
+    """Shipped profile names -> their files."""
+    if not os.path.isdir(SHIPPED_DIR):
+        return {}
+    return {f[:-5]: os.path.join(SHIPPED_DIR, f) for f in sorted(os.listdir(SHIPPED_DIR)) if f.endswith(".json")}
+
+
+_loaded: dict[str, Profile] = {}
+
+
+def shipped_profile(name: str) -> Profile:
+    files = shipped()
+    if name not in files:
+        raise ValueError(f"unknown model {name!r}; `zerocalc models` lists the shipped ones")
+    if name not in _loaded:
+        _loaded[name] = load(files[name])
+    return _loaded[name]
+
+
+# ---------------------------------------------------------------- to the ModelSpec the rest of zerocalc uses
+
+def _call_tree(p: Profile, node: CallNode, leaf_moe: bool):
+    from zerocalc.arch import Call
+    m = p.modules[node.module]
+    if leaf_moe and m.moe:
+        # deepspeed.utils.set_z3_leaf_modules: no hooks below the block; its pre-forward hook fetches
+        # every parameter under it at once, and its release frees them together.
+        return Call(p.subtree_params(node.module), (), node.grad, m.layer)
+    return Call(m.params, tuple(_call_tree(p, c, leaf_moe) for c in node.children), node.grad, m.layer)
+
+
+def architecture(p: Profile):
+    """The transcribed-family shape nearest the profile, for what is still computed from an
+    Architecture (activations, step time): GPT-2 for gpt2, Llama's for every other decoder. An MoE
+    layer's MLP is counted as the top-k experts' and the shared experts' widths (balanced routing:
+    each token's MLP activations are those of the k experts it is sent to)."""
+    from zerocalc.arch import Architecture
+    d = p.dims
+    heads = d["num_heads"]
+    ffn = d["ffn_hidden_size"]
+    if d.get("num_experts"):
+        ffn = d.get("experts_per_token", 1) * d["moe_ffn_hidden_size"] + d.get("shared_ffn_hidden_size", 0)
+    family = "hf-gpt2" if p.model_type == "gpt2" else "hf-llama"
+    return Architecture(family, d["vocab_size"], d["hidden_size"], d["num_layers"], heads,
+                        d.get("num_kv_heads") or heads, ffn, bool(d.get("tie_embeddings")),
+                        d.get("max_positions") or 2048)
+
+
+def to_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, wrapper: bool = True):
+    """The ModelSpec of a profile: its tensors, its forward and backward hook traces (derived from
+    the calls as `arch.trace` / `arch.backward_trace` derive them from the transcribed ones; Hugging
+    Face's checkpointing re-enters below the layer's own hooks), its buffers. wrapper: the validator
+    trains the model inside a module that returns the logits (`validate.models.HFCausalLM`): one
+    parameter-less call around the model. z3_leaf_moe: an MoE block is one stage-3 fetch unit.
+    `transcribed` says whether the tensors and trace equal a transcribed family's, whose
+    allocation sequence (`zerocalc.sequence`) then applies."""
+    from zerocalc import arch as A
+    from zerocalc.model import ModelSpec
+    root = _call_tree(p, p.calls, z3_leaf_moe)
+    if wrapper:
+        root = A.Call((), (root,))
+    a = architecture(p)
+    numels = p.param_numels
+    trace = tuple(A._forward(root))
+    spec = ModelSpec(name or p.name, numels, trace, tuple(b.numel for b in p.buffers), a,
+                     tuple(A._backward(root)), tuple(A._backward(root, checkpointing=True)), profile=p)
+    try:
+        A.validate_architecture(a)
+        same = (A.param_numels(a) == numels and A.trace(a) == trace and A.buffer_numels(a) == spec.buffer_numels
+                and A.backward_trace(a, True) == spec.checkpointed_backward_trace)
+    except ValueError:
+        same = False
+    from dataclasses import replace
+    return replace(spec, transcribed=same)

@@ -1,0 +1,156 @@
+"""From what the user names to a ModelSpec: a preset, a shipped profile, or a config.json (a file of
+any name or a model directory). Torch-free: a config is traced (`zerocalc.hf.trace`, the optional
+`trace` extra) only when neither a shipped profile nor a transcribed family reads it."""
+import json
+import os
+from dataclasses import replace
+
+from zerocalc import arch as _arch
+from zerocalc import profile as _profile
+from zerocalc.model import ModelSpec, from_architecture
+
+INSTALL = "pip install 'zerocalc[trace]'"
+SHAPE_FLAGS = "--vocab-size/--hidden-size/--num-layers/--num-heads (with --num-kv-heads, --ffn-hidden-size)"
+# zerocalc's override flags -> the config.json keys they set
+CONFIG_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+               "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+               "ffn_hidden_size": "intermediate_size", "tie_embeddings": "tie_word_embeddings"}
+GPT2_KEYS = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head", "ffn_hidden_size": "n_inner"}
+
+
+def names() -> list[str]:
+    """Every --model name: the transcribed presets and the shipped profiles."""
+    return sorted(set(_arch.PRESETS) | set(_profile.shipped()))
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def describe_overrides(overrides: dict, derived: dict | None = None) -> str:
+    parts = [f"{flag(k)} {v}" for k, v in overrides.items()]
+    parts += [f"{k.replace('_', '-')} {v} derived" for k, v in (derived or {}).items()]
+    return ", ".join(parts)
+
+
+def preset_spec(name: str, overrides: dict) -> ModelSpec:
+    """A transcribed preset, or a shipped profile, with overrides. Overrides of a preset re-derive
+    what depends on them (`arch.preset`); a shipped profile's config.json is traced again with them
+    (needs the extra)."""
+    if name in _arch.PRESETS:
+        a, derived = _arch.preset_derived(name, **overrides)
+        label = f"{name} ({describe_overrides(overrides, derived)})" if overrides else name
+        return from_architecture(a, label)
+    p = _profile.shipped_profile(name)
+    if not overrides:
+        return _profile.to_model_spec(p, name)
+    from zerocalc.hf.ship import configs
+    with open(configs()[name]) as f:
+        d = json.load(f)
+    return _traced(_override_config(d, overrides), f"{name} ({describe_overrides(overrides)})", f"--model {name}")
+
+
+def _override_config(d: dict, overrides: dict) -> dict:
+    keys = GPT2_KEYS if d.get("model_type") == "gpt2" else {}
+    d = dict(d)
+    for k, v in overrides.items():
+        d[keys.get(k, CONFIG_KEYS[k])] = v
+    return d
+
+
+def read_config(path: str) -> tuple[dict, str]:
+    """(config.json's contents, the file read) of a file or a model directory."""
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file) as f:
+            d = json.load(f)
+    except OSError as err:
+        raise ValueError(f"cannot read {file}: {err.strerror}")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON ({err.msg} at line {err.lineno})")
+    if not isinstance(d, dict) or "model_type" not in d:
+        raise ValueError(f"{file} has no model_type: give a Hugging Face config.json or a model directory")
+    return d, file
+
+
+def _transcribed(d: dict) -> bool:
+    """A config one of the transcribed families reads exactly (no biases the family lacks)."""
+    kind = d.get("model_type")
+    if kind == "gpt2":
+        return True
+    return kind in ("llama", "mistral") and not d.get("attention_bias") and not d.get("mlp_bias") \
+        and d.get("head_dim") in (None, d.get("hidden_size", 0) // max(d.get("num_attention_heads", 1), 1))
+
+
+def _shipped_match(d: dict) -> str | None:
+    """The shipped profile traced from exactly this config, if any."""
+    digest = _config_digest(d)
+    for name, file in _profile.shipped().items():
+        with open(file) as f:
+            if json.load(f).get("source", {}).get("config_sha256") == digest:
+                return name
+    return None
+
+
+def _config_digest(d: dict) -> str:
+    import hashlib
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def _traced(d: dict, label: str, given: str) -> ModelSpec:
+    try:
+        from zerocalc.hf import trace
+        p = trace.cached_trace(d, label)
+    except ImportError:
+        raise ValueError(f"{given}: model_type {d.get('model_type')!r} is read from its own code, which needs "
+                         f"the trace extra: {INSTALL}; or give --params P, or the shape flags {SHAPE_FLAGS}")
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise ValueError(f"{given}: transformers could not build model_type {d.get('model_type')!r}: {err}")
+    return _profile.to_model_spec(p, label)
+
+
+def hf_config_spec(path: str, overrides: dict) -> ModelSpec:
+    d, file = read_config(path)
+    label = f"{file} ({describe_overrides(overrides)})" if overrides else file
+    if overrides:
+        d = _override_config(d, overrides)
+    if _transcribed(d):
+        return from_architecture(_arch.from_hf_config(d), label)
+    name = _shipped_match(d)
+    if name is not None:
+        return _profile.to_model_spec(_profile.shipped_profile(name), label)
+    return _traced(d, label, file)
+
+
+def notes(spec: ModelSpec, stages) -> list[str]:
+    """What the output should say about how the model was read."""
+    p = spec.profile
+    if p is None:
+        return []
+    out = []
+    if not spec.transcribed:
+        out.append(f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); activations "
+                   f"use the Llama formulas at its dimensions, and reserved the calibrated ratio")
+    if p.moe_classes and any(int(s) == 3 for s in stages):
+        out.append(f"stage 3: each {', '.join(p.moe_classes)} is one fetch unit, as "
+                   f"deepspeed.utils.set_z3_leaf_modules(model, [{', '.join(p.moe_classes)}]) makes it "
+                   "(needed to run at N > 1: experts that get no tokens would skip their hooks)")
+    return out
+
+
+def listing() -> list[dict]:
+    """One row per --model name: the transcribed presets first where a profile has the same name."""
+    rows = []
+    for name in names():
+        if name in _arch.PRESETS:
+            a = _arch.PRESETS[name]
+            rows.append({"name": name, "model_type": {"seed-gpt": "seed-gpt", "hf-gpt2": "gpt2"}.get(a.family, "llama"),
+                         "num_params": _arch.num_params(a), "num_layers": a.num_layers, "hidden_size": a.hidden_size,
+                         "num_experts": 0, "experts_per_token": 0, "source": "transcribed"})
+            continue
+        p = _profile.shipped_profile(name)
+        rows.append({"name": name, "model_type": p.model_type, "num_params": p.num_params,
+                     "num_layers": p.dims["num_layers"], "hidden_size": p.dims["hidden_size"],
+                     "num_experts": p.dims.get("num_experts", 0), "experts_per_token": p.dims.get("experts_per_token", 0),
+                     "source": "profile"})
+    return rows
