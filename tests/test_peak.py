@@ -111,3 +111,44 @@ def test_a_later_micro_step_carries_what_the_earlier_ones_left():
         one = phase(estimate(model, Setup(stage=Stage(stage), dp=8, dtype="bf16")), "forward")
         two = phase(estimate(model, Setup(stage=Stage(stage), dp=8, dtype="bf16", gas=2)), "forward")
         assert two.total_bytes - one.total_bytes == extra
+
+
+def test_stage_0_flattens_one_all_reduce_bucket_of_just_over_5e8_elements():
+    """The engine's allreduce_no_retain fills a bucket in parameter order until it holds more than
+    MEMORY_OPT_ALLREDUCE_SIZE = 5e8 elements, then flattens it (and casts it to communication_data_type
+    where that differs) and reduces it."""
+    from zerocalc.comm import stage0_allreduce_buckets
+    # 1.2e9 in 100 tensors of 1.2e7: 41 tensors are 4.92e8 (not more than 5e8), 42 are 5.04e8; twice, then
+    # the 16 left, 1.92e8
+    model = from_params(1_200_000_000)
+    assert stage0_allreduce_buckets(model.param_numels) == (504_000_000, 504_000_000, 192_000_000)
+    e = estimate(model, Setup(stage=Stage.DISABLED, dp=2, dtype="bf16"))
+    resident = 14 * 1_200_000_000                              # bf16 params, fp32 master, Adam
+    end = next(m for m in phase(e, "backward").moments if "flatten" in m.why)
+    assert end.total_bytes == resident + 2 * 1_200_000_000 + 2 * 504_000_000   # bf16 gradients + the flatten
+    assert e.per_rank_bytes()["buffers"] == 2 * 504_000_000
+    assert next(c for c in e.collectives if c.op == "all_reduce").calls == 3
+    # with fp32 communication the bucket is also cast: 4 B more per element of it
+    fp32 = estimate(model, Setup(stage=Stage.DISABLED, dp=2, dtype="bf16", communication_data_type="fp32"))
+    assert fp32.per_rank_bytes()["buffers"] == 2 * 504_000_000 + 4 * 504_000_000
+    # A 2.8B seed-gpt (h 2560, 32 layers) logged six all_reduce calls on H200 (data/h200-n1-gpt.csv,
+    # measured_comm_detail), bf16 bytes: 375,347,200; 1,009,684,480; 1,035,904,000 twice; 1,044,075,520;
+    # 1,049,021,440
+    gpt = from_architecture(A.Architecture("seed-gpt", 50257, 2560, 32, 20, 20, 10240, False, 2048))
+    assert sorted(2 * n for n in stage0_allreduce_buckets(gpt.param_numels)) == \
+        [375_347_200, 1_009_684_480, 1_035_904_000, 1_035_904_000, 1_044_075_520, 1_049_021_440]
+
+
+def test_stage_0_buffers_column_is_the_flatten_with_or_without_activations():
+    """The buffers column is the buffers at their largest in a step: stage 0's flatten at the end of
+    backward, whether or not activations make another moment of backward its worst."""
+    a = A.Architecture("hf-llama", 32000, 1024, 4, 8, 8, 2816, False)
+    model = from_architecture(a)
+    # embed and head 32000·1024 each, 4 layers of q, k, v, o (1024²), gate, up, down (1024·2816) and two
+    # norms, the final norm: under 5e8, so one bucket of all of P
+    p = 2 * 32000 * 1024 + 4 * (4 * 1024**2 + 3 * 1024 * 2816 + 2 * 1024) + 1024
+    assert model.num_params == p == 116_925_440
+    for seq in (None, 1024):
+        e = estimate(model, Setup(stage=Stage.DISABLED, dp=2, dtype="bf16", micro_batch=1, seq_len=seq))
+        assert e.per_rank_bytes()["buffers"] - e.states.buffers_bytes == 2 * p, seq
+    assert phase(e, "backward").activation_bytes > 0        # with activations backward's worst is another moment

@@ -143,9 +143,12 @@ class Estimate:
 
     def per_rank_bytes(self) -> dict:
         st = self.states
+        # At their largest in any moment of a phase (backward's worst moment may be the loss's, before
+        # the gradients and the reduction's buffers exist), not only at each phase's worst moment.
+        moments = [m for ph in self.phases for m in (ph.moments or (ph,))]
         # Buffers during training (init's one-time copies show in `phases`, not here).
-        buffers = st.buffers_bytes + max(ph.buffers_bytes for ph in self.phases if ph.name != "init")
-        grads = max([st.largest_grads_bytes] + [ph.grads_bytes for ph in self.phases])
+        buffers = st.buffers_bytes + max(m.buffers_bytes for m in moments if m.name != "init")
+        grads = max([st.largest_grads_bytes] + [m.grads_bytes for m in moments])
         parts = {"params": st.params_bytes, "gradients": grads,
                  "optimizer_states": st.optimizer_states_bytes, "buffers": buffers,
                  "activations": self.activation_bytes}

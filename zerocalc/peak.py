@@ -6,10 +6,10 @@ the buffers DeepSpeed 0.19.8 allocates then (`../shared/reference/deepspeed-zero
 and batch shape are known, activations (`zerocalc.activations`). A phase's number is its worst
 moment; `peak_bytes` (the largest) predicts `torch.cuda.max_memory_allocated()`.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zerocalc import activations, stage3_trace
-from zerocalc.comm import MEMORY_OPT_ALLREDUCE_SIZE
+from zerocalc.comm import stage0_allreduce_buckets
 from zerocalc.model import ModelSpec
 from zerocalc.partition import max_grads_in_partition, partition
 from zerocalc.states import StateBytes
@@ -24,6 +24,9 @@ class Phase:
     buffers_bytes: int       # DeepSpeed's buffers then: buckets, flatten copies, gathered parameters, casts
     activation_bytes: int    # activations, logits and loss then; 0 when unknown
     why: str
+    # The moments of the phase its worst was chosen from (backward's three), each a Phase: gradients and
+    # buffers at their largest need not be at the phase's worst moment. () where it has one moment.
+    moments: tuple = ()
 
     @property
     def total_bytes(self) -> int:
@@ -31,7 +34,8 @@ class Phase:
 
 
 def _worst(*candidates: Phase) -> Phase:
-    return max(candidates, key=lambda ph: ph.total_bytes)
+    """The candidate moment with the most bytes, which keeps all of them (`Phase.moments`)."""
+    return replace(max(candidates, key=lambda ph: ph.total_bytes), moments=candidates)
 
 
 def _forward(resident, gathered, act, why="activations and the loss on top of model states", accumulated=(0, 0)):
@@ -83,8 +87,10 @@ def _backward(resident, gathered, act, first_grads, first_buffers, end_grads, en
 def _stage0(model, setup, st, act):
     p, b = model.num_params, setup.param_bytes
     resident, grads = st.resident_bytes, setup.grad_accum_bytes * p
-    # The gradient all-reduce flattens each bucket (MEMORY_OPT_ALLREDUCE_SIZE elements) into a copy.
-    flatten = b * min(p, MEMORY_OPT_ALLREDUCE_SIZE)
+    # At the end of backward the gradient all-reduce flattens one bucket at a time into a copy
+    # (`allreduce_bucket`), and casts it to communication_data_type where that differs: the largest bucket.
+    bucket = max(stage0_allreduce_buckets(model.param_numels))
+    flatten = b * bucket + (setup.comm_bytes * bucket if setup.comm_bytes != b else 0)
     # FP16_Optimizer's step: an fp32 copy of each gradient, then a flat fp32 copy of all of them.
     step_copies = 8 * p if setup.mixed_precision else 0
     # FP16_Optimizer makes Adam state at init with a dummy step on fp32 zero gradients (4P, measured);
@@ -97,7 +103,7 @@ def _stage0(model, setup, st, act):
         init,
         _forward(resident, 0, act, accumulated=acc),
         _backward(resident, 0, act, b * model.head_numel, 0, grads, flatten,
-                  "full gradients + the all-reduce flatten copy", acc),
+                  "full gradients + the all-reduce bucket's flatten copy", acc),
         Phase("step", resident, grads + step_copies, 0, 0,
               "gradients + per-parameter fp32 copies + a flat fp32 copy (FP16_Optimizer)"
               if setup.mixed_precision else "gradients"),

@@ -35,7 +35,7 @@ from math import ceil
 
 from zerocalc import stage3_trace
 from zerocalc.allocator import replay
-from zerocalc.comm import MEMORY_OPT_ALLREDUCE_SIZE
+from zerocalc.comm import stage0_allreduce_buckets
 from zerocalc.model import ModelSpec
 from zerocalc.partition import max_grads_in_partition, partition, persistent_mask, sub_groups
 from zerocalc.training import Setup, Stage
@@ -694,8 +694,14 @@ class _Stage:
         if self.setup.stage != Stage.GRADIENTS and not boundary:
             return
         if self.setup.stage == Stage.DISABLED:
-            # allreduce_bucket flattens each bucket of MEMORY_OPT_ALLREDUCE_SIZE elements.
-            t.free(t.alloc(b * min(self.part.num_params, MEMORY_OPT_ALLREDUCE_SIZE)))
+            # allreduce_bucket flattens each bucket (`comm.stage0_allreduce_buckets`) in turn, and casts
+            # it to communication_data_type where that differs.
+            c = self.setup.comm_bytes
+            for bucket in stage0_allreduce_buckets(self.model.param_numels):
+                flat = t.alloc(b * bucket)
+                if c != b:
+                    t.free(t.alloc(c * bucket))       # the cast, released first (a local of allreduce_bucket)
+                t.free(flat)
             return
         if not self.in_hooks:
             # ZeRO-1 moves the gradients into buckets now, in parameter order (stage_1_and_2.py:971).
