@@ -437,3 +437,36 @@ def test_plan_table_prints_human_times_and_estimates_tight_flag():
     assert best["fits"] is True
     assert row.split()[head.index("fits")] == expected
     assert f" {duration(best['time']['step_s'])} " in row and "ms/step" not in r.output
+
+
+def test_a_model_given_by_params_is_planned_at_exactly_that_many():
+    """--params has no shape; activations and step time need one. The Llama-like shape taken for it
+    holds exactly P: 7e9 by hand, L = round((7e9 / 196608)^(1/3)) = 33 layers, h = 128 · round(
+    sqrt(7e9 / (12 · 33)) / 128) = 4224, vocabulary 32000, and the FFN width what is left:
+    (7e9 - 2·32000·4224 - 4224 - 33·(4·4224² + 2·4224)) // (3·33·4224) = 4,374,213,760 // 418,176 = 10460,
+    which leaves 92,800 parameters, taken by the token embedding."""
+    from zerocalc.model import from_params, shaped
+    m = shaped(7 * 10**9)
+    a = m.architecture
+    assert (a.num_layers, a.hidden_size, a.vocab_size, a.ffn_hidden_size) == (33, 4224, 32000, 10460)
+    assert m.num_params == 7 * 10**9
+    assert m.param_numels[0] == 32000 * 4224 + 92_800
+    for p in (200_000, 10**9, 70 * 10**9, 405 * 10**9):
+        assert shaped(p).num_params == p
+    # stage 0 keeps no padding: its states are P's, whatever the shape (14 B per parameter), and the
+    # shape's rotary buffers, inv_freq and original_inv_freq: head_dim / 2 = 64 fp32 elements each
+    s = Setup(stage=Stage.DISABLED, dp=8)
+    assert estimate(from_params(7 * 10**9), s).states.resident_bytes == 14 * 7 * 10**9
+    assert estimate(m, s).states.resident_bytes == 14 * 7 * 10**9 + 2 * 64 * 4
+    r = CliRunner().invoke(main, ["plan", "--params", "70e9", "--gpu", "h100", "--max-gpus", "64", "--seq-len", "4096",
+                                  "--global-batch", "1024", "--top", "1", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["num_params"] == 70 * 10**9
+    # estimate with --seq-len takes the same shape, so activations and time are there for --params too
+    r = CliRunner().invoke(main, ["estimate", "--params", "7e9", "--dp", "8", "--stage", "2", "--seq-len", "4096",
+                                  "--gpu", "h100", "--format", "json"])
+    doc = json.loads(r.output)
+    assert doc["inputs"]["num_params"] == 7 * 10**9 and doc["inputs"]["architecture"]["ffn_hidden_size"] == 10460
+    assert doc["estimates"][0]["per_rank_bytes"]["activations"] > 0 and doc["estimates"][0]["time"]["step_s"] > 0
+    too_small = CliRunner().invoke(main, ["plan", "--params", "1e5", "--gpu", "h100", "--seq-len", "128", "--global-batch", "8"])
+    assert too_small.exit_code == 2 and "too few to give a transformer shape" in too_small.output

@@ -255,10 +255,19 @@ def from_hf_config(cfg: dict) -> Architecture:
 
 
 def generic(num_params: int, vocab_size: int = 32000) -> Architecture:
-    """A Llama-shaped decoder of about `num_params`, for step time when only P is known. Shapes follow
-    the GPT-3/Llama habit h ≈ 128·L (P ≈ 12·L·h² = 196608·L³), h a multiple of 128, ffn 8/3·h."""
+    """A Llama-shaped decoder of at most `num_params`, short of it by fewer than 3·L·h (the tensors of
+    one FFN unit per layer), for what needs a shape when only P is known: activations and step time.
+    Shapes follow the GPT-3/Llama habit h ≈ 128·L (12·L·h² = 196608·L³ ≈ P), h a multiple of 128,
+    heads of 128; the vocabulary is `vocab_size`, or less where its embeddings (2·V·h) would pass a
+    quarter of P; the FFN width takes what the layers' attention and norms leave (8/3·h, Llama's,
+    at 7-70B, less in small models). Raises ValueError below ~0.2M parameters, too few for a layer."""
     layers = max(2, round((num_params / 196608) ** (1 / 3)))
     hidden = max(128, 128 * round((num_params / (12 * layers)) ** 0.5 / 128))
     heads = max(1, hidden // 128)
-    ffn = 256 * round(8 * hidden / 3 / 256)
-    return Architecture("hf-llama", vocab_size, hidden, layers, heads, heads, ffn, False)
+    vocab = max(1, min(vocab_size, num_params // (8 * hidden)))
+    # P = embed V·h + L·(4h² + 3h·f + 2h) + norm h + head V·h: solved for f
+    ffn = (num_params - 2 * vocab * hidden - hidden - layers * (4 * hidden**2 + 2 * hidden)) // (3 * layers * hidden)
+    if ffn < 1:
+        raise ValueError(f"{num_params:,} parameters are too few to give a transformer shape; "
+                         "give the architecture (--model or --hidden-size/--num-layers/...)")
+    return Architecture("hf-llama", vocab, hidden, layers, heads, heads, ffn, False)

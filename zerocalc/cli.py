@@ -8,7 +8,7 @@ from zerocalc import __version__, DEEPSPEED_VERSION
 from zerocalc import arch as _arch
 from zerocalc import calibration, dsconfig, hardware, render, resolve
 from zerocalc.estimate import estimate
-from zerocalc.model import from_architecture, from_params
+from zerocalc.model import from_architecture, from_params, shaped
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
 from zerocalc.units import parse_bytes, parse_count
 
@@ -113,6 +113,13 @@ def _setups(opts, ds, stages, hidden_size):
         validate_setup(setup)
         out.append(setup)
     return out
+
+
+def _shaped(num_params):
+    try:
+        return shaped(num_params)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--params")
 
 
 def model_options(f):
@@ -268,6 +275,8 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
         setups = _setups(opts, ds, stages, spec.architecture)
     except ValueError as err:
         raise click.UsageError(str(err))
+    if spec.architecture is None and any(s.seq_len for s in setups):
+        spec = _shaped(spec.num_params)   # activations and step time need a shape: as plan's, of exactly P
     cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
     hw = None
     if gpu_name is not None:
@@ -315,15 +324,11 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
       zerocalc plan --params 70e9 --gpu h100 --gpu-memory 80GiB --max-gpus 64 --seq-len 4096 --global-batch 1024
     """
     from zerocalc import plan
-    from zerocalc.model import from_architecture
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings)
-    note = None
-    if spec.architecture is None:   # step time needs a shape: a Llama-like one of the same size
-        spec = from_architecture(_arch.generic(spec.num_params), "P-only model")
-        a = spec.architecture
-        note = (f"--params gives no shape; step time assumes a Llama-like {a.num_layers} layers × {a.hidden_size} "
-                f"hidden ({spec.num_params / 1e9:.3g}B parameters)")
+    if spec.architecture is None:   # activations and step time need a shape: a Llama-like one of exactly P
+        spec = _shaped(spec.num_params)
+    note = render.shape_note(spec)
     cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
     hw = hardware.gpu(gpu_name)
     memory = gpu_memory or hw.memory_bytes

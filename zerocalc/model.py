@@ -1,5 +1,5 @@
 """The 'what' input: a model known by its parameter count or by its architecture."""
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from zerocalc import arch as _arch
@@ -64,3 +64,14 @@ def from_architecture(a: _arch.Architecture, name: str | None = None) -> ModelSp
     _arch.validate_architecture(a)
     return ModelSpec(name or a.family, _arch.param_numels(a), _arch.trace(a), _arch.buffer_numels(a), a,
                      _arch.backward_trace(a), _arch.backward_trace(a, checkpointing=True))
+
+
+def shaped(num_params: int) -> ModelSpec:
+    """A model of exactly `num_params` that has a shape (activations, step time): `arch.generic`'s
+    Llama-like architecture, whose token embedding also takes the fewer than 3·L·h elements it falls
+    short by. States and communication are then those of exactly P, as `from_params` gives them, up to
+    per-tensor padding; an embedding is read by index, so the extra elements cost no FLOPs."""
+    a = _arch.generic(int(num_params))
+    spec = from_architecture(a, "P-only model")
+    embed, *rest = spec.param_numels
+    return replace(spec, param_numels=(embed + int(num_params) - spec.num_params, *rest))

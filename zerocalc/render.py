@@ -25,6 +25,16 @@ def _inputs(e) -> dict:
     return inputs
 
 
+def shape_note(m) -> str | None:
+    """What a model given by --params is taken to look like where activations or step time need a shape
+    (`model.shaped`), None for a model given by its architecture."""
+    a = m.architecture
+    if a is None or m.name != "P-only model":
+        return None
+    return (f"--params: activations and step time assume a Llama-like shape of exactly P: {a.num_layers} layers × "
+            f"{a.hidden_size} hidden, FFN {a.ffn_hidden_size}, vocabulary {a.vocab_size}")
+
+
 def as_json(estimates) -> str:
     doc = {"zerocalc_version": __version__, "inputs": _inputs(estimates[0]),
            "estimates": [e.as_dict() for e in estimates]}
@@ -78,7 +88,8 @@ def as_table(estimates) -> str:
     columns = list(COLUMNS[:-1]) + ["fits" if e0.gpu_memory_bytes is not None else "fits on"]
     rows = [columns] + [_row(e) for e in estimates]
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
-    lines = [head, ""]
+    note = shape_note(m)
+    lines = [head] + ([note] if note else []) + [""]
     for i, r in enumerate(rows):
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
