@@ -267,3 +267,16 @@ def test_csv_carries_the_time_section_of_the_json():
         assert row["fits"] == str(e["fits"]) and row["fits_worst_case"] == str(e["fits_worst_case"])
     plain = list(csv.DictReader(io.StringIO(run("--params", "1e9", "--dp", "2", "--format", "csv").output)))
     assert plain[0]["step_s"] == "" and plain[0]["fits"] == ""             # no time without --gpu and a shape
+
+
+@pytest.mark.parametrize("command", ["estimate", "plan"])
+def test_every_example_in_the_help_runs(command):
+    """The examples `--help` teaches run as written (those reading the user's own files aside)."""
+    import shlex
+    text = CliRunner().invoke(main, [command, "--help"]).output.replace("\\\n", " ")
+    examples = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("zerocalc ")]
+    runnable = [ex for ex in examples if "config.json" not in ex]
+    assert len(runnable) >= 3
+    for ex in runnable:
+        r = CliRunner().invoke(main, shlex.split(ex)[1:])
+        assert r.exit_code == 0, (ex, r.output)

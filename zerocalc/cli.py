@@ -185,7 +185,7 @@ def main():
     \b
     Examples:
       zerocalc estimate --params 7e9 --dp 8
-      zerocalc estimate --params 7e9 --dp 8 --gpu-memory 32GB --stage 2
+      zerocalc estimate --params 7e9 --dp 8 --gpu-memory 32GiB --stage 2
       zerocalc estimate --model llama-2-7b --dp 8 --ds-config ds_config.json --format json
       zerocalc plan --params 70e9 --gpu h100 --max-gpus 64 --seq-len 4096 --global-batch 1024
       zerocalc sweep --params 1e9,7e9,70e9 --dp 1,8,64 --out sweep.csv
@@ -223,7 +223,9 @@ def main():
               help="PyTorch's allocator runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less "
                    "reserved beyond allocated (measured on H200: 1.06-1.36x instead of 1.08-1.73x) [default: no].")
 @click.option("--ds-config", type=click.Path(dir_okay=False), help="Read a DeepSpeed ds_config.json.")
-@click.option("--gpu-memory", type=SIZE, help="Per-GPU memory for the fits column: 80GiB, 32GB.")
+@click.option("--gpu-memory", type=SIZE,
+              help="Per-GPU memory for the fits column: 80GiB (an 80 GB card), 40e9 [default: --gpu's; "
+                   "without either, the smallest usual GPU each stage fits on].")
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)),
               help="Hardware for step time (and --gpu-memory's default): adds time to each estimate.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), help="Override the GPU's peak TFLOP/s.")
@@ -246,12 +248,20 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     --cpu-adam-rate and --host-link-gbps. Small models and stage 3 are host-bound (Python issuing
     kernels and DeepSpeed's hooks): give your host's speed with --host-launch-us.
 
+    Without --gpu-memory or --gpu, the last column says the smallest usual GPU (16 to 141 GB) each
+    stage fits on; with them, whether it fits (yes, tight or NO).
+
     \b
     Examples:
-      zerocalc estimate --params 7e9 --dp 8 --gpu-memory 32GB
-      zerocalc estimate --model llama-2-7b --dp 8 --seq-len 4096 --micro-batch 1 --gpu h100
-      zerocalc estimate --model seed-gpt --dp 2 --stage 3 --seq-len 1024 --micro-batch 2 --dtype fp16 --format json
-      zerocalc estimate --hf-config config.json --nodes 4 --gpus-per-node 8 --ds-config ds_config.json
+      # Does 7B train on 8 GPUs, on which GPU size per stage, and how many GB does a rank send per step?
+      zerocalc estimate --params 7e9 --dp 8
+      # ... with ZeRO-2 on 8 × 32 GB cards (a 32 GB card holds 32 GiB; 32GB reads as 32e9 bytes)
+      zerocalc estimate --params 7e9 --dp 8 --stage 2 --gpu-memory 32GiB
+      # Llama-3-8B, ZeRO-2, 8 × 40 GB at 4k tokens: memory with activations, and step time on H100s
+      zerocalc estimate --model llama-3-8b --dp 8 --stage 2 --seq-len 4096 --activation-checkpointing \\
+          --gpu h100 --gpu-memory 40GiB
+      # What your own ds_config does on 4 nodes of 8 GPUs, as CSV (every time field a column)
+      zerocalc estimate --hf-config config.json --nodes 4 --gpus-per-node 8 --ds-config ds_config.json --format csv
     """
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings)
@@ -318,10 +328,19 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
 
     Enumerates stage × offload × GPU count (powers of two, whole nodes past one) × micro-batch ×
-    gradient accumulation (global batch / micro-batch / GPUs) × activation checkpointing.
+    gradient accumulation (global batch / micro-batch / GPUs) × activation checkpointing. Each row:
+    GiB per GPU, fits (yes, or tight: can OOM at the worst allocator overhead measured), the step time,
+    tokens/s, MFU, and the step's share waiting on the wire and (stage 3) on all-gather calls.
+    --params has no shape: a Llama-like one of exactly P is assumed, and stated.
 
     \b
-      zerocalc plan --params 70e9 --gpu h100 --gpu-memory 80GiB --max-gpus 64 --seq-len 4096 --global-batch 1024
+    Examples:
+      # The fastest way to train a 70B model on up to 64 H100s, 4k tokens, 1024 sequences a step
+      zerocalc plan --params 70e9 --gpu h100 --max-gpus 64 --seq-len 4096 --global-batch 1024
+      # The fewest 40 GB A100s that can train Llama-3-8B at 4k tokens
+      zerocalc plan --model llama-3-8b --gpu a100-40g --max-gpus 64 --seq-len 4096 --global-batch 256 --min-gpus
+      # Cheapest per token at $2.50 per GPU-hour, with every rejected setup and why
+      zerocalc plan --model llama-2-7b --gpu h100 --seq-len 4096 --global-batch 512 --price-per-gpu-hour 2.5 --explain
     """
     from zerocalc import plan
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
