@@ -6,27 +6,77 @@ import click
 
 from zerocalc import __version__, DEEPSPEED_VERSION
 from zerocalc import arch as _arch
-from zerocalc import calibration, dsconfig, hardware, render, resolve
+from zerocalc import calibration, dsconfig, hardware, inputs, render, resolve
 from zerocalc.estimate import estimate
 from zerocalc.model import from_architecture, from_params, shaped
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
+from zerocalc.inputs import InputError, check_float, check_int
 from zerocalc.units import parse_bytes, parse_count
 
 
-class _Parsed(click.ParamType):
-    """A click type from one of zerocalc.units' parsers, whose ValueError becomes a usage error."""
+class InputFailure(click.ClickException):
+    """A refused input: `Error: <what to fix>` on one line, exit code 2 (click's usage-error code)."""
+    exit_code = 2
 
-    def __init__(self, name, parse):
-        self.name, self.parse = name, parse
+
+class _Group(click.Group):
+    """Turns zerocalc's own input errors (`zerocalc.inputs.InputError`) into exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except InputError as err:
+            raise InputFailure(str(err))
+
+
+class _Parsed(click.ParamType):
+    """A click type from one of zerocalc.units' parsers, then a range check from zerocalc.inputs;
+    a ValueError becomes a usage error naming the option."""
+
+    def __init__(self, name, parse, check=None):
+        self.name, self.parse, self.check = name, parse, check
 
     def convert(self, value, param, ctx):
         try:
-            return value if isinstance(value, int) else self.parse(value)
+            out = self.parse(value) if isinstance(value, str) else value
+            label = "/".join(param.opts) if param is not None else None
+            return self.check(out, label) if self.check else out
         except ValueError as err:
             self.fail(str(err), param, ctx)
 
 
-COUNT, SIZE = _Parsed("COUNT", parse_count), _Parsed("SIZE", parse_bytes)
+def _int(limit):
+    """A whole number within inputs.LIMITS[limit]."""
+    def parse(text):
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise ValueError(f"{text!r} is not a whole number")
+    return _Parsed("INTEGER", parse, lambda v, label: check_int(limit, v, label))
+
+
+def _float(limit):
+    """A finite number within inputs.LIMITS[limit] (NaN and inf refused)."""
+    def parse(text):
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number")
+    return _Parsed("FLOAT", parse, lambda v, label: check_float(limit, v, label))
+
+
+def _elements(minimum):
+    """An element count (bucket sizes, thresholds) as DeepSpeed takes it: 0 allowed where DeepSpeed allows it."""
+    def parse(text):
+        if minimum == 0 and text.strip() in ("0", "0.0"):
+            return 0
+        return parse_count(text, "an element count")
+    return _Parsed("COUNT", parse, lambda v, label: check_int("elements", v, label))
+
+
+COUNT = _Parsed("COUNT", parse_count, lambda v, label: check_int("params", v, label))
+SIZE = _Parsed("SIZE", parse_bytes, lambda v, label: check_int("gpu_memory", v, label))
+ELEMENTS, ELEMENTS0 = _elements(1), _elements(0)
 
 
 def _stages(text):
@@ -42,17 +92,6 @@ def _stages(text):
     return stages
 
 
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as err:
-        raise click.BadParameter(f"cannot read {path}: {err.strerror}", param_hint="--ds-config/--hf-config")
-    except json.JSONDecodeError as err:
-        raise click.BadParameter(f"{path} is not valid JSON ({err.msg} at line {err.lineno})",
-                                 param_hint="--ds-config/--hf-config")
-
-
 def _model(params, model, hf_config, overrides):
     chosen = [x for x in (params, model, hf_config) if x is not None]
     if len(chosen) > 1:
@@ -63,18 +102,26 @@ def _model(params, model, hf_config, overrides):
             raise click.UsageError("--params takes no architecture flags; use --model or --hf-config with them")
         return from_params(params)
     try:
+        spec = None
         if model is not None:
-            return resolve.preset_spec(model, arch_flags)
-        if hf_config is not None:
-            return resolve.hf_config_spec(hf_config, arch_flags)
-        needed = ("vocab_size", "hidden_size", "num_layers", "num_heads")
-        if all(arch_flags.get(k) for k in needed):
+            spec = resolve.preset_spec(model, arch_flags)
+        elif hf_config is not None:
+            spec = resolve.hf_config_spec(hf_config, arch_flags)
+        elif all(arch_flags.get(k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads")):
             h = arch_flags["hidden_size"]
             a = _arch.Architecture(
                 arch_flags.pop("family", "hf-llama"), arch_flags["vocab_size"], h, arch_flags["num_layers"],
                 arch_flags["num_heads"], arch_flags.get("num_kv_heads") or arch_flags["num_heads"],
                 arch_flags.get("ffn_hidden_size") or 4 * h, arch_flags.get("tie_embeddings", False))
-            return from_architecture(a)
+            _arch.validate_architecture(a)
+            inputs.check_model_size(a.num_layers, _arch.num_params(a), "the model")
+            spec = from_architecture(a)
+        if spec is not None:
+            layers = spec.architecture.num_layers if spec.architecture else None
+            inputs.check_model_size(layers, spec.num_params, spec.name)
+            return spec
+    except InputError:
+        raise
     except ValueError as err:
         raise click.UsageError(str(err))
     raise click.UsageError("say what is trained: --params 7e9, --model llama-2-7b, --hf-config config.json, "
@@ -84,6 +131,8 @@ def _model(params, model, hf_config, overrides):
 def _setups(opts, ds, stages, hidden_size):
     """One Setup per stage asked for; command-line flags win over the ds_config."""
     fields = dict(ds.fields) if ds else {}
+    if ds is not None and ds.from_trainer and opts.get("zero_init") is None:
+        fields["zero_init"] = True   # HF Trainer builds stage-3 models under deepspeed.zero.Init
     for key in ("dtype", "optimizer", "grad_accum_dtype", "communication_data_type", "reduce_bucket_size",
                 "overlap_comm", "contiguous_gradients", "prefetch_bucket_size", "max_live_parameters",
                 "param_persistence_threshold", "max_reuse_distance", "sub_group_size", "offload_optimizer",
@@ -92,10 +141,8 @@ def _setups(opts, ds, stages, hidden_size):
             fields[key] = opts[key]
     dp = opts["dp"] if opts["dp"] is not None else opts["nodes"] * opts["gpus_per_node"]
     micro, gas = dsconfig.resolve_batch(ds.train_batch_size if ds else None,
-                                        opts["micro_batch"] or fields.pop("micro_batch", None),
-                                        opts["gas"] or fields.pop("gas", None), dp)
-    fields.pop("micro_batch", None)
-    fields.pop("gas", None)
+                                        opts["micro_batch"] or (ds.micro_batch if ds else None),
+                                        opts["gas"] or (ds.gas if ds else None), dp, from_config=ds is not None)
     if "optimizer" in fields:
         fields["optimizer"] = OPTIMIZERS[fields["optimizer"]]
     if stages is None:
@@ -116,6 +163,12 @@ def _setups(opts, ds, stages, hidden_size):
 
 
 def _shaped(num_params):
+    layers = _arch.generic(int(num_params)).num_layers
+    if layers > inputs.LIMITS["num_layers"].high:
+        raise InputFailure(f"--params {num_params:.3g}: the Llama-like shape assumed for it (for activations and "
+                           f"step time) has {layers:,} layers, above zerocalc's limit of "
+                           f"{int(inputs.LIMITS['num_layers'].high)} ({inputs.LIMITS['num_layers'].why}); ask about "
+                           f"at most about 3e12 parameters, or leave out --seq-len/--gpu for a P-only estimate")
     try:
         return shaped(num_params)
     except ValueError as err:
@@ -131,12 +184,12 @@ def model_options(f):
         click.option("--hf-config", type=click.Path(),
                      help="A Hugging Face config.json (any file name) or a model directory; a model_type "
                           "without a shipped profile is read from its code (pip install 'zerocalc[trace]')."),
-        click.option("--vocab-size", type=click.IntRange(min=1)),
-        click.option("--hidden-size", type=click.IntRange(min=1)),
-        click.option("--num-layers", type=click.IntRange(min=1)),
-        click.option("--num-heads", type=click.IntRange(min=1)),
-        click.option("--num-kv-heads", type=click.IntRange(min=1)),
-        click.option("--ffn-hidden-size", type=click.IntRange(min=1)),
+        click.option("--vocab-size", type=_int("vocab_size")),
+        click.option("--hidden-size", type=_int("hidden_size")),
+        click.option("--num-layers", type=_int("num_layers")),
+        click.option("--num-heads", type=_int("num_heads")),
+        click.option("--num-kv-heads", type=_int("num_kv_heads")),
+        click.option("--ffn-hidden-size", type=_int("ffn_hidden_size")),
         click.option("--tie-embeddings/--untie-embeddings", default=None),
     ]):
         f = opt(f)
@@ -146,15 +199,15 @@ def model_options(f):
 def host_options(f):
     """The host's side of step time (its speed issuing work, and offload's CPU Adam and PCIe), which
     the calibration measured on H200 hosts."""
-    f = click.option("--host-launch-us", type=click.FloatRange(min=0, min_open=True),
+    f = click.option("--host-launch-us", type=_float("host_launch_us"),
                      help="Microseconds the host takes to issue one tiny CUDA kernel from Python "
                           "(`python benchmarks/host_launch.py` measures yours): small and stage-3 steps are "
                           "host-bound and scale with it [default: the calibration's, the H200 VMs' median; "
                           "they drifted between 7 and 25].")(f)
-    f = click.option("--host-link-gbps", type=click.FloatRange(min=0, min_open=True),
+    f = click.option("--host-link-gbps", type=_float("gbps"),
                      help="Offload: GB/s between a host's memory and its GPUs, all of them together "
                           "[default: the calibration's, fitted on the H200 hosts].")(f)
-    return click.option("--cpu-adam-rate", type=click.FloatRange(min=0, min_open=True),
+    return click.option("--cpu-adam-rate", type=_float("cpu_adam_rate"),
                         help="Offload: DeepSpeedCPUAdam elements per second on a whole host, e.g. 3.2e9 "
                              "(`python benchmarks/cpu_adam.py` measures yours) [default: the calibration's].")(f)
 
@@ -177,7 +230,7 @@ def _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, nu
     return _model(params, model_name, hf_config, overrides)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, message=f"zerocalc %(version)s (models DeepSpeed {DEEPSPEED_VERSION})")
 def main():
     """Per-rank memory and communication of DeepSpeed ZeRO, as DeepSpeed really behaves.
@@ -192,33 +245,66 @@ def main():
     """
 
 
+ZERO_INIT_HELP = ("Stage 3: the model is built under deepspeed.zero.Init, as HF Trainer builds it (no whole copy "
+                  "on the GPU at init) [default: on when the ds_config has HF Trainer \"auto\" values, else off].")
+
+
+def _zero_init_note(setups, ds, flag) -> str | None:
+    """The header line that says whether stage 3 is modelled under zero.Init, and why."""
+    if not any(s.stage == 3 for s in setups):
+        return None
+    on = any(s.zero_init for s in setups if s.stage == 3)
+    if flag is not None:
+        why = "--zero-init" if flag else "--no-zero-init"
+    elif ds is not None and ds.from_trainer:
+        why = "default for a ds_config with HF Trainer \"auto\" values: Trainer builds stage-3 models under it"
+    else:
+        why = "default: the model is built outside it; --zero-init if it is built under it, as HF Trainer does"
+    return f"zero.Init: {'on' if on else 'off'} ({why})"
+
+
+def _dtype_note(ds, dtype_flag) -> str | None:
+    """Which of fp16/bf16 a Trainer config's "auto" resolves to, and why."""
+    if ds is None or not ds.dtype_auto:
+        return None
+    given = " and ".join(f"{k}.enabled" for k in ds.dtype_auto)
+    if dtype_flag is not None:
+        return f"{given} \"auto\": Trainer fills from its --fp16/--bf16; taken as {dtype_flag} (--dtype)"
+    if len(ds.dtype_auto) == 2:
+        return (f"{given} are \"auto\": Trainer enables the one its --bf16 or --fp16 asks for; taken as bf16 "
+                "(give --dtype fp16, or --dtype fp32 for neither)")
+    other = "bf16" if ds.dtype_auto[0] == "fp16" else "fp16"
+    taken = ds.fields.get("dtype")
+    return (f"{given} is \"auto\" (Trainer fills it from its --{ds.dtype_auto[0]}): taken as {taken}"
+            + (f", since {other} is enabled" if taken == other else "") + "; --dtype to change")
+
+
 @main.command("estimate")
 @model_options
-@click.option("--dp", type=int, help="Data-parallel ranks N (default: nodes × GPUs per node).")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--dp", type=_int("dp"), help="Data-parallel ranks N (default: nodes × GPUs per node).")
+@click.option("--nodes", type=_int("nodes"), default=1, show_default=True)
+@click.option("--gpus-per-node", type=_int("gpus_per_node"), default=1, show_default=True)
 @click.option("--stage", "stage_text", help="0, 1, 2, 3, a list (2,3) or all (default; or the ds_config's).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), help="Training dtype [default: bf16].")
 @click.option("--optimizer", type=click.Choice(sorted(OPTIMIZERS)), help="[default: adamw]")
-@click.option("--gas", type=click.IntRange(min=1), help="Gradient-accumulation steps [default: 1].")
-@click.option("--micro-batch", type=click.IntRange(min=1), help="Micro-batch per GPU [default: 1].")
-@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (for activations).")
+@click.option("--gas", type=_int("gas"), help="Gradient-accumulation steps [default: 1].")
+@click.option("--micro-batch", type=_int("micro_batch"), help="Micro-batch per GPU [default: 1].")
+@click.option("--seq-len", type=_int("seq_len"), help="Sequence length (for activations).")
 @click.option("--grad-accum-dtype", type=click.Choice(["fp32", "fp16", "bf16"]))
 @click.option("--communication-data-type", type=click.Choice(["fp32", "fp16", "bf16"]))
-@click.option("--reduce-bucket-size", type=COUNT, help="Elements [default: 5e8].")
+@click.option("--reduce-bucket-size", type=ELEMENTS, help="Elements [default: 5e8].")
 @click.option("--overlap-comm/--no-overlap-comm", default=None)
 @click.option("--contiguous-gradients/--no-contiguous-gradients", default=None)
-@click.option("--prefetch-bucket-size", type=COUNT, help="stage3_prefetch_bucket_size, elements [default: 5e7].")
-@click.option("--max-live-parameters", type=COUNT, help="stage3_max_live_parameters [default: 1e9].")
-@click.option("--param-persistence-threshold", type=COUNT, help="stage3_param_persistence_threshold [default: 1e5].")
-@click.option("--max-reuse-distance", type=COUNT, help="stage3_max_reuse_distance [default: 1e9].")
-@click.option("--sub-group-size", type=COUNT, help="[default: 1e9]")
+@click.option("--prefetch-bucket-size", type=ELEMENTS0, help="stage3_prefetch_bucket_size, elements [default: 5e7].")
+@click.option("--max-live-parameters", type=ELEMENTS0, help="stage3_max_live_parameters [default: 1e9].")
+@click.option("--param-persistence-threshold", type=ELEMENTS0, help="stage3_param_persistence_threshold [default: 1e5].")
+@click.option("--max-reuse-distance", type=ELEMENTS0, help="stage3_max_reuse_distance [default: 1e9].")
+@click.option("--sub-group-size", type=ELEMENTS, help="[default: 1e9]")
 @click.option("--offload-optimizer", type=click.Choice(["none", "cpu", "nvme"]))
 @click.option("--offload-param", type=click.Choice(["none", "cpu", "nvme"]), help="Stage 3 only.")
 @click.option("--activation-checkpointing/--no-activation-checkpointing", default=None)
 @click.option("--attention", type=click.Choice(["eager", "sdpa", "flash"]))
-@click.option("--zero-init/--no-zero-init", default=None,
-              help="Stage 3: the model is built under deepspeed.zero.Init (as HF Trainer does) [default: no].")
+@click.option("--zero-init/--no-zero-init", default=None, help=ZERO_INIT_HELP)
 @click.option("--expandable-segments/--no-expandable-segments", default=None,
               help="PyTorch's allocator runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less "
                    "reserved beyond allocated (measured on H200: 1.06-1.36x instead of 1.08-1.73x) [default: no].")
@@ -228,9 +314,9 @@ def main():
                    "without either, the smallest usual GPU each stage fits on].")
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)),
               help="Hardware for step time (and --gpu-memory's default): adds time to each estimate.")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), help="Override the GPU's peak TFLOP/s.")
-@click.option("--intra-node-gbps", type=click.FloatRange(min=0, min_open=True), help="GB/s per GPU inside a node.")
-@click.option("--inter-node-gbps", type=click.FloatRange(min=0, min_open=True), help="GB/s per GPU between nodes.")
+@click.option("--peak-tflops", type=_float("peak_tflops"), help="Override the GPU's peak TFLOP/s.")
+@click.option("--intra-node-gbps", type=_float("gbps"), help="GB/s per GPU inside a node.")
+@click.option("--inter-node-gbps", type=_float("gbps"), help="GB/s per GPU between nodes.")
 @click.option("--calibration", "calibration_name", default="h200", show_default=True,
               help="Calibrated constants: a shipped name or a JSON file written by `python -m validate fit`.")
 @host_options
@@ -263,18 +349,26 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
       # What your own ds_config does on 4 nodes of 8 GPUs, as CSV (every time field a column)
       zerocalc estimate --hf-config config.json --nodes 4 --gpus-per-node 8 --ds-config ds_config.json --format csv
     """
+    ctx = click.get_current_context()
+    explicit = lambda name: ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE  # noqa: E731
+    if opts["dp"] is not None and (explicit("nodes") or explicit("gpus_per_node")) \
+            and opts["dp"] != opts["nodes"] * opts["gpus_per_node"]:
+        raise click.UsageError(f"--dp {opts['dp']} contradicts --nodes {opts['nodes']} × --gpus-per-node "
+                               f"{opts['gpus_per_node']} = {opts['nodes'] * opts['gpus_per_node']}: give --dp alone "
+                               "or make them agree")
+    if opts["dp"] is None:
+        check_int("dp", opts["nodes"] * opts["gpus_per_node"], "--nodes × --gpus-per-node")
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings)
-    if opts["dp"] is not None and opts["dp"] < 1:
-        raise click.BadParameter(f"data-parallel size must be at least 1, got {opts['dp']}", param_hint="--dp")
     stages = _stages(stage_text)
     ds = None
     if ds_config is not None:
         hidden = spec.architecture.hidden_size if spec.architecture else None
         try:
-            ds = dsconfig.parse(_read_json(ds_config), hidden)
-        except ValueError as err:
-            raise click.BadParameter(str(err), param_hint="--ds-config")
+            ds = dsconfig.parse(dsconfig.load(ds_config), hidden)
+        except dsconfig.DsConfigError as err:
+            msg = str(err)
+            raise InputFailure(msg if msg.startswith(f"{ds_config}:") else f"{ds_config}: {msg}")
         for w in ds.warnings:
             click.echo(f"warning: {w}", err=True)
         missing = [n for n in ds.needs if opts.get(n.replace("-", "_")) is None]
@@ -283,6 +377,8 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
                                    + " and ".join(f"--{n}" for n in missing))
     try:
         setups = _setups(opts, ds, stages, spec.architecture)
+    except dsconfig.DsConfigError as err:
+        raise InputFailure(f"{ds_config}: {err}")
     except ValueError as err:
         raise click.UsageError(str(err))
     if spec.architecture is None and any(s.seq_len for s in setups):
@@ -300,6 +396,10 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     estimates = [estimate(spec, s, gpu_memory, cal, hw) for s in setups]
     for note in resolve.notes(spec, [s.stage for s in setups]):
         click.echo(f"note: {note}", err=True)
+    if fmt == "table":
+        for note in (_dtype_note(ds, opts.get("dtype")), _zero_init_note(setups, ds, opts.get("zero_init"))):
+            if note:
+                click.echo(note)
     click.echo(render.render(estimates, fmt))
 
 
@@ -308,23 +408,26 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 @model_options
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)), required=True)
 @click.option("--gpu-memory", type=SIZE, help="Per-GPU memory [default: the GPU preset's].")
-@click.option("--max-gpus", type=click.IntRange(min=1), default=8, show_default=True, help="The GPU budget.")
-@click.option("--seq-len", type=click.IntRange(min=1), required=True)
-@click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences per optimizer step.")
+@click.option("--max-gpus", type=_int("max_gpus"), default=8, show_default=True, help="The GPU budget.")
+@click.option("--seq-len", type=_int("seq_len"), required=True)
+@click.option("--global-batch", type=_int("global_batch"), required=True, help="Sequences per optimizer step.")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="bf16", show_default=True)
 @click.option("--min-gpus", "fewest", is_flag=True, help="Answer the fewest GPUs that can train this.")
-@click.option("--price-per-gpu-hour", type=click.FloatRange(min=0, min_open=True), help="Rank by cost per token.")
-@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--price-per-gpu-hour", type=_float("price"), help="Rank by cost per token.")
+@click.option("--top", type=_int("top"), default=10, show_default=True)
 @click.option("--explain", is_flag=True, help="Also list the rejected candidates and why.")
 @click.option("--expandable-segments", is_flag=True,
               help="Judge fit with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less reserved).")
+@click.option("--zero-init/--no-zero-init", default=False, help=(
+    "Stage-3 candidates are built under deepspeed.zero.Init, as HF Trainer builds them [default: off, "
+    "the model is built outside it, as a plain script does]."))
 @click.option("--calibration", "calibration_name", default="h200", show_default=True)
 @host_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
              ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, max_gpus, seq_len, global_batch, dtype, fewest,
-             price_per_gpu_hour, top, explain, expandable_segments, calibration_name, cpu_adam_rate, host_link_gbps,
-             host_launch_us, fmt):
+             price_per_gpu_hour, top, explain, expandable_segments, zero_init, calibration_name, cpu_adam_rate,
+             host_link_gbps, host_launch_us, fmt):
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
 
     Enumerates stage × offload × GPU count (powers of two, whole nodes past one) × micro-batch ×
@@ -348,10 +451,14 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     if spec.architecture is None:   # activations and step time need a shape: a Llama-like one of exactly P
         spec = _shaped(spec.num_params)
     note = render.shape_note(spec)
+    init_note = (f"zero.Init: {'on' if zero_init else 'off'} for stage-3 candidates ("
+                 + ("--zero-init" if zero_init else "default; --zero-init if the model is built under it, as HF "
+                                                    "Trainer does") + ")")
     cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
     hw = hardware.gpu(gpu_name)
     memory = gpu_memory or hw.memory_bytes
-    base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments)
+    base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments,
+                 zero_init=zero_init)
     cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal)
     ranked = plan.rank(cands, price_per_gpu_hour)
     if fewest:
@@ -363,48 +470,92 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
         sys.exit(1)
 
 
-def _list(kind):
+def _list(parse, limit, option):
+    """A comma-separated list, each item parsed and range-checked; an empty list refused."""
     def convert(ctx, param, value):
         try:
-            return [kind(x) for x in str(value).split(",") if x.strip()]
+            items = [x for x in str(value).split(",") if x.strip()]
+            if not items:
+                raise ValueError("give at least one value")
+            if len(items) > MAX_SWEEP_VALUES:
+                raise ValueError(f"{len(items):,} values; a sweep takes at most {MAX_SWEEP_VALUES:,} per axis")
+            return [check_int(limit, parse(x), option) for x in items]
         except ValueError as err:
-            raise click.BadParameter(f"{value!r}: give a comma-separated list ({err})")
+            raise click.BadParameter(f"{value!r}: {err} (give a comma-separated list)")
     return convert
 
 
 _PARAM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}   # the sweep's param_bytes axis, per --dtype
 
 
+def _whole(text):
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{text.strip()!r} is not a whole number")
+
+
+# A sweep evaluates about a kilobyte of numpy arrays per row; 2^21 rows keep it to a few hundred MB.
+# Each distinct stage-3 parameter count costs one trace replay (milliseconds): 1000 values per axis.
+MAX_SWEEP_ROWS = 2**21
+MAX_SWEEP_VALUES = 1000
+
+
 @main.command("sweep")
-@click.option("--params", "params_list", required=True, callback=_list(parse_count),
+@click.option("--params", "params_list", required=True, callback=_list(parse_count, "params", "--params"),
               help="Comma list of parameter counts: 1e9,7B,70e9.")
-@click.option("--dp", "dp_list", default="1,8,64", show_default=True, callback=_list(int))
-@click.option("--stage", "stage_list", default="0,1,2,3", show_default=True, callback=_list(int))
-@click.option("--dtype", "dtype_list", default="bf16", show_default=True, callback=_list(str),
+@click.option("--dp", "dp_list", default="1,8,64", show_default=True, callback=_list(_whole, "dp", "--dp"))
+@click.option("--stage", "stage_list", default="0,1,2,3", show_default=True,
+              callback=_list(_whole, "elements", "--stage"))
+@click.option("--dtype", "dtype_list", default="bf16", show_default=True,
               help="bf16, fp16 and/or fp32. fp16 and bf16 hold the same bytes (param_bytes 2, one set of rows); "
                    "fp16's 1-byte overflow all-reduce at stage 3 is left out, as are the other few-byte collectives.")
-@click.option("--gas", "gas_list", default="1", show_default=True, callback=_list(int))
+@click.option("--gas", "gas_list", default="1", show_default=True, callback=_list(_whole, "gas", "--gas"))
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="CSV file [default: standard output].")
 def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
     """Every combination of the lists, vectorized: resident and peak bytes, logged and wire
     communication per rank, for P-only models (no activations). A million rows take about a second."""
     import csv
+    import os
+    import tempfile
     from zerocalc import sweep
+    dtype_list = [d.strip() for d in dtype_list.split(",") if d.strip()]
     unknown = [d for d in dtype_list if d not in _PARAM_BYTES]
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}: give bf16, fp16 or fp32", param_hint="--dtype")
-    if any(s not in (0, 1, 2, 3) for s in stage_list) or any(n < 1 for n in dp_list) or any(g < 1 for g in gas_list):
-        raise click.UsageError("stages are 0-3; --dp and --gas must be at least 1")
-    g = sweep.grid(num_params=params_list, dp=dp_list, stage=stage_list,
-                   param_bytes=list(dict.fromkeys(_PARAM_BYTES[d] for d in dtype_list)), gas=gas_list)
-    columns = sweep.table(g, sweep.evaluate(g))
-    f = open(out_path, "w", newline="") if out_path else sys.stdout
-    w = csv.writer(f, lineterminator="\n")
-    w.writerow(columns)
-    w.writerows(zip(*columns.values()))
+    if unknown or not dtype_list:
+        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}: give bf16, fp16 or fp32", param_hint="--dtype")
+    bad = [s for s in stage_list if s not in (0, 1, 2, 3)]
+    if bad:
+        raise click.BadParameter(f"stage {bad[0]} does not exist: stages are 0-3", param_hint="--stage")
+    param_bytes = list(dict.fromkeys(_PARAM_BYTES[d] for d in dtype_list))
+    rows = len(params_list) * len(dp_list) * len(stage_list) * len(param_bytes) * len(gas_list)
+    if rows > MAX_SWEEP_ROWS:
+        raise click.UsageError(f"{rows:,} combinations; a sweep writes at most {MAX_SWEEP_ROWS:,} rows at once "
+                               "(about a few hundred MB of arrays): split it into several sweeps")
     if out_path:
-        f.close()
-        click.echo(f"{len(g['num_params']):,} rows -> {out_path}", err=True)
+        inputs.check_output_path(out_path)
+    g = sweep.grid(num_params=params_list, dp=dp_list, stage=stage_list, param_bytes=param_bytes, gas=gas_list)
+    columns = sweep.table(g, sweep.evaluate(g))
+    if not out_path:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows(zip(*columns.values()))
+        return
+    # Written beside the target and renamed over it: a full disk leaves no half-written file.
+    folder = os.path.dirname(os.path.abspath(out_path))
+    fd, tmp = tempfile.mkstemp(prefix=".zerocalc-sweep-", suffix=".csv", dir=folder)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(columns)
+            w.writerows(zip(*columns.values()))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)    # as open() would have created it
+        os.replace(tmp, out_path)
+    except OSError as err:
+        os.unlink(tmp)
+        raise InputFailure(f"cannot write {out_path}: {err.strerror or err}; nothing was written")
+    click.echo(f"{len(g['num_params']):,} rows -> {out_path}", err=True)
 
 
 @main.command("models")

@@ -1,177 +1,593 @@
-"""Read a real DeepSpeed ds_config.json into Setup fields.
+"""Read a ds_config the way DeepSpeed 0.19.8 reads it, into Setup fields.
 
-Keys follow DeepSpeed 0.19.8's config (`runtime/config.py`, `runtime/zero/config.py`). Hugging Face
-Trainer's "auto" values are resolved the way its DeepSpeed integration does
+DeepSpeed loads the file with `hjson` and a duplicate-key check (`runtime/config.py`,
+`DeepSpeedConfig.__init__`, `config_utils.dict_raise_error_on_duplicate_keys`), then validates
+`zero_optimization`, `fp16` and `bf16` with pydantic models in lax mode (`runtime/zero/config.py`,
+`runtime/zero/offload_config.py`, `runtime/precision_config.py`; `extra="forbid"`, and values of
+"auto" dropped by `DeepSpeedConfigModel.__init__`), and the batch keys by `_batch_assertion`.
+This module follows each of those rules without importing pydantic or DeepSpeed:
+`tests/test_dsconfig_deepspeed.py` holds its verdict and resolved values to `DeepSpeedConfig`'s.
+
+Hugging Face Trainer's "auto" values are resolved the way its DeepSpeed integration does
 (`transformers/integrations/deepspeed.py`: reduce_bucket_size = h², stage3_prefetch_bucket_size =
-0.9·h², stage3_param_persistence_threshold = 10·h) when the hidden size is known; batch sizes left at
-"auto" must come from the command line. Unknown keys produce warnings, never errors.
+0.9·h², stage3_param_persistence_threshold = 10·h, fp16/bf16.enabled from --fp16/--bf16) when the
+hidden size is known; batch sizes left at "auto" must come from the command line. A config with
+"auto" values comes from Trainer, which builds stage-3 models under deepspeed.zero.Init.
+
+Every error names the key and the value: `zero_optimization.stage = 4: ZeRO stages are 0, 1, 2, 3`;
+the caller prefixes the file.
 """
+import json
+import math
+import re
 from dataclasses import dataclass, field
 
-from zerocalc.training import DTYPE_BYTES
+from zerocalc.inputs import InputError, read_text
 
-_ZERO_KEYS = {
-    "stage": "stage",
-    "reduce_bucket_size": "reduce_bucket_size",
-    "overlap_comm": "overlap_comm",
-    "contiguous_gradients": "contiguous_gradients",
-    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
-    "prefetch_bucket_size": "prefetch_bucket_size",
-    "stage3_max_live_parameters": "max_live_parameters",
-    "max_live_parameters": "max_live_parameters",
-    "stage3_param_persistence_threshold": "param_persistence_threshold",
-    "param_persistence_threshold": "param_persistence_threshold",
-    "stage3_model_persistence_threshold": "model_persistence_threshold",
-    "model_persistence_threshold": "model_persistence_threshold",
-    "stage3_max_reuse_distance": "max_reuse_distance",
-    "max_reuse_distance": "max_reuse_distance",
-    "sub_group_size": "sub_group_size",
+
+class DsConfigError(InputError):
+    """A ds_config DeepSpeed would refuse (or zerocalc cannot model); the message names key and value."""
+
+
+def _show(value) -> str:
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fail(key: str, value, why: str):
+    raise DsConfigError(f"{key} = {_show(value)}: {why}")
+
+
+# ---- pydantic's lax coercions (pydantic 2, as DeepSpeed 0.19.8's models use them) ----------------
+
+_TRUE = {"1", "on", "t", "true", "y", "yes"}
+_FALSE = {"0", "off", "f", "false", "n", "no"}
+
+
+def coerce_bool(key: str, value) -> bool:
+    """pydantic's lax bool: true/false, 0/1 (int or float), and the strings yes/no, on/off, t/f,
+    y/n, true/false, 1/0 in any case (no surrounding spaces)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+    _fail(key, value, "must be true or false")
+
+
+_INT_TEXT = re.compile(r"^[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?$")
+_I64 = 2**63
+
+
+def coerce_int(key: str, value, minimum: int | None = None, exclusive: bool = False) -> int:
+    """pydantic's lax int: an integer (true/false count as 1/0), a float with no fractional part
+    below 2^63 in size, or a string of digits (spaces around, underscores between digits and a
+    '.0' tail allowed); then DeepSpeed's bound (ge or gt) on the field."""
+    if isinstance(value, bool):
+        out = int(value)
+    elif isinstance(value, int):
+        out = value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            _fail(key, value, "must be a finite whole number")
+        if value != int(value):
+            _fail(key, value, "must be a whole number")
+        if abs(value) >= _I64:
+            _fail(key, value, "is too large (DeepSpeed reads at most 2^63 from a number with a decimal point)")
+        out = int(value)
+    elif isinstance(value, str) and _INT_TEXT.match(value.strip()) and len(value.strip()) <= 4300:
+        out = int(value.strip().split(".")[0])
+    else:
+        _fail(key, value, "must be a whole number")
+    if minimum is not None and (out <= minimum if exclusive else out < minimum):
+        _fail(key, value, f"must be {'greater than' if exclusive else 'at least'} {minimum}")
+    return out
+
+
+def coerce_float(key: str, value, low: float | None = None, high: float | None = None) -> float:
+    """pydantic's lax float (numbers, true/false, numeric strings), then the field's bounds."""
+    if isinstance(value, (bool, int, float)):
+        out = float(value)
+    elif isinstance(value, str):
+        try:
+            out = float(value.strip().replace("_", ""))
+        except ValueError:
+            _fail(key, value, "must be a number")
+    else:
+        _fail(key, value, "must be a number")
+    if (low is not None and not out >= low) or (high is not None and not out <= high):
+        _fail(key, value, f"must be between {low} and {high}")
+    return out
+
+
+def coerce_stage(key: str, value) -> int:
+    """ZeroStageEnum (an int enum): 0-3 as a number, true/false, or a string of digits."""
+    if isinstance(value, str) and re.match(r"^[+-]?[0-9]+(?:\.0+)?$", value.strip()):
+        value = int(value.strip().split(".")[0])
+    if isinstance(value, (bool, int)) or (isinstance(value, float) and value.is_integer()):
+        if int(value) in (0, 1, 2, 3):
+            return int(value)
+    _fail(key, value, "ZeRO stages are 0, 1, 2, 3")
+
+
+def _device(key: str, value) -> str:
+    if value in ("none", "cpu", "nvme"):
+        return value
+    _fail(key, value, "the offload device is \"none\", \"cpu\" or \"nvme\"")
+
+
+def _path(key: str, value):
+    if value is not None and not isinstance(value, str):
+        _fail(key, value, "must be a path (a string)")
+
+
+# ---- the schemas: DeepSpeed 0.19.8's field names, aliases, types and bounds ---------------------
+# kind: "bool", "optbool" (null allowed), ("int", minimum, exclusive), ("float", low, high), "stage",
+# "device", "path", "dict" (validated by DeepSpeed beyond this model; taken as given).
+_GE0, _GT0, _ANYINT = ("int", 0, False), ("int", 0, True), ("int", None, False)
+ZERO_FIELDS = {
+    "stage": "stage", "contiguous_gradients": "bool", "reduce_scatter": "bool", "reduce_bucket_size": _GT0,
+    "use_multi_rank_bucket_allreduce": "bool", "allgather_partitions": "bool", "allgather_bucket_size": _GE0,
+    "overlap_comm": "optbool", "compute_grad_norm": "bool", "load_from_fp32_weights": "bool",
+    "elastic_checkpoint": "bool", "offload_param": "offload_param", "offload_optimizer": "offload_optimizer",
+    "zenflow": "dict", "sub_group_size": _GE0, "cpu_offload_param": "optbool", "cpu_offload_use_pin_memory": "optbool",
+    "cpu_offload": "optbool", "prefetch_bucket_size": _GE0, "param_persistence_threshold": _GE0,
+    "model_persistence_threshold": _GE0, "max_live_parameters": _GE0, "max_reuse_distance": _GE0,
+    "gather_16bit_weights_on_model_save": "bool", "module_granularity_threshold": _ANYINT,
+    "use_all_reduce_for_fetch_params": "bool", "allgather_sequential": "bool",
+    "stage3_gather_fp16_weights_on_model_save": "bool", "ignore_unused_parameters": "bool", "legacy_stage1": "bool",
+    "round_robin_gradients": "bool", "parameter_alignment": "bool", "zero_hpz_partition_size": _GE0,
+    "zero_quantized_weights": "bool", "zero_quantized_nontrainable_weights": "bool",
+    "zero_quantized_gradients": "bool", "memory_efficient_linear": "bool", "pipeline_loading_checkpoint": "bool",
+    "override_module_apply": "bool", "log_trace_cache_warnings": "bool", "enable_sanity_checks": "bool",
+    "save_muon_momentum_buffer_in_memory": "bool", "leaf_module": "dict",
 }
-# Keys DeepSpeed reads that change neither memory nor communication in this model (or that 0.19.8
-# ignores: allgather_bucket_size and allgather_partitions, see the facts file).
-_ZERO_IGNORED = {"allgather_partitions", "allgather_bucket_size", "reduce_scatter", "round_robin_gradients",
-                 "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-                 "elastic_checkpoint", "load_from_fp32_weights", "ignore_unused_parameters",
-                 "use_multi_rank_bucket_allreduce", "zero_hpz_partition_size", "zero_quantized_weights",
-                 "zero_quantized_gradients", "memory_efficient_linear", "cpu_offload", "legacy_stage1"}
-_TOP_IGNORED = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "scheduler", "zero_allow_untested_optimizer",
-                "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "tensorboard", "wandb",
-                "csv_monitor", "comms_logger", "flops_profiler", "activation_checkpointing", "checkpoint",
-                "dump_state", "zero_force_ds_cpu_optimizer", "memory_breakdown", "amp", "seed", "logging"}
-_INT_FIELDS = {"stage", "reduce_bucket_size", "prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold",
-               "model_persistence_threshold", "max_reuse_distance", "sub_group_size"}
-_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "onebitadam": "adam", "fusedadam": "adam"}
+# The stage-3 fields are written with a "stage3_" prefix (pydantic aliases); the bare name works too.
+ZERO_ALIASES = {f"stage3_{k}": k for k in (
+    "prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold", "max_live_parameters",
+    "max_reuse_distance", "gather_16bit_weights_on_model_save", "module_granularity_threshold",
+    "use_all_reduce_for_fetch_params", "allgather_sequential")}
+OFFLOAD_PARAM_FIELDS = {"device": "device", "nvme_path": "path", "buffer_count": _GE0, "buffer_size": _GE0,
+                        "max_in_cpu": _GE0, "pin_memory": "bool"}
+OFFLOAD_OPTIMIZER_FIELDS = {"device": "device", "nvme_path": "path", "buffer_count": _GE0, "pin_memory": "bool",
+                            "pipeline_read": "bool", "pipeline_write": "bool", "fast_init": "bool",
+                            "ratio": ("float", 0.0, 1.0), "super_offload": "bool",
+                            "cpuadam_cores_perc": ("float", 0.0, 1.0)}
+FP16_FIELDS = {"enabled": "bool", "auto_cast": "bool", "loss_scale": "loss_scale", "initial_scale_power": _ANYINT,
+               "loss_scale_window": "strict_int", "hysteresis": _ANYINT, "consecutive_hysteresis": "bool",
+               "min_loss_scale": "strict_int", "fp16_master_weights_and_grads": "bool"}
+BF16_FIELDS = {"enabled": "bool", "immediate_grad_update": "bool", "check_grad_overflow": "bool",
+               "bf16_master_weights_and_grads": "bool", "bf16_optimizer_states": "bool"}
+# Setup fields zerocalc models, by DeepSpeed field name.
+_MODELLED = {"stage": "stage", "reduce_bucket_size": "reduce_bucket_size", "overlap_comm": "overlap_comm",
+             "contiguous_gradients": "contiguous_gradients", "prefetch_bucket_size": "prefetch_bucket_size",
+             "max_live_parameters": "max_live_parameters",
+             "param_persistence_threshold": "param_persistence_threshold",
+             "model_persistence_threshold": "model_persistence_threshold",
+             "max_reuse_distance": "max_reuse_distance", "sub_group_size": "sub_group_size"}
+# Keys DeepSpeed 0.19.8 refuses outright (`runtime/config.py`, `_reject_removed_config_keys`).
+REMOVED_TOP = ("nebula", "compression_training", "amp", "quantize_training", "sparse_gradients", "eigenvalue",
+               "sparse_attention", "elasticity", "graph_harvesting", "curriculum_learning", "progressive_layer_drop")
+REMOVED_ZERO = ("mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param")
+# Top-level keys DeepSpeed reads that change neither memory nor communication here.
+_TOP_KNOWN = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "scheduler",
+              "zero_allow_untested_optimizer", "prescale_gradients", "gradient_predivide_factor", "tensorboard",
+              "wandb", "csv_monitor", "comet", "comms_logger", "flops_profiler", "activation_checkpointing",
+              "checkpoint", "dump_state", "zero_force_ds_cpu_optimizer", "memory_breakdown", "seed", "logging",
+              "aio", "autotuning", "pipeline", "data_efficiency", "compile", "timers", "tensor_parallel",
+              "torch_autocast", "dataloader_drop_last", "disable_allgather", "gradient_allreduce_op",
+              "hybrid_engine", "weight_quantization", "sequence_parallel_size", "zero_optimization",
+              "fp16", "bf16", "bfloat16", "train_batch_size", "train_micro_batch_size_per_gpu",
+              "gradient_accumulation_steps", "optimizer", "communication_data_type", "data_types", "vocabulary_size",
+              "monitor_config", "use_data_before_expert_parallel_", "expert_parallel", "disable_python_gc",
+              "managed_gradient_accumulation", "seq_parallel_communication_data_type", "load_universal_checkpoint",
+              "use_node_local_storage", "mesh_param", "datastates_ckpt", "zenflow", "graph_harvesting"}
+
+
+def _strict_int(key, value):
+    # fp16.loss_scale_window / min_loss_scale: a validator refuses bools and non-finite floats first.
+    if isinstance(value, bool):
+        _fail(key, value, "must be an integer, not true/false")
+    return coerce_int(key, value)
+
+
+def _loss_scale(key, value):
+    if isinstance(value, bool):
+        _fail(key, value, "must be a number, not true/false")
+    out = coerce_float(key, value)
+    if not math.isfinite(out) or out < 0:
+        _fail(key, value, "must be a finite number >= 0 (0 is dynamic loss scaling)")
+    return out
+
+
+def _coerce(kind, key: str, value):
+    if kind == "bool":
+        return coerce_bool(key, value)
+    if kind == "optbool":
+        return None if value is None else coerce_bool(key, value)
+    if kind == "stage":
+        return coerce_stage(key, value)
+    if kind == "device":
+        return _device(key, value)
+    if kind == "path":
+        return _path(key, value)
+    if kind in ("dict", "offload_param", "offload_optimizer"):   # the offload blocks: see read_zero
+        if value is not None and not isinstance(value, dict):
+            _fail(key, value, "must be an object {...}")
+        return value
+    if kind == "strict_int":
+        return _strict_int(key, value)
+    if kind == "loss_scale":
+        return _loss_scale(key, value)
+    if kind[0] == "int":
+        return coerce_int(key, value, kind[1], kind[2])
+    if kind[0] == "float":
+        return coerce_float(key, value, kind[1], kind[2])
+    raise AssertionError(kind)
+
+
+def _model(block: dict, schema: dict, prefix: str, aliases: dict | None = None, drop_auto: bool = True) -> dict:
+    """One pydantic model's validation: unknown keys refused (extra="forbid"), a field given under
+    both its name and its alias refused, "auto" dropped (the default is used), each value coerced."""
+    if not isinstance(block, dict):
+        _fail(prefix, block, "must be an object {...}")
+    out, seen = {}, {}
+    for key, value in block.items():
+        name = (aliases or {}).get(key, key)
+        if name not in schema:
+            raise DsConfigError(f"{prefix}.{key} = {_show(value)}: DeepSpeed 0.19.8 has no such key (it refuses "
+                                f"unknown keys here)")
+        if name in seen:
+            raise DsConfigError(f"{prefix}.{key}: given twice, as {seen[name]} and {key}")
+        seen[name] = key
+        if drop_auto and value == "auto":
+            continue
+        out[name] = _coerce(schema[name], f"{prefix}.{key}", value)
+    return out
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """DeepSpeedZeroConfig's resolved values (those zerocalc models or checks)."""
+    values: dict                  # DeepSpeed field name -> coerced value, as given
+    stage: int
+    overlap_comm: bool            # None resolved: True at stage 3 only (`overlap_comm_valid`)
+    offload_optimizer: str
+    offload_param: str
+    auto: tuple[str, ...]         # fields left at "auto" (DeepSpeed's default unless Trainer fills them)
+
+
+def read_zero(zero) -> ZeroConfig:
+    """`zero_optimization` as DeepSpeedZeroConfig validates it (`get_zero_config`)."""
+    key = "zero_optimization"
+    if isinstance(zero, bool):   # the deprecated form: true is stage 1
+        zero = {"stage": 1} if zero else {}
+    if not isinstance(zero, dict):
+        _fail(key, zero, "must be an object {...}")
+    for removed in REMOVED_ZERO:
+        if removed in zero:
+            raise DsConfigError(f"{key}.{removed}: removed in DeepSpeed 0.19.8, which refuses it")
+    auto = tuple(ZERO_ALIASES.get(k, k) for k, v in zero.items() if v == "auto")
+    values = _model(zero, ZERO_FIELDS, key, ZERO_ALIASES)
+    stage = values.get("stage", 0)
+    offloads = {}
+    for name, schema in (("offload_param", OFFLOAD_PARAM_FIELDS), ("offload_optimizer", OFFLOAD_OPTIMIZER_FIELDS)):
+        block = zero.get(name)
+        if block is None or name not in values:
+            offloads[name] = {}
+            continue
+        # nested models are validated from the dict, without DeepSpeedConfigModel.__init__: "auto" stays
+        offloads[name] = _model(block, schema, f"{key}.{name}", drop_auto=False)
+    # deprecated booleans (`_process_deprecated_field`): cpu_offload -> offload_optimizer cpu,
+    # cpu_offload_param -> offload_param cpu; asserting when the new key is given too.
+    for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+        if old in values:
+            if new in values:
+                raise DsConfigError(f"{key}.{old}: deprecated, and cannot be given together with {key}.{new}")
+            if values[old]:
+                offloads[new] = {"device": "cpu"}
+    if values.get("compute_grad_norm") is False and stage not in (1, 2):
+        raise DsConfigError(f"{key}.compute_grad_norm = false: supported only with ZeRO stage 1 or 2")
+    if offloads["offload_optimizer"].get("ratio", 1.0) < 1.0 and stage != 3:
+        raise DsConfigError(f"{key}.offload_optimizer.ratio = {offloads['offload_optimizer']['ratio']}: partial "
+                            "offloading needs ZeRO stage 3")
+    overlap = values.get("overlap_comm")
+    return ZeroConfig(values, stage, stage == 3 if overlap is None else overlap,
+                      offloads["offload_optimizer"].get("device", "none"),
+                      offloads["offload_param"].get("device", "none"), auto)
+
+
+def read_precision(cfg: dict) -> tuple[dict, dict]:
+    """(fp16, bf16) blocks as DeepSpeedFP16Config / DeepSpeedBF16Config validate them, "auto"
+    values kept out (the caller decides them). "bf16" wins over the old name "bfloat16"."""
+    fp16 = cfg.get("fp16", {})
+    bf16_key = "bf16" if cfg.get("bf16") is not None else "bfloat16"
+    bf16 = cfg.get(bf16_key, {})
+    fp = _model(fp16, FP16_FIELDS, "fp16")
+    bf = _model(bf16, BF16_FIELDS, bf16_key)
+    if fp.get("enabled") and fp.get("loss_scale", 0) == 0:
+        # dynamic loss scaling: `_validate_dynamic_loss_scale_params`
+        for name in ("loss_scale_window", "min_loss_scale"):
+            if fp.get(name, 1) <= 0:
+                _fail(f"fp16.{name}", fp[name], "must be > 0 with dynamic loss scaling (loss_scale 0)")
+    return fp, bf
+
+
+_DTYPES = {"fp32": "fp32", "float32": "fp32", "torch.float32": "fp32", "float": "fp32",
+           "fp16": "fp16", "float16": "fp16", "torch.float16": "fp16", "half": "fp16",
+           "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16"}
+_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "onebitadam": "adam", "fusedadam": "adam",
+               "zerooneadam": "adam", "onebitlamb": "adam", "lamb": "adam"}
 
 
 @dataclass(frozen=True)
 class DsConfig:
     fields: dict                                    # Setup field -> value
     train_batch_size: int | None = None
+    micro_batch: int | None = None
+    gas: int | None = None
     warnings: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()                     # "auto" values the command line must supply
+    from_trainer: bool = False                      # has "auto" values: written for HF Trainer
+    dtype_auto: tuple[str, ...] = ()                # "fp16"/"bf16" blocks whose enabled is "auto"
     extra: dict = field(default_factory=dict)
 
 
-def _number(key, value, ints=True):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"ds_config: {key} must be a number, got {value!r}")
-    if ints and value != int(value):
-        raise ValueError(f"ds_config: {key} must be a whole number, got {value!r}")
-    return int(value) if ints else value
+def _has_auto(value) -> bool:
+    """Any "auto" value, at any depth (iterative: a deeply nested file must not overflow the stack)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str) and v == "auto":
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
-def _bool(key, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"ds_config: {key} must be true or false, got {value!r}")
-    return value
+def _batch_value(key, value):
+    """The batch keys are read raw (`get_scalar_param`) and compared with integers: a whole
+    positive number, never a string or true/false."""
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value):
+        _fail(key, value, "must be a whole number of sequences")
+    if value <= 0:
+        _fail(key, value, "must be at least 1 (DeepSpeed asserts it is greater than 0)")
+    return int(value)
 
 
-def _hf_auto(key: str, hidden_size: int | None):
+def _hf_auto(key: str, hidden_size: int | None, stage: int):
+    """Trainer's fill for the hidden-size keys (`trainer_config_finalize`); the stage-3 ones only at stage 3."""
     if hidden_size is None:
         return None
-    return {"reduce_bucket_size": hidden_size * hidden_size,
-            "prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
-            "param_persistence_threshold": 10 * hidden_size}.get(key)
+    if key == "reduce_bucket_size":
+        return hidden_size * hidden_size
+    if stage == 3 and key == "prefetch_bucket_size":
+        return int(0.9 * hidden_size * hidden_size)
+    if stage == 3 and key == "param_persistence_threshold":
+        return 10 * hidden_size
+    return None
 
 
-def _read_zero(zero: dict, hidden_size, out, warnings, needs):
-    if not isinstance(zero, dict):
-        raise ValueError("ds_config: zero_optimization must be an object")
-    for key, value in zero.items():
-        if key in ("offload_optimizer", "offload_param"):
-            if value is None:
-                continue
-            if not isinstance(value, dict):
-                raise ValueError(f"ds_config: zero_optimization.{key} must be an object with a \"device\"")
-            device = value.get("device", "none")
-            if device not in ("none", "cpu", "nvme"):
-                raise ValueError(f"ds_config: zero_optimization.{key}.device must be none, cpu or nvme, got {device!r}")
-            out[key] = device
-        elif key in _ZERO_KEYS:
-            name = _ZERO_KEYS[key]
-            if value == "auto":
-                resolved = _hf_auto(name, hidden_size)
-                if resolved is None:
-                    warnings.append(f"zero_optimization.{key} is \"auto\" and no hidden size is known: "
-                                    "DeepSpeed's default is used (give --model or --hidden-size to resolve it)")
-                else:
-                    out[name] = resolved
-            elif name in _INT_FIELDS:
-                out[name] = _number(f"zero_optimization.{key}", value)
-            else:
-                out[name] = _bool(f"zero_optimization.{key}", value)
-        elif key not in _ZERO_IGNORED:
-            warnings.append(f"unknown key zero_optimization.{key} ignored")
+_DEFAULTS = {"reduce_bucket_size": 500_000_000, "prefetch_bucket_size": 50_000_000,
+             "param_persistence_threshold": 100_000}
 
 
-def parse(cfg: dict, hidden_size: int | None = None) -> DsConfig:
-    """DsConfig from a parsed ds_config.json. Raises ValueError for wrong types."""
+def parse(cfg, hidden_size: int | None = None) -> DsConfig:
+    """DsConfig from a loaded ds_config. Raises DsConfigError naming key and value."""
     if not isinstance(cfg, dict):
-        raise ValueError("ds_config must be a JSON object")
-    out, warnings, needs, tbs = {}, [], [], None
-    for key, value in cfg.items():
-        if key == "zero_optimization":
-            _read_zero(value, hidden_size, out, warnings, needs)
-        elif key in ("fp16", "bf16", "bfloat16"):
-            if isinstance(value, dict) and value.get("enabled") not in (False, None):
-                if value.get("enabled") == "auto":
-                    warnings.append(f"{key}.enabled is \"auto\": taken as enabled")
-                out["dtype"] = "fp16" if key == "fp16" else "bf16"
-        elif key == "train_micro_batch_size_per_gpu":
-            if value == "auto":
-                needs.append("micro-batch")
-            else:
-                out["micro_batch"] = _number(key, value)
-        elif key == "gradient_accumulation_steps":
-            if value == "auto":
-                needs.append("gas")
-            else:
-                out["gas"] = _number(key, value)
-        elif key == "train_batch_size":
-            if value != "auto":
-                tbs = _number(key, value)
-        elif key == "optimizer":
-            if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-                raise ValueError("ds_config: optimizer must be an object with a \"type\"")
-            name = value["type"].lower()
-            momentum = (value.get("params") or {}).get("momentum", 0)
+        raise DsConfigError(f"a ds_config is a JSON object {{...}}, this one is a {type(cfg).__name__}")
+    if not cfg:
+        raise DsConfigError("the ds_config is empty")
+    for removed in REMOVED_TOP:
+        if removed in cfg:
+            raise DsConfigError(f"{removed}: removed in DeepSpeed 0.19.8, which refuses this key")
+    out, warnings, needs = {}, [], []
+    zero = read_zero(cfg.get("zero_optimization", {}))
+    out["stage"] = zero.stage
+    for name, setup_name in _MODELLED.items():
+        if name in zero.values and name != "stage":
+            out[setup_name] = zero.values[name]
+    out["overlap_comm"] = zero.values.get("overlap_comm")
+    if out["overlap_comm"] is None:
+        del out["overlap_comm"]
+    if out.get("sub_group_size") == 0:
+        out["sub_group_size"] = 1   # 0 and 1 both put each parameter in its own sub-group (`_create_fp16_sub_groups`)
+    for name in zero.auto:
+        resolved = _hf_auto(name, hidden_size, zero.stage)
+        if resolved is not None:
+            out[name] = resolved
+        elif name in _DEFAULTS:
+            why = "no hidden size is known (give --model or --hf-config to resolve it)" if hidden_size is None \
+                else "Trainer fills it only at stage 3"
+            warnings.append(f"zero_optimization.{name} is \"auto\" and {why}: DeepSpeed's default "
+                            f"{_DEFAULTS[name]:,} is used")
+        else:
+            warnings.append(f"zero_optimization.{name} is \"auto\", which Trainer does not fill: DeepSpeed "
+                            "drops it and uses its default")
+    out["offload_optimizer"] = zero.offload_optimizer
+    out["offload_param"] = zero.offload_param
+
+    fp, bf = read_precision(cfg)
+    fp16_auto = isinstance(cfg.get("fp16"), dict) and cfg["fp16"].get("enabled") == "auto"
+    bf_block = cfg.get("bf16") if cfg.get("bf16") is not None else cfg.get("bfloat16")
+    bf16_auto = isinstance(bf_block, dict) and bf_block.get("enabled") == "auto"
+    if fp.get("enabled") and bf.get("enabled"):
+        raise DsConfigError("fp16.enabled and bf16.enabled are both true: DeepSpeed refuses both at once "
+                            "(bfloat16 and fp16 modes cannot be simultaneously enabled)")
+    if fp.get("enabled"):
+        out["dtype"] = "fp16"
+    elif bf.get("enabled"):
+        out["dtype"] = "bf16"
+    elif fp16_auto and not bf16_auto:
+        out["dtype"] = "fp16"
+    elif bf16_auto and not fp16_auto:
+        out["dtype"] = "bf16"
+    elif not (fp16_auto and bf16_auto):
+        out["dtype"] = "fp32"
+    dtype_auto = tuple(k for k, a in (("fp16", fp16_auto), ("bf16", bf16_auto)) if a)
+
+    batch = {k: _batch_value(k, cfg.get(k)) for k in
+             ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+    if cfg.get("train_micro_batch_size_per_gpu") == "auto":
+        needs.append("micro-batch")
+    if cfg.get("gradient_accumulation_steps") == "auto":
+        needs.append("gas")
+
+    opt = cfg.get("optimizer")
+    if opt is not None:
+        if not isinstance(opt, dict):
+            _fail("optimizer", opt, "must be an object with a \"type\"")
+        kind, params = opt.get("type"), opt.get("params")
+        if kind is not None and not isinstance(kind, str):
+            _fail("optimizer.type", kind, "must be a name such as \"AdamW\"")
+        if kind is not None and params is not None and not isinstance(params, dict):
+            _fail("optimizer.params", params, "must be an object such as {\"lr\": 1e-4}")
+        if kind is not None:
+            name = kind.lower()
+            momentum = (params or {}).get("momentum", 0)
             if name == "sgd":
-                out["optimizer"] = "sgd-momentum" if momentum else "sgd"
+                out["optimizer"] = "sgd-momentum" if momentum not in (0, None, "auto") else "sgd"
             elif name in _OPTIMIZERS:
                 out["optimizer"] = _OPTIMIZERS[name]
             else:
-                warnings.append(f"optimizer {value['type']!r} is not modelled; Adam's 8 bytes/param are assumed")
-        elif key == "communication_data_type":
-            if value not in DTYPE_BYTES:
-                raise ValueError(f"ds_config: communication_data_type must be one of fp32, fp16, bf16, got {value!r}")
-            out["communication_data_type"] = value
-        elif key == "data_types":
-            if not isinstance(value, dict):
-                raise ValueError("ds_config: data_types must be an object")
-            acc = value.get("grad_accum_dtype")
-            if acc is not None:
-                if acc not in DTYPE_BYTES:
-                    raise ValueError(f"ds_config: data_types.grad_accum_dtype must be fp32, fp16 or bf16, got {acc!r}")
-                out["grad_accum_dtype"] = acc
-        elif key not in _TOP_IGNORED:
-            warnings.append(f"unknown key {key} ignored")
-    return DsConfig(out, tbs, tuple(warnings), tuple(needs))
+                warnings.append(f"optimizer {kind!r} is not modelled; Adam's 8 bytes/param are assumed")
+
+    comm = cfg.get("communication_data_type")
+    if comm is not None:
+        if not isinstance(comm, str) or comm.lower() not in ("fp32", "fp16", "bf16"):
+            _fail("communication_data_type", comm, "DeepSpeed takes fp16, bf16 or fp32")
+        out["communication_data_type"] = comm.lower()
+    types = cfg.get("data_types", {})
+    if not isinstance(types, dict):
+        _fail("data_types", types, "must be an object {...}")
+    acc = types.get("grad_accum_dtype")
+    if acc is not None:
+        if acc not in _DTYPES:
+            _fail("data_types.grad_accum_dtype", acc, "must be fp32, fp16 or bf16")
+        out["grad_accum_dtype"] = _DTYPES[acc]
+
+    for key in cfg:
+        if key not in _TOP_KNOWN:
+            warnings.append(f"unknown key {key} ignored (DeepSpeed ignores it too)")
+    return DsConfig(out, batch["train_batch_size"], batch["train_micro_batch_size_per_gpu"],
+                    batch["gradient_accumulation_steps"], tuple(warnings), tuple(needs), _has_auto(cfg), dtype_auto)
 
 
-def resolve_batch(train_batch_size: int | None, micro_batch: int | None, gas: int | None, dp: int) -> tuple[int, int]:
-    """(micro_batch, gas) consistent with DeepSpeed's rule train_batch_size = micro · gas · dp.
-    Raises ValueError when the numbers do not divide or disagree."""
-    if train_batch_size is None:
-        return micro_batch or 1, gas or 1
-    if micro_batch is not None and gas is not None:
-        if micro_batch * gas * dp != train_batch_size:
-            raise ValueError(f"train_batch_size {train_batch_size} != micro-batch {micro_batch} × gas {gas} × dp {dp}")
-        return micro_batch, gas
-    if micro_batch is not None:
-        if train_batch_size % (micro_batch * dp):
-            raise ValueError(f"train_batch_size {train_batch_size} is not divisible by micro-batch {micro_batch} × dp {dp}")
-        return micro_batch, train_batch_size // (micro_batch * dp)
-    gas = gas or 1
-    if train_batch_size % (gas * dp):
-        raise ValueError(f"train_batch_size {train_batch_size} is not divisible by gas {gas} × dp {dp}")
-    return train_batch_size // (gas * dp), gas
+def resolve_batch(train_batch_size: int | None, micro_batch: int | None, gas: int | None, dp: int,
+                  from_config: bool = False) -> tuple[int, int]:
+    """(micro_batch, gas) by DeepSpeed's rules (`_set_batch_related_parameters`, `_batch_assertion`):
+    train_batch_size = micro · gas · dp, the missing one derived by floor division and the identity
+    then asserted; with only train_batch_size, gas is 1. Raises DsConfigError when they disagree
+    or, for a ds_config, when neither train_batch_size nor a micro-batch is known."""
+    tbs, mb, ga = train_batch_size, micro_batch, gas
+    if tbs is None:
+        if mb is None and from_config:
+            raise DsConfigError("neither train_batch_size nor train_micro_batch_size_per_gpu is set (DeepSpeed "
+                                "refuses that): add one to the ds_config or give --micro-batch")
+        return mb or 1, ga or 1
+    if mb is not None and ga is not None:
+        pass
+    elif mb is not None:
+        ga = tbs // mb // dp
+    elif ga is not None:
+        mb = tbs // dp // ga
+    else:
+        ga, mb = 1, tbs // dp
+    if mb < 1 or ga < 1 or mb * ga * dp != tbs:
+        given = " × ".join(f"{n} {v}" for n, v, g in (("train_micro_batch_size_per_gpu", mb, micro_batch),
+                                                       ("gradient_accumulation_steps", ga, gas)) if g is not None)
+        raise DsConfigError(f"train_batch_size = {tbs} is not divisible by / equal to {given + ' × ' if given else ''}"
+                            f"{dp} data-parallel ranks (DeepSpeed asserts train_batch_size = micro-batch × "
+                            "accumulation × ranks): make them agree")
+    return mb, ga
+
+
+# ---- the file ----------------------------------------------------------------------------------
+
+def _no_duplicates(pairs):
+    """DeepSpeed's `dict_raise_error_on_duplicate_keys`: a key given twice in one object is refused."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen, dups = set(), []
+        for k, _ in pairs:
+            if k in seen and k not in dups:
+                dups.append(k)
+            seen.add(k)
+        raise DsConfigError(f"duplicate key {', '.join(map(repr, dups))}: DeepSpeed refuses a key given twice")
+    return d
+
+
+def _strip_hjson_lite(text: str) -> str:
+    """Comments (#, //, /* */) and trailing commas removed outside strings: the Hjson that real
+    ds_configs use, for when the hjson package is not installed."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        elif c == "#" or text.startswith("//", i):
+            while i < n and text[i] != "\n":
+                i += 1
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+        else:
+            out.append(c)
+            i += 1
+    return re.sub(r",(\s*[}\]])", r"\1", "".join(out))
+
+
+def _refuse_constant(name):
+    raise DsConfigError(f"{name} is not a number DeepSpeed reads (hjson takes it for a string)")
+
+
+def loads(text: str):
+    """Parse ds_config text as DeepSpeed does: with hjson (comments, trailing commas, unquoted keys
+    and strings) when it is installed (it comes with DeepSpeed), else JSON with comments and
+    trailing commas; duplicate keys refused either way. Raises DsConfigError."""
+    try:
+        import hjson
+    except ImportError:
+        hjson = None
+    try:
+        if hjson is not None:
+            return hjson.loads(text, object_pairs_hook=_no_duplicates)
+        try:
+            return json.loads(_strip_hjson_lite(text), object_pairs_hook=_no_duplicates,
+                              parse_constant=_refuse_constant)
+        except json.JSONDecodeError as err:
+            raise DsConfigError(f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                                "for Hjson syntax beyond comments and trailing commas, pip install hjson")
+    except RecursionError:
+        raise DsConfigError("nested too deeply to be a ds_config")
+    except DsConfigError:
+        raise
+    except (ValueError, OverflowError) as err:   # HjsonDecodeError is a ValueError
+        msg = getattr(err, "msg", None) or str(err)
+        where = f" at line {err.lineno}, column {err.colno}" if hasattr(err, "lineno") else ""
+        raise DsConfigError(f"not valid Hjson/JSON ({msg}{where})")
+
+
+def load(path: str):
+    """The ds_config at `path` (any error names the file)."""
+    text = read_text(path, "ds_config")
+    try:
+        return loads(text)
+    except DsConfigError as err:
+        raise DsConfigError(f"{path}: {err}")

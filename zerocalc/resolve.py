@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from zerocalc import arch as _arch
 from zerocalc import profile as _profile
+from zerocalc.inputs import check_hf_config, load_json_object
 from zerocalc.model import ModelSpec, from_architecture
 
 INSTALL = "pip install 'zerocalc[trace]'"
@@ -61,16 +62,8 @@ def _override_config(d: dict, overrides: dict) -> dict:
 def read_config(path: str) -> tuple[dict, str]:
     """(config.json's contents, the file read) of a file or a model directory."""
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    try:
-        with open(file) as f:
-            d = json.load(f)
-    except OSError as err:
-        raise ValueError(f"cannot read {file}: {err.strerror}")
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file} is not valid JSON ({err.msg} at line {err.lineno})")
-    if not isinstance(d, dict) or "model_type" not in d:
-        raise ValueError(f"{file} has no model_type: give a Hugging Face config.json or a model directory")
-    return d, file
+    # file named in every error; sizes type- and range-checked (`zerocalc.inputs`)
+    return check_hf_config(load_json_object(file, "Hugging Face config.json"), file), file
 
 
 def _transcribed(d: dict) -> bool:
