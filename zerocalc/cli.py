@@ -396,11 +396,11 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     estimates = [estimate(spec, s, gpu_memory, cal, hw) for s in setups]
     for note in resolve.notes(spec, [s.stage for s in setups]):
         click.echo(f"note: {note}", err=True)
-    if fmt == "table":
+    click.echo(render.render(estimates, fmt))
+    if fmt == "table":   # below the table (JSON carries zero_init and dtype in its inputs)
         for note in (_dtype_note(ds, opts.get("dtype")), _zero_init_note(setups, ds, opts.get("zero_init"))):
             if note:
                 click.echo(note)
-    click.echo(render.render(estimates, fmt))
 
 
 
@@ -466,6 +466,8 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
         ranked = [best] if best else []
     click.echo(render.plan(spec, hw, memory, ranked[:top], cands if explain else None, price_per_gpu_hour, fmt,
                            note, fewest))
+    if fmt == "table":
+        click.echo(init_note)
     if not ranked:
         sys.exit(1)
 
