@@ -163,7 +163,10 @@ def _setups(opts, ds, stages, hidden_size):
 
 
 def _shaped(num_params):
-    layers = _arch.generic(int(num_params)).num_layers
+    try:
+        layers = _arch.generic(int(num_params)).num_layers
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--params")
     if layers > inputs.LIMITS["num_layers"].high:
         raise InputFailure(f"--params {num_params:.3g}: the Llama-like shape assumed for it (for activations and "
                            f"step time) has {layers:,} layers, above zerocalc's limit of "
