@@ -158,3 +158,20 @@ def test_unknown_model_type_without_the_extra_says_how_to_get_an_answer(tmp_path
     assert r.exit_code == 2
     assert str(f) in r.output and "pip install 'zerocalc[trace]'" in r.output and "--params" in r.output
     assert "Traceback" not in r.output
+
+
+def test_a_llama_configs_biases_are_counted(tmp_path):
+    """Llama with attention_bias and mlp_bias (h 64, 2 layers, 4 heads, 2 KV heads of 16, FFN 160,
+    vocab 1000, untied): each projection gains a bias of its output width."""
+    h, kv, f, v, layers = 64, 2 * 16, 160, 1000, 2
+    cfg = {"model_type": "llama", "vocab_size": v, "hidden_size": h, "num_hidden_layers": layers,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": f, "tie_word_embeddings": False}
+    plain = (h * h + 2 * kv * h + h * h) + 3 * h * f + 2 * h       # q, k, v, o; gate, up, down; two norms
+    biases = {"attention_bias": h + 2 * kv + h, "mlp_bias": 2 * f + h}
+    for flags in ({}, {"attention_bias": True}, {"mlp_bias": True}, {"attention_bias": True, "mlp_bias": True}):
+        f_ = tmp_path / "c.json"
+        f_.write_text(json.dumps({**cfg, **flags}))
+        r = _run("estimate", "--hf-config", str(f_), "--stage", "0", "--format", "json")
+        assert r.exit_code == 0, r.output
+        per_layer = plain + sum(biases[k] for k in flags)
+        assert json.loads(r.stdout)["inputs"]["num_params"] == v * h + layers * per_layer + h + v * h

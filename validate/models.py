@@ -68,7 +68,8 @@ def _hf_config(arch, attention):
         vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"], num_hidden_layers=arch["num_layers"],
         num_attention_heads=arch["num_heads"], num_key_value_heads=arch["num_kv_heads"],
         intermediate_size=arch["ffn_hidden_size"], max_position_embeddings=arch["max_positions"],
-        tie_word_embeddings=arch["tie_embeddings"])
+        tie_word_embeddings=arch["tie_embeddings"], attention_bias=arch.get("attention_bias", False),
+        mlp_bias=arch.get("mlp_bias", False))
     return transformers.LlamaForCausalLM, cfg, attn
 
 

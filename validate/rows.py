@@ -230,7 +230,7 @@ def job_from_row(row: dict) -> dict:
     from dataclasses import fields
     from zerocalc.arch import Architecture
     from zerocalc.training import Setup
-    arch = {f.name: _cast(row[f.name], _field_kind(f)) for f in fields(Architecture)}
+    arch = {f.name: _cast(row[f.name], _field_kind(f)) if f.name in row else f.default for f in fields(Architecture)}
     job = {"key": row["key"], "nproc": int(row["nproc"]), "stage": int(row["stage"]), "optimizer": row["optimizer"],
            "arch": arch}
     for f in fields(Setup):

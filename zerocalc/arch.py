@@ -21,6 +21,8 @@ class Architecture:
     ffn_hidden_size: int
     tie_embeddings: bool
     max_positions: int = 2048  # GPT-2's learned position table; unused by the other families
+    attention_bias: bool = False   # hf-llama: q, k, v and o projections with biases (config.attention_bias)
+    mlp_bias: bool = False         # hf-llama: gate, up and down projections with biases (config.mlp_bias)
 
     @property
     def head_dim(self) -> int:
@@ -41,6 +43,8 @@ def validate_architecture(arch: Architecture) -> None:
         raise ValueError(f"hidden-size {arch.hidden_size} is not divisible by num-heads {arch.num_heads}")
     if arch.num_heads % arch.num_kv_heads:
         raise ValueError(f"num-heads {arch.num_heads} is not divisible by num-kv-heads {arch.num_kv_heads}")
+    if arch.family != "hf-llama" and (arch.attention_bias or arch.mlp_bias):
+        raise ValueError("attention and MLP bias flags are Llama's (config attention_bias, mlp_bias)")
     if arch.family == "seed-gpt" and arch.num_kv_heads != arch.num_heads:
         raise ValueError("seed-gpt uses nn.MultiheadAttention, which has no grouped-query attention")
 
@@ -56,10 +60,17 @@ def _gpt2_layer(h: int, f: int) -> list[int]:
     return [h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h]
 
 
-def _llama_layer(h: int, f: int, kv: int) -> list[int]:
-    # q_proj (h, h), k_proj and v_proj (kv, h), o_proj (h, h); gate and up (f, h), down (h, f); two RMSNorm
-    # weights of h. No biases (attention_bias = mlp_bias = False).
-    return [h * h, kv * h, kv * h, h * h, f * h, f * h, h * f, h, h]
+def _llama_modules(h: int, f: int, kv: int, attention_bias: bool = False, mlp_bias: bool = False) -> list[list[int]]:
+    """One Llama layer's parameter tensors by module, in `parameters()` order: q_proj (h, h), k_proj and
+    v_proj (kv, h), o_proj (h, h), each with a bias when attention_bias; gate and up (f, h), down (h, f),
+    each with a bias when mlp_bias; the two RMSNorm weights of h."""
+    a, m = int(attention_bias), int(mlp_bias)
+    return [[h * h] + [h] * a, [kv * h] + [kv] * a, [kv * h] + [kv] * a, [h * h] + [h] * a,
+            [f * h] + [f] * m, [f * h] + [f] * m, [h * f] + [h] * m, [h], [h]]
+
+
+def _llama_layer(h: int, f: int, kv: int, attention_bias: bool = False, mlp_bias: bool = False) -> list[int]:
+    return [n for module in _llama_modules(h, f, kv, attention_bias, mlp_bias) for n in module]
 
 
 def layer_numels(arch: Architecture) -> list[int]:
@@ -69,7 +80,7 @@ def layer_numels(arch: Architecture) -> list[int]:
         return _seed_gpt_layer(h, f)
     if arch.family == "hf-gpt2":
         return _gpt2_layer(h, f)
-    return _llama_layer(h, f, arch.num_kv_heads * arch.head_dim)
+    return _llama_layer(h, f, arch.num_kv_heads * arch.head_dim, arch.attention_bias, arch.mlp_bias)
 
 
 def param_numels(arch: Architecture) -> tuple[int, ...]:
@@ -127,13 +138,16 @@ def calls(arch: Architecture) -> Call:
     # wrapper > LlamaForCausalLM > (LlamaModel > embed_tokens, rotary_emb, layers, norm), lm_head
     # (embed_tokens when tied); layer: input_layernorm, self_attn (q, k, v, o), post_attention_layernorm,
     # mlp (gate, act_fn, up, down). rotary_emb's output needs no grad: it has no backward hook.
+    sizes = [len(m) for m in _llama_modules(1, 1, 1, arch.attention_bias, arch.mlp_bias)]
+    per_layer = sum(sizes)
     layers = []
     for i in range(n):
-        b = 1 + 9 * i
-        attn = Call((), (leaf(b), leaf(b + 1), leaf(b + 2), leaf(b + 3)))
-        mlp = Call((), (leaf(b + 4), leaf(), leaf(b + 5), leaf(b + 6)))
-        layers.append(Call((), (leaf(b + 7), attn, leaf(b + 8), mlp), layer=True))
-    end = 1 + 9 * n
+        starts = [1 + per_layer * i + sum(sizes[:k]) for k in range(len(sizes))]
+        q, k, v, o, gate, up, down, n1, n2 = (leaf(*range(s, s + z)) for s, z in zip(starts, sizes))
+        attn = Call((), (q, k, v, o))
+        mlp = Call((), (gate, leaf(), up, down))
+        layers.append(Call((), (n1, attn, n2, mlp), layer=True))
+    end = 1 + per_layer * n
     body = Call((), (leaf(0), Call(grad=False), *layers, leaf(end)))
     head = leaf(0) if arch.tie_embeddings else leaf(end + 1)
     return Call((), (Call((), (body, head)),))
@@ -250,7 +264,9 @@ def from_hf_config(cfg: dict) -> Architecture:
         heads = cfg["num_attention_heads"]
         return Architecture("hf-llama", cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"], heads,
                             cfg.get("num_key_value_heads") or heads, cfg["intermediate_size"],
-                            cfg.get("tie_word_embeddings", False), cfg.get("max_position_embeddings", 2048))
+                            cfg.get("tie_word_embeddings", False), cfg.get("max_position_embeddings", 2048),
+                            kind == "llama" and bool(cfg.get("attention_bias")),   # Mistral has no bias flags
+                            kind == "llama" and bool(cfg.get("mlp_bias")))
     raise ValueError(f"config.json has model_type {kind!r}; zerocalc reads gpt2, llama and mistral configs")
 
 

@@ -243,9 +243,11 @@ def architecture(p: Profile):
     if d.get("num_experts"):
         ffn = d.get("experts_per_token", 1) * d["moe_ffn_hidden_size"] + d.get("shared_ffn_hidden_size", 0)
     family = "hf-gpt2" if p.model_type == "gpt2" else "hf-llama"
+    llama = p.model_type == "llama"
     return Architecture(family, d["vocab_size"], d["hidden_size"], d["num_layers"], heads,
                         d.get("num_kv_heads") or heads, ffn, bool(d.get("tie_embeddings")),
-                        d.get("max_positions") or 2048)
+                        d.get("max_positions") or 2048, llama and bool(d.get("attention_bias")),
+                        llama and bool(d.get("mlp_bias")))
 
 
 def to_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, wrapper: bool = True):

@@ -71,7 +71,7 @@ def _transcribed(d: dict) -> bool:
     kind = d.get("model_type")
     if kind == "gpt2":
         return True
-    return kind in ("llama", "mistral") and not d.get("attention_bias") and not d.get("mlp_bias") \
+    return kind in ("llama", "mistral") \
         and d.get("head_dim") in (None, d.get("hidden_size", 0) // max(d.get("num_attention_heads", 1), 1))
 
 

@@ -923,6 +923,7 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     arch = model.architecture
     s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
     return (arch is not None and model.transcribed and setup.seq_len is not None
+            and not arch.attention_bias and not arch.mlp_bias                 # the histories' Llama has none
             and (not s3 or setup.gas == 1)
             and (setup.offload_param == "none" or (s3 and offload and setup.dp == 1))
             and (not offload or (setup.gas == 1 and (not s3 or setup.dtype == "bf16")))

@@ -63,6 +63,9 @@ def dims(cfg) -> dict:
         "tie_embeddings": bool(_get(c, "tie_word_embeddings", default=False)),
         "max_positions": _get(c, "max_position_embeddings", "n_positions"),
     }
+    for flag in ("attention_bias", "mlp_bias"):
+        if getattr(c, flag, None):
+            out[flag] = True
     if experts:
         out["num_experts"] = experts
         out["experts_per_token"] = _get(c, "num_experts_per_tok", "moe_topk", "top_k", default=1)
