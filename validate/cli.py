@@ -62,7 +62,7 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
     """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows."""
     from validate import jobs as J
     from validate.results_file import ResultsFileError, check_output
-    from validate.runner import RowWriteError, run as run_jobs
+    from validate.runner import RowWriteError, SetupError, run as run_jobs
     if matrix:
         try:
             job_list = J.load_matrix(matrix)
@@ -70,14 +70,14 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
             _fail(str(err), 2)
         for j in job_list:
             if j["nproc"] != nproc:
-                raise click.UsageError(f"the matrix asks for nproc {j['nproc']} but --nproc is {nproc}")
+                _fail(f"{matrix} asks for nproc {j['nproc']} but --nproc is {nproc}", 2)
     else:
         try:
             a = _arch.Architecture(family, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads or num_heads,
                                    ffn_hidden_size or 4 * hidden_size, False, max(_ints(seq_lens)) + 1)
             _arch.validate_architecture(a)
         except ValueError as err:
-            raise click.UsageError(str(err))
+            _fail(str(err), 2)
         job_list = J.grid([a], nproc, stage=_ints(stages), dtype=_strs(dtypes), seq_len=_ints(seq_lens),
                           micro_batch=_ints(micro_batches), gas=_ints(gases), reduce_bucket_size=_ints(rbs),
                           activation_checkpointing=[bool(x) for x in _ints(ckpt)])
@@ -91,7 +91,7 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
                            log=lambda m: click.echo(m, err=True), retry_failed=retry_failed)
     except RowWriteError as err:     # mid-sweep (a full disk): the file keeps whole rows; resumable
         _fail(str(err), 1)
-    except ResultsFileError as err:  # --out unusable, found before any launch
+    except (ResultsFileError, SetupError) as err:  # --out unusable or no DeepSpeed, found before any launch
         _fail(str(err), 2)
     bad = [r for r in written if r["outcome"] != "ok"]
     click.echo(f"done: {len(written)} rows written, {len(bad)} not ok", err=True)
@@ -126,7 +126,11 @@ def fit_cmd(csv_paths, out_path):
     """Fit the calibrated constants on a training split of GPU rows; report the held-out split."""
     from validate.fit import fit
     from validate.report import report as make_report
-    _, text = fit(list(csv_paths), out_path)
+    from validate.results_file import ResultsFileError
+    try:
+        _, text = fit(list(csv_paths), out_path)
+    except ResultsFileError as err:
+        _fail(str(err), 2)
     click.echo(text)
     from zerocalc import calibration
     calibration._cache.clear()

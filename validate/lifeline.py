@@ -32,7 +32,7 @@ OWNER_FILE = "owner.json"               # in a launch's temp folder: its runner 
 BUILD_LOCKS_FILE = "build_locks.jsonl"  # in a launch's temp folder: build locks its ranks created
 TEMP_PREFIX = "zerocalc-validate-"
 SHM_DIR = "/dev/shm"
-WATCH_INTERVAL_S = 0.5
+WATCH_INTERVAL_S = 1.0   # a read of /proc/PID/stat a second: nothing a timed step could notice
 
 
 def append_line(path: str, record: dict) -> None:

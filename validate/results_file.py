@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 
-class ResultsFileError(Exception):
+class ResultsFileError(ValueError):
     """--out cannot be used as it is: one line that says why and what to do."""
 
 
@@ -259,8 +259,9 @@ class OutputLock:
             except FileNotFoundError:
                 same = False
             if same:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                with contextlib.suppress(OSError):   # the pid is for the message only (a full disk)
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
                 self.fd = fd
                 return self
             os.close(fd)   # removed by its previous holder while we waited: take the new one

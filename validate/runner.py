@@ -54,8 +54,8 @@ class _Stop:
     cleanly also leaves no extension-build lock its ranks made (`lifeline.remove_own_build_locks`).
     SIGKILL cannot be caught: then the launch dies by `lifeline` and the next runner cleans up."""
 
-    def __init__(self, proc, port, out_dir: str):
-        self.proc, self.port, self.out_dir = proc, port, out_dir
+    def __init__(self, port, out_dir: str):
+        self.proc, self.port, self.out_dir = None, port, out_dir   # proc: set once launched
         self.previous = {}
 
     def __enter__(self):
@@ -71,9 +71,10 @@ class _Stop:
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-        kill_launch(self.proc)
+        if self.proc is not None:
+            kill_launch(self.proc)
         remove_shm_buffers(self.port)
-        if self.proc.returncode != 0:
+        if self.proc is None or self.proc.returncode != 0:
             lifeline.remove_own_build_locks(self.out_dir)
 
 
@@ -101,11 +102,23 @@ def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, inclu
     return cmd + ["--module", "validate.worker", jobs_path, out_dir]
 
 
+class SetupError(ValueError):
+    """Nothing can be launched from this Python (DeepSpeed missing): one line, before any job."""
+
+
+def check_launcher() -> None:
+    import importlib.util
+    if importlib.util.find_spec("deepspeed") is None:
+        raise SetupError(f"DeepSpeed is not installed for {sys.executable}: install it there "
+                         "(pip install deepspeed==0.19.8) or run validate with the Python that has it")
+
+
 def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: float = 600,
         include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False) -> list[dict]:
     """Run every job not yet in csv_path; return the rows written. Raises ResultsFileError (one line)
     for an --out it cannot use, before any launch, or for a row it cannot write (the file keeps its
-    whole rows: run the same command again to resume)."""
+    whole rows: run the same command again to resume), and SetupError without DeepSpeed."""
+    check_launcher()
     results_file.check_output(csv_path)
     with results_file.OutputLock(csv_path):
         for d in lifeline.clean_orphans(shm_dir=SHM_DIR):
@@ -180,58 +193,59 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
         lifeline.write_owner(tmp, port)
         cmd = launch_command(backend, nproc, jobs_path, tmp, include, port)
         by_key = {j["key"]: j for j in pending}
-        finished, failed_rank, hung = set(), None, None
-        with open(os.path.join(tmp, "launch.log"), "w") as logf:
-            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=lifeline.die_with_parent())
-            # The launch runs in its own session (a hang is killed as a group): if this driver is
-            # interrupted, terminated or fails, take the launch and its shared memory down with it.
-            with _Stop(proc, port, tmp):
-                last_progress, failure_seen = time.time(), {}
+        finished, last_progress = set(), [time.time()]
 
-                def collect():
-                    nonlocal last_progress
-                    for res in _read_lines(os.path.join(tmp, "results.jsonl")):
-                        if res["key"] in finished or res["key"] not in by_key:
-                            continue
-                        row = rows.make_row(by_key[res["key"]], res, backend, command)
-                        _write(csv_path, row, written)
-                        finished.add(res["key"])
-                        last_progress = time.time()
-                        log(f"[{len(written)}/{total}] {res['key']}: {rows.describe(row)}  "
-                            f"({time.time() - t_start:.0f} s)")
+        def collect():
+            """Rows for the results the launch has written so far."""
+            for res in _read_lines(os.path.join(tmp, "results.jsonl")):
+                if res["key"] in finished or res["key"] not in by_key:
+                    continue
+                row = rows.make_row(by_key[res["key"]], res, backend, command)
+                _write(csv_path, row, written)
+                finished.add(res["key"])
+                last_progress[0] = time.time()
+                log(f"[{len(written)}/{total}] {res['key']}: {rows.describe(row)}  ({time.time() - t_start:.0f} s)")
 
-                while True:
-                    code = proc.poll()
-                    collect()
-                    if code is not None:
-                        break
-                    # A rank failed and the others have not reached the gather: they are blocked in a
-                    # collective of the job; end the launch (lifeline.arrive).
-                    now = time.time()
-                    for key in lifeline.rank_failures(tmp):
-                        if key in by_key and key not in finished:
-                            failure_seen.setdefault(key, now)
-                    late = [k for k, t in failure_seen.items() if k not in finished
-                            and now - t > lifeline.RANK_FAILURE_GRACE_S]
-                    if late:
-                        failed_rank = late[0]
-                        kill_launch(proc)
-                        break
-                    started = _read_lines(os.path.join(tmp, "started.jsonl"))
-                    running = [s for s in started if s["key"] not in finished]
-                    since = running[-1]["time"] if running else last_progress
-                    if now - max(since, last_progress) > timeout_s:
-                        hung = running[-1]["key"] if running else None
-                        kill_launch(proc)
-                        break
-                    time.sleep(0.5)
-                collect()   # results that landed as the launch ended
-                _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path,
-                          written, total, log)
+        # The launch runs in its own session (a hang is killed as a group): if this driver is
+        # interrupted, terminated or fails, take the launch and its shared memory down with it.
+        with open(os.path.join(tmp, "launch.log"), "w") as logf, _Stop(port, tmp) as stop:
+            proc = stop.proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                                start_new_session=True, preexec_fn=lifeline.die_with_parent())
+            failed_rank, hung = _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s)
+            collect()   # results that landed as the launch ended
+            _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path,
+                      written, total, log)
         return finished
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s) -> tuple[str | None, str | None]:
+    """Write rows as the launch finishes jobs, until it exits, a rank's failure outlasts the grace
+    period (the other ranks are blocked in one of the job's collectives: `lifeline.arrive`), or a job
+    runs past the timeout; the launch is killed in the last two cases. Returns (the key of the job a
+    rank failed, the key of the job that hung), None where not so."""
+    failure_seen = {}
+    while True:
+        code = proc.poll()
+        collect()
+        if code is not None:
+            return None, None
+        now = time.time()
+        for key in lifeline.rank_failures(tmp):
+            if key in by_key and key not in finished:
+                failure_seen.setdefault(key, now)
+        late = [k for k, t in failure_seen.items() if k not in finished and now - t > lifeline.RANK_FAILURE_GRACE_S]
+        if late:
+            kill_launch(proc)
+            return late[0], None
+        started = _read_lines(os.path.join(tmp, "started.jsonl"))
+        running = [s for s in started if s["key"] not in finished]
+        since = running[-1]["time"] if running else last_progress[0]
+        if now - max(since, last_progress[0]) > timeout_s:
+            kill_launch(proc)
+            return None, (running[-1]["key"] if running else None)
+        time.sleep(0.5)
 
 
 def _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path, written,

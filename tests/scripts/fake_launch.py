@@ -49,12 +49,12 @@ def gather(out_dir, key, rank, world, result):
 
 
 def rank_main(jobs_path, out_dir, rank, world):
-    _note_pid(f"rank{rank}")
     lifeline.watch_runner(out_dir=out_dir)
     plan = json.load(open(os.environ["FAKE_PLAN"])) if os.environ.get("FAKE_PLAN") else {}
     port = json.load(open(os.path.join(out_dir, lifeline.OWNER_FILE)))["port"]
     with open(os.path.join(lifeline.SHM_DIR, f"deepspeed_fake_127.0.0.1_{port}_{rank}"), "w") as f:
         f.write("x")   # as DeepSpeed's CPU all-reduce buffer
+    _note_pid(f"rank{rank}")   # after the buffer: the test reads both once it sees the pid
     for job in json.load(open(jobs_path)):
         key, what = job["key"], plan.get(job["key"], "ok")
         if rank == 0:
