@@ -356,11 +356,10 @@ def _has_auto(value) -> bool:
 
 def _batch_value(key, value):
     """The batch keys are read raw (`get_scalar_param`) and compared with integers: a whole
-    positive number, never a string or true/false."""
+    positive number (true counts as 1, as Python compares it), never a string."""
     if value is None or value == "auto":
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value != int(value):
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
         _fail(key, value, "must be a whole number of sequences")
     if value <= 0:
         _fail(key, value, "must be at least 1 (DeepSpeed asserts it is greater than 0)")
@@ -423,6 +422,13 @@ def parse(cfg, hidden_size: int | None = None) -> DsConfig:
     fp16_auto = isinstance(cfg.get("fp16"), dict) and cfg["fp16"].get("enabled") == "auto"
     bf_block = cfg.get("bf16") if cfg.get("bf16") is not None else cfg.get("bfloat16")
     bf16_auto = isinstance(bf_block, dict) and bf_block.get("enabled") == "auto"
+    # `_do_error_check`: the low-precision master options need ZeRO
+    for block, name, values in (("fp16", "fp16_master_weights_and_grads", fp),
+                                ("bf16", "bf16_master_weights_and_grads", bf), ("bf16", "bf16_optimizer_states", bf)):
+        if values.get(name) and zero.stage == 0:
+            _fail(f"{block}.{name}", True, "supported only with ZeRO stage 1, 2 or 3")
+    if bf.get("bf16_optimizer_states") and not bf.get("bf16_master_weights_and_grads"):
+        _fail("bf16.bf16_optimizer_states", True, "needs bf16.bf16_master_weights_and_grads")
     if fp.get("enabled") and bf.get("enabled"):
         raise DsConfigError("fp16.enabled and bf16.enabled are both true: DeepSpeed refuses both at once "
                             "(bfloat16 and fp16 modes cannot be simultaneously enabled)")
