@@ -344,3 +344,88 @@ def test_a_sum_over_tokens_stages_8_bytes_an_element_up_to_132_mib():
         t = sequence._Trace()
         sequence._sum_over_tokens(t, tokens, width)
         assert t.events == [("alloc", 1, staged, 0), ("free", 1)]
+
+
+def _steps(init, step, count):
+    """Pieces for `sequence.replay_steps`: init's events, then `count` steps, step(k, first handle)
+    making each step's events with fresh handles from that first handle on."""
+    pieces, last = [(init, 0)], max(e[1] for e in init if e[0] == "alloc")
+    for k in range(count):
+        events = step(k, last + 1)
+        pieces.append((events, last))
+        last = max([last] + [e[1] for e in events if e[0] == "alloc"])
+    return pieces
+
+
+def _run_and_skipped(pieces, monkeypatch):
+    skipped = []
+    real_skip = allocator._Allocator.skip
+    monkeypatch.setattr(allocator._Allocator, "skip", lambda self, n: (skipped.append(n), real_skip(self, n)))
+    return sequence.replay_steps(iter(pieces)), skipped
+
+
+def test_a_step_that_leaves_the_cache_as_it_found_it_stops_the_replay(monkeypatch):
+    """init keeps W (100 MiB); each step makes A (30 MiB), B (50 MiB), frees A, makes C (25 MiB), frees
+    B and C. The first step makes a 30 MiB segment for A and a 50 MiB one for B; C takes A's freed
+    block (25 of 30 MiB: 5 MiB left, more than 1 MiB, so split); all freed, both segments stay as
+    whole free blocks. The second step runs on them: A takes the 30 MiB, B the 50 MiB, C A's again,
+    nothing new; it leaves the cache as it found it, so steps 3..10 are not run. Reserved peaks at
+    100 + 30 + 50 = 180 MiB, allocated at 100 + 30 + 50 = 180 MiB (A and B together), as replaying all
+    ten steps gives."""
+    init = [("alloc", 1, 100 * MiB, 0)]
+
+    def step(k, h):
+        return [("alloc", h, 30 * MiB, 0), ("alloc", h + 1, 50 * MiB, 0), ("free", h),
+                ("alloc", h + 2, 25 * MiB, 0), ("free", h + 1), ("free", h + 2)]
+
+    pieces = _steps(init, step, 10)
+    result, skipped = _run_and_skipped(pieces, monkeypatch)
+    assert skipped == [6] * 8                                   # steps 3 to 10
+    assert result.peak_reserved_bytes == 180 * MiB and result.peak_allocated_bytes == 180 * MiB
+    assert result == allocator.replay([e for events, _ in pieces for e in events])
+
+
+def test_a_step_that_differs_from_the_steady_one_is_run(monkeypatch):
+    """As above, but the seventh step makes B 60 MiB: no cached block holds it, so it needs a segment
+    of its own (reserved 100 + 30 + 50 + 60 = 240 MiB); steps 3-6 are skipped, the seventh is run, the
+    eighth (B 50 MiB again) is run against the seventh, which grew the cache, and the ninth and tenth
+    are skipped once the eighth left the cache as it found it."""
+    init = [("alloc", 1, 100 * MiB, 0)]
+
+    def step(k, h):
+        b = 60 * MiB if k == 6 else 50 * MiB
+        return [("alloc", h, 30 * MiB, 0), ("alloc", h + 1, b, 0), ("free", h),
+                ("alloc", h + 2, 25 * MiB, 0), ("free", h + 1), ("free", h + 2)]
+
+    pieces = _steps(init, step, 10)
+    result, skipped = _run_and_skipped(pieces, monkeypatch)
+    assert len(skipped) == 4 + 2                                # steps 3-6, then 9 and 10
+    assert result.peak_reserved_bytes == 240 * MiB
+    assert result == allocator.replay([e for events, _ in pieces for e in events])
+
+
+def test_a_tensor_kept_across_steps_is_not_a_steady_state(monkeypatch):
+    """Each step frees the tensor the step before kept and keeps one of its own (a carried buffer):
+    the cache may look the same, but the tensors held differ, so every step is run."""
+    init = [("alloc", 1, 100 * MiB, 0), ("alloc", 2, 40 * MiB, 0)]
+
+    def step(k, h):
+        return [("alloc", h, 40 * MiB, 0), ("free", h - 1 if k else 2)]
+
+    pieces = _steps(init, step, 5)
+    result, skipped = _run_and_skipped(pieces, monkeypatch)
+    assert skipped == []
+    assert result == allocator.replay([e for events, _ in pieces for e in events])
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_stopping_at_the_steady_state_gives_the_whole_replay(stage):
+    """The generated job replayed to its steady state against every event of it replayed: the same
+    segments, releases and peaks (a tiny Llama, at N = 2 and with checkpointing, five steps)."""
+    model = from_architecture(TINY)
+    for s in (setup(stage, dp=2), setup(stage, dp=1, activation_checkpointing=True)):
+        pieces, done, last = [], 0, 0
+        for t, _ in sequence._pieces(model, s, 5, True, 0):
+            pieces.append((t.events[done:], last))
+            done, last = len(t.events), t.last_handle
+        assert sequence.replay_steps(iter(pieces)) == allocator.replay(sequence.events(model, s, steps=5))

@@ -98,3 +98,19 @@ def test_peak_phase_is_categorical_by_name():
     assert list(table(g, out)["peak_phase"]) == list(df.peak_phase)
     # stage 0, bf16, N = 1: the step's 2P gradients + 8P fp32 copies beat the 4P dummy-step gradients at init
     assert df.peak_phase[0] == "step"
+
+
+def test_one_walk_per_class_of_sizes_gives_each_size_its_own_walk():
+    """The sweep walks the stage-3 coordinator once per class of P-only sizes whose walks are the same
+    (`sweep._walk_class`); each size's fractions must be what walking that size itself gives. Sizes
+    on both sides of the limits the walk compares against: tensors of 1e5 (persistence), batches of
+    5e7 (prefetch bucket), 1e9 (live parameters and reuse distance), and some in between."""
+    import random
+    from zerocalc import stage3_trace, sweep as sw
+    random.seed(7)
+    sizes = [10**7, 10**7 + 99, 10**7 + 100, 5 * 10**9 - 1, 5 * 10**9, 5 * 10**9 + 100, 10**11, 10**11 + 100,
+             2 * 10**11, 150, 10**6] + [random.randint(10**6, 3 * 10**11) for _ in range(40)]
+    for p in sizes:
+        it = stage3_trace.simulate(from_params(p), Setup(stage=Stage.PARAMETERS, dp=2))
+        own = (it.kept_after_forward_elements / p, (it.forward_gather_elements + it.backward_gather_elements) * 2 / p)
+        assert sw._kept_and_gathered(p) == own, p

@@ -101,23 +101,21 @@ def replay(events, cached=(), expandable_segments: bool = False, segment_address
     every fresh process recorded on H200 (`data/snapshots/`). Addresses only break ties between
     equal-sized free blocks (the lowest address wins), but such ties decide where a gradient bucket
     or an Adam moment lands."""
+    a = start(cached, expandable_segments, segment_addresses)
+    a.run(events)
+    return a.result()
+
+
+def start(cached=(), expandable_segments: bool = False, segment_addresses=()) -> "_Allocator":
+    """An allocator to feed events piece by piece (`run`), whose `state` can be compared between
+    pieces and whose `result` is `replay`'s over everything fed: `replay` is start, run, result."""
     a = _ExpandableAllocator() if expandable_segments else _Allocator()
     a.addresses = iter(segment_addresses)
     for seg in cached:
         a.seed(*seg)
     a.base_reserved, a.base_allocated = a.reserved, a.allocated
     a.peak_reserved, a.peak_allocated = a.reserved, a.allocated
-    for i, e in enumerate(events):
-        if e[0] == "alloc":
-            a.malloc(e[1], e[2], e[3], i)
-        elif e[0] == "free":
-            a.free(e[1])
-        elif e[0] == "empty_cache":
-            a.empty_cache(i)
-        else:
-            raise ValueError(f"unknown event {e[0]!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
-    return Replay(tuple(a.segments), tuple(a.releases), a.peak_reserved - a.base_reserved,
-                  a.peak_allocated - a.base_allocated)
+    return a
 
 
 class _Block:
@@ -146,6 +144,45 @@ class _Allocator:
         self.held: list[tuple[int, int]] = []   # (start, end) of the segments held, sorted
         self.holes: list[tuple[int, int]] = []  # (start, end) of large segments empty_cache returned, sorted
         self.reserved = self.allocated = self.peak_reserved = self.peak_allocated = 0
+        self.fed = 0                            # events run so far
+        self.fed_addresses = 0                  # segment addresses taken from `addresses`
+
+    def run(self, events) -> None:
+        """Replay events, numbered on from those run before."""
+        malloc, free = self.malloc, self.free
+        for i, e in enumerate(events, self.fed):
+            kind = e[0]
+            if kind == "alloc":
+                malloc(e[1], e[2], e[3], i)
+            elif kind == "free":
+                free(e[1])
+            elif kind == "empty_cache":
+                self.empty_cache(i)
+            else:
+                raise ValueError(f"unknown event {kind!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
+        self.fed += len(events)
+
+    def skip(self, n_events: int) -> None:
+        """Count n_events as run without running them: events known to leave the state and the peaks
+        as they are (see `state`); later events keep their numbers."""
+        self.fed += n_events
+
+    def result(self) -> Replay:
+        return Replay(tuple(self.segments), tuple(self.releases), self.peak_reserved - self.base_reserved,
+                      self.peak_allocated - self.base_allocated)
+
+    def state(self) -> tuple:
+        """All that the allocator's answer to later events depends on: every block (address, size,
+        free, pool, segment, mapped), which handle holds which, the free lists, the segments held and
+        returned, where the next segment goes, what is reserved and allocated, and how many segments
+        were made and returned so far (equal states have made none since). Not the peaks, which later
+        events only read. Two equal states answer the same events the same way."""
+        blocks = sorted((a, b.size, b.free, b.pool, b.seg_start, b.seg_end, b.mapped) for a, b in self.starts.items())
+        return (blocks, {h: b.addr for h, b in self.live.items()},
+                {pool: tuple(f) for pool, f in self.free_blocks.items() if f},
+                {pool: tuple(u) for pool, u in getattr(self, "unmapped", {}).items() if u},
+                tuple(self.held), tuple(self.holes), self.low_addr, self.next_addr, self.reserved, self.allocated,
+                len(self.segments), len(self.releases), self.fed_addresses)
 
     def seed(self, addr: int, size: int, stream: int, small: bool, blocks) -> None:
         """A segment cached before the sequence, with its blocks (address, size, allocated)."""
@@ -204,7 +241,7 @@ class _Allocator:
         free list, or its unmapped addresses); return the merged block (on no list)."""
         for other in (self._next(b), self._prev(b)):
             if other is not None and other.free and other.mapped == b.mapped:
-                listed.remove((other.size, other.addr) if other.mapped else other.addr)
+                del listed[bisect.bisect_left(listed, (other.size, other.addr) if other.mapped else other.addr)]
                 self._drop(other)
                 self._drop(b)
                 b = _Block(min(b.addr, other.addr), b.size + other.size, b.pool, b.seg_start, b.seg_end,
@@ -253,6 +290,7 @@ class _Allocator:
         each at the lowest place it fits, the last, a 2100 MiB Adam moment, below it); else below
         every segment so far."""
         addr = next(self.addresses, None)
+        self.fed_addresses += addr is not None
         if addr is None and seg_bytes > SMALL_SEGMENT_BYTES:
             k = next((k for k, (lo, hi) in enumerate(self.holes) if hi - lo >= seg_bytes), None)
             if k is not None:
@@ -264,7 +302,17 @@ class _Allocator:
         return addr
 
     def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
-        size, pool, free, k = self._best_fit(n_bytes, stream)
+        """`_best_fit`, then a new segment if none fits, then `_take` with `should_split`: written
+        out in one function, as it runs for every allocation of a simulated job."""
+        size = -(-n_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        if size < MIN_BLOCK_BYTES:
+            size = MIN_BLOCK_BYTES
+        small = size <= SMALL_REQUEST_BYTES
+        pool = (small, stream)
+        free = self.free_blocks.get(pool)
+        if free is None:
+            free = self.free_blocks[pool] = []
+        k = bisect.bisect_left(free, (size, -1))
         if k < len(free):
             b = self.starts[free.pop(k)[1]]
         else:
@@ -275,17 +323,47 @@ class _Allocator:
             self._add(b)
             self.segments.append(Segment(seg, stream, event))
             self.reserved += seg
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
-        self._take(handle, b, size, should_split(b.size, size))
+            if self.reserved > self.peak_reserved:
+                self.peak_reserved = self.reserved
+        rest = b.size - size
+        if rest >= MIN_BLOCK_BYTES if small else rest > SMALL_REQUEST_BYTES:    # should_split; `_split`
+            at = b.addr + size
+            cut = _Block(at, rest, pool, b.seg_start, b.seg_end, b.mapped)
+            self.ends[at + rest] = cut
+            self.ends[at] = b
+            self.starts[at] = cut
+            b.size = size
+            bisect.insort(free, (rest, at))
+        b.free = False
+        self.live[handle] = b
+        self.allocated += b.size
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
 
     def free(self, handle) -> None:
+        """The block returns to its pool's free list, merged with its free neighbours in the segment
+        (`_merge`, written out: a live block is mapped, so its neighbours to merge are on the list)."""
         b = self.live.pop(handle, None)
         if b is None:
             return
         self.allocated -= b.size
         b.free = True
         free = self.free_blocks[b.pool]
-        b = self._merge(b, free)
+        starts, ends = self.starts, self.ends
+        addr, end = b.addr, b.addr + b.size
+        nxt = starts.get(end) if end < b.seg_end else None
+        prv = ends.get(addr) if addr > b.seg_start else None
+        if nxt is not None and nxt.free and nxt.mapped:
+            del free[bisect.bisect_left(free, (nxt.size, end))]
+            del starts[end], ends[end]
+            b.size += nxt.size
+            ends[addr + b.size] = b
+        if prv is not None and prv.free and prv.mapped:
+            del free[bisect.bisect_left(free, (prv.size, prv.addr))]
+            del starts[addr], ends[addr]
+            prv.size += b.size
+            ends[prv.addr + prv.size] = prv
+            b = prv
         bisect.insort(free, (b.size, b.addr))
 
 

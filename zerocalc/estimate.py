@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from functools import cached_property
 
-from zerocalc import activations, calibration, comm, peak, reference, sequence, states, timing
+from zerocalc import activations, calibration, comm, peak, reference, states, timing
 from zerocalc.hardware import Hardware
 from zerocalc.model import ModelSpec
 from zerocalc.training import Setup, validate_setup
@@ -76,7 +76,10 @@ class Estimate:
         caching allocator (`zerocalc.sequence`, `zerocalc.allocator`); None where no sequence is
         generated (see `sequence.generated`: e.g. stage 3 with GAS > 1, no architecture) or simulate is off.
         Milliseconds for a 7B model, ~0.1 s for a 70B one: `plan` ranks with the ratio instead."""
-        return sequence.peak_reserved_bytes(self.model, self.setup) if self.simulate else None
+        if not self.simulate or self.model.architecture is None:   # no sequence without one: a P-only run
+            return None                                              # never imports the simulation
+        from zerocalc import sequence
+        return sequence.peak_reserved_bytes(self.model, self.setup)
 
     @property
     def reserved_source(self) -> str:

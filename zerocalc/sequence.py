@@ -34,7 +34,8 @@ from itertools import accumulate
 from math import ceil
 
 from zerocalc import stage3_trace
-from zerocalc.allocator import replay
+from zerocalc import allocator
+from zerocalc.allocator import Replay, replay
 from zerocalc.comm import stage0_allreduce_buckets
 from zerocalc.model import ModelSpec
 from zerocalc.partition import max_grads_in_partition, partition, persistent_mask, sub_groups
@@ -59,6 +60,10 @@ class _Trace:
 
     def __init__(self):
         self.events, self._next = [], 0
+
+    @property
+    def last_handle(self) -> int:
+        return self._next
 
     def alloc(self, n_bytes: int, stream: int = 0) -> int:
         self._next += 1
@@ -968,6 +973,14 @@ def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_proce
 
 def _job(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bool, rank: int):
     """(events, the cuBLAS workspaces' handles) of one generated job: `events` above."""
+    for t, workspaces in _pieces(model, setup, steps, fresh_process, rank):
+        pass
+    return t.events, workspaces
+
+
+def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bool, rank: int):
+    """`_job` made step by step: yields (the trace so far, the workspaces' handles) once init is
+    generated and after each training step."""
     arch = model.architecture
     if steps is None:
         steps = 3
@@ -986,6 +999,7 @@ def _job(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bool,
     head = 0 if arch.tie_embeddings else 1
     per_layer = (n_params - 1 - final_norm - head) // arch.num_layers
     layer = (_Llama if arch.family == "hf-llama" else _SeedGpt)(t, arch, setup)
+    yield t, workspaces
     for _ in range(steps):
         # The micro-steps of one optimizer step: the first, one in the middle (the rest repeat it on
         # the same cache: simulating all five of GAS 5 gave the same reserved peak on 24 Llama and GPT
@@ -1034,7 +1048,7 @@ def _job(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bool,
             ds.grad_ready(0, model.param_numels[0])                      # the embedding
             ds.end_backward(boundary=micro == setup.gas - 1)
         ds.step()
-    return t.events, workspaces
+        yield t, workspaces
 
 
 def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> int | None:
@@ -1043,9 +1057,66 @@ def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = Tr
     sequence is generated."""
     if not generated(model, setup):
         return None
-    return max(replay(events(model, setup, fresh_process=fresh_process, rank=r),
-                      expandable_segments=setup.expandable_segments).peak_reserved_bytes
+    return max(_replay_to_steady_state(model, setup, fresh_process, r).peak_reserved_bytes
                for r in offload_ranks(model, setup))
+
+
+def _replay_to_steady_state(model: ModelSpec, setup: Setup, fresh_process: bool, rank: int) -> Replay:
+    """`replay(events(...))` of one generated job, stopping at the allocator's steady state
+    (`replay_steps`); the steps are generated one at a time."""
+    def pieces():
+        done, last = 0, 0
+        for t, _ in _pieces(model, setup, None, fresh_process, rank):
+            yield t.events[done:], last
+            done, last = len(t.events), t.last_handle
+    return replay_steps(pieces(), expandable_segments=setup.expandable_segments)
+
+
+def replay_steps(pieces, expandable_segments: bool = False) -> Replay:
+    """`replay` of the pieces' events one after another (init, then one piece per training step; each
+    piece with the last handle made before it), without running a step that cannot change the
+    answer: one whose events are the last step run's (allocation sizes and streams, frees, in order;
+    the tensors it makes renamed as that step's, those from before it the same) while that step left
+    the allocator as it found it (`allocator.state`: every block, which tensor holds which, the free
+    lists, reserved, allocated, no segment made or returned). Such a step starts from the state that
+    step started from and does the same: the same reserved and allocated at every event (no new
+    peak), the state left as it is, so the step after it is judged against the same step again.
+    Exact: the result is `replay`'s of all the events, segments and releases included
+    (`tests/test_sequence.py`). In a generated job that is typically the third step, once the second
+    left the cache as the first did."""
+    a = allocator.start(expandable_segments=expandable_segments)
+    model_step = None    # (state before, events, last handle before) of the last step run
+    for k, (events, last) in enumerate(pieces):
+        if k == 0:                              # init
+            a.run(events)
+            continue
+        before = a.state()
+        if model_step is not None and model_step[0] == before and _same_step(model_step[1], model_step[2], events, last):
+            a.skip(len(events))
+        else:
+            a.run(events)
+            model_step = (before, events, last)
+    return a.result()
+
+
+def _same_step(a: list, a_last: int, b: list, b_last: int) -> bool:
+    """Whether step b's events are step a's with the tensors each makes renamed (handles after
+    a_last and b_last, in the same order) and the same tensors from before freed."""
+    if len(a) != len(b):
+        return False
+    shift = b_last - a_last
+    for x, y in zip(a, b):
+        if x[0] != y[0]:
+            return False
+        if x[0] == "alloc":
+            if y[1] != x[1] + shift or y[2] != x[2] or y[3] != x[3]:
+                return False
+        elif x[0] == "free":
+            if y[1] != (x[1] + shift if x[1] > a_last else x[1]):
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 def process_peak_reserved_bytes(jobs) -> int | None:

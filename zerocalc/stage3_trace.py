@@ -71,8 +71,13 @@ def _walk_setup(setup: Setup) -> Setup:
 
 @lru_cache(maxsize=256)
 def _simulate(model: ModelSpec, walk: Setup, n: int) -> Stage3Iteration:
-    fwd_calls, fwd_counts, bwd_calls, bwd_counts, kept = _gathers(model, walk)
-    shard = [ceil(x / n) for x in model.param_numels]
+    return scaled(model.param_numels, _gathers(model, walk), n)
+
+
+def scaled(numels: tuple[int, ...], gathers: tuple, n: int) -> Stage3Iteration:
+    """The iteration at N ranks of a model of these tensors whose walk `_gathers` summed up."""
+    fwd_calls, fwd_counts, bwd_calls, bwd_counts, kept = gathers
+    shard = [ceil(x / n) for x in numels]
     return Stage3Iteration(fwd_calls, sum(shard[p] * k for p, k in fwd_counts), bwd_calls,
                            sum(shard[p] * k for p, k in bwd_counts), sum(shard[p] * n for p in kept), copies=n == 1)
 
@@ -85,7 +90,7 @@ def _gathers(model: ModelSpec, walk: Setup):
     turn = len(model.trace) - 1   # the last forward step
     calls, counts = [0, 0], [{}, {}]
     live, kept = set(), ()
-    for step, actions in enumerate(fetches(model, walk, record=False)):
+    for step, actions in _walk(model, walk, record=False):
         phase = int(step > turn)
         for kind, what in actions:
             if kind == "gather":

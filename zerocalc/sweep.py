@@ -66,10 +66,46 @@ def _kept_and_gathered(num_params: int) -> tuple[float, float]:
     """Stage-3 replay for a P-only model: (kept gathered after forward, all-gathered in a micro-step) as
     fractions of P; for 100 equal tensors these do not depend on N (replayed at N = 2). A parameter
     released in forward may be prefetched again before backward starts, so only the sum of forward
-    and backward gathers is meaningful."""
-    it = stage3_trace.simulate(from_params(num_params), Setup(dp=2))
+    and backward gathers is meaningful. The coordinator's walk is shared by every size of its class
+    (`_walk_class`)."""
+    numels = from_params(num_params).param_numels
+    it = stage3_trace.scaled(numels, _class_gathers(_walk_class(numels), num_params), 2)
     gathered = (it.forward_gather_elements + it.backward_gather_elements) * 2 / num_params
     return it.kept_after_forward_elements / num_params, gathered
+
+
+_WALK = stage3_trace._walk_setup(Setup(dp=2))
+_LIMITS = np.array([_WALK.param_persistence_threshold, _WALK.model_persistence_threshold,
+                    _WALK.prefetch_bucket_size, _WALK.max_live_parameters, _WALK.max_reuse_distance], dtype=np.int64)
+
+
+def _walk_class(numels: tuple[int, ...]):
+    """A key shared by P-only models whose stage-3 walks (`stage3_trace._walk`) are the same, or the
+    tensor sizes themselves where that is not shown. The walk reads the tensors' sizes only through
+    comparisons of sums of them with the setup's limits: each tensor against the persistence
+    threshold, the persistent total against the model's, the prefetch batch against the bucket and
+    (with what is gathered) the live-parameter limit, the elements of the modules ahead against the
+    reuse distance. A P-only model's tensors are t elements each but the last, L; every such sum is
+    a·t + b·L with a at most twice the tensor count (each is in forward's and backward's trace once)
+    and b at most 2. Two models with the same count that agree on a·t + b·L < limit and <= limit for
+    every a, b and limit take the same branches everywhere: the same walk."""
+    t, last = numels[0], numels[-1]
+    if any(x != t for x in numels[:-1]) or 2 * len(numels) * max(t, last) >= 2**62:
+        return numels
+    sums = np.arange(2 * len(numels) + 1, dtype=np.int64)[:, None] * t + np.arange(3, dtype=np.int64) * last
+    below = sums.ravel()[:, None] < _LIMITS
+    at_most = sums.ravel()[:, None] <= _LIMITS
+    return len(numels), np.packbits(np.concatenate([below.ravel(), at_most.ravel()])).tobytes()
+
+
+_CLASS_GATHERS: dict = {}
+
+
+def _class_gathers(key, num_params: int) -> tuple:
+    """`stage3_trace._gathers` of the walk of key's class, walked once on the first size that asks."""
+    if key not in _CLASS_GATHERS:
+        _CLASS_GATHERS[key] = stage3_trace._gathers(from_params(num_params), _WALK)
+    return _CLASS_GATHERS[key]
 
 
 def _by_stage(stage, shape, zero, one_two, three):
