@@ -192,6 +192,32 @@ def test_a_rank_that_dies_ends_its_job_with_a_crash_row(tmp_path, fake):
     assert "return code = 3" in rows_[0]["error"]
 
 
+def test_a_rank_that_fails_outside_a_job_gives_its_traceback_to_the_crash_row(tmp_path, fake):
+    """Rank 1 fails where the worker catches nothing (between jobs, in a gather): the worker's __main__
+    records its traceback before dying, and the crash row carries it instead of the launcher's lines."""
+    todo = jobs(2)
+    fake({todo[0]["key"]: "crash"})
+    out = str(tmp_path / "rows.csv")
+    runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    rows_ = file_rows(out)
+    assert [(r["key"], r["outcome"]) for r in rows_] == [(todo[0]["key"], "crash"), (todo[1]["key"], "ok")]
+    assert rows_[0]["error"].startswith("rank 1: ") and rows_[0]["error"].endswith("ConnectionError: rank 1 lost its peer")
+
+
+def test_a_result_the_runner_cannot_read_is_still_a_row(tmp_path, fake, monkeypatch):
+    """A worker result the row cannot be made from (a field missing) is an error row, not a runner crash."""
+    todo = jobs(2)
+    fake({})
+    real = runner.rows.make_row
+    monkeypatch.setattr(runner.rows, "make_row", lambda job, res, *a: real(job, res, *a) if job["key"] != todo[0]["key"]
+                        else real(job, {**res, "ranks": [{"outcome": "ok"}]}, *a))
+    out = str(tmp_path / "rows.csv")
+    runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    rows_ = file_rows(out)
+    assert [(r["key"], r["outcome"]) for r in rows_] == [(todo[0]["key"], "error"), (todo[1]["key"], "ok")]
+    assert "the worker's result could not be read: KeyError" in rows_[0]["error"]
+
+
 # --- nothing outlives the runner; one runner per file -------------------------------------------------
 
 DRIVER = textwrap.dedent("""

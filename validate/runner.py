@@ -200,7 +200,11 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
             for res in _read_lines(os.path.join(tmp, "results.jsonl")):
                 if res["key"] in finished or res["key"] not in by_key:
                     continue
-                row = rows.make_row(by_key[res["key"]], res, backend, command)
+                try:
+                    row = rows.make_row(by_key[res["key"]], res, backend, command)
+                except (KeyError, IndexError, TypeError, ValueError) as err:   # still one row for the job
+                    row = rows.failed_row(by_key[res["key"]], "error", f"the worker's result could not be read: "
+                                          f"{type(err).__name__}: {err}", backend, command)
                 _write(csv_path, row, written)
                 finished.add(res["key"])
                 last_progress[0] = time.time()

@@ -10,6 +10,7 @@ gather done through files. What each job does is FAKE_PLAN (a JSON file {key: be
   raise      rank 1 raises; rank 0 blocks in the job's collective (waits for rank 1 forever)
   raise_all  every rank raises (a config DeepSpeed refuses)
   die        rank 1 dies with os._exit(3), no traceback
+  crash      rank 1 fails outside the job's try (its traceback recorded as the worker's __main__ does)
   sleep      every rank sleeps (a long job)
 FAKE_LOG (a folder) gets each process's pid as LOG/pid-<name>, and one line per launch in LOG/launches.
 """
@@ -63,6 +64,12 @@ def rank_main(jobs_path, out_dir, rank, world):
             time.sleep(120)
         if what == "die" and rank == 1:
             os._exit(3)
+        if what == "crash" and rank == 1:   # an error outside a job, as the worker's __main__ records it
+            try:
+                raise ConnectionError("rank 1 lost its peer")
+            except ConnectionError:
+                lifeline.record_crash(out_dir, rank, traceback.format_exc())
+            sys.exit(1)
         failure = ""
         result = ok_result(rank)
         if what == "raise_all" or (what == "raise" and rank == 1):
