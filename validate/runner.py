@@ -20,16 +20,11 @@ import tempfile
 import threading
 import time
 
-from validate import lifeline, rows
+from validate import lifeline, results_file, rows
 from validate.jobs import to_worker
 from validate.results_file import ResultsFileError, append_row, done_keys  # noqa: F401  (the runner's file API)
-from validate import results_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # where `validate` and `zerocalc` live
-
-
-def _read_lines(path: str) -> list[dict]:
-    return lifeline.read_lines(path)
 
 
 def _free_port() -> int:
@@ -197,7 +192,7 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
 
         def collect():
             """Rows for the results the launch has written so far."""
-            for res in _read_lines(os.path.join(tmp, "results.jsonl")):
+            for res in lifeline.read_lines(os.path.join(tmp, "results.jsonl")):
                 if res["key"] in finished or res["key"] not in by_key:
                     continue
                 try:
@@ -243,7 +238,7 @@ def _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s) -> t
         if late:
             kill_launch(proc)
             return late[0], None
-        started = _read_lines(os.path.join(tmp, "started.jsonl"))
+        started = lifeline.read_lines(os.path.join(tmp, "started.jsonl"))
         running = [s for s in started if s["key"] not in finished]
         since = running[-1]["time"] if running else last_progress[0]
         if now - max(since, last_progress[0]) > timeout_s:
@@ -257,9 +252,9 @@ def _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, 
     """The row of the job a launch lost (started and not finished, or the first not started when the
     launch died before it), with the failing rank's traceback where one was recorded, else the
     launcher's last lines. The jobs after it are relaunched."""
-    started = [s["key"] for s in _read_lines(os.path.join(tmp, "started.jsonl"))]
+    started = [s["key"] for s in lifeline.read_lines(os.path.join(tmp, "started.jsonl"))]
     lost = [k for k in started if k not in finished and k in by_key]
-    restarted = _read_lines(os.path.join(tmp, "restart.jsonl"))
+    restarted = lifeline.read_lines(os.path.join(tmp, "restart.jsonl"))
     if failed_rank and failed_rank not in finished:
         lost = [failed_rank]
     elif restarted and not lost:
