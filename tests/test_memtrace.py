@@ -1,0 +1,62 @@
+"""The allocation stream recorded on fake tensors (`zerocalc.hf.memtrace`) against the transcribed
+Llama layer (`zerocalc.sequence._llama_forward`, written from the H200 allocator histories)."""
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from zerocalc import arch as A  # noqa: E402
+from zerocalc import sequence  # noqa: E402
+from zerocalc.hf import memtrace, trace  # noqa: E402
+from zerocalc.training import Setup  # noqa: E402
+
+B, S, H, LAYERS, HEADS, KV_HEADS, F, V = 2, 64, 64, 2, 4, 2, 160, 128
+
+
+def _traced_layer_kept():
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                   num_key_value_heads=KV_HEADS, intermediate_size=F, max_position_embeddings=S)
+    cfg._attn_implementation = "sdpa"
+    model, mode = trace.build(cfg)
+    with mode:
+        ids = torch.zeros(B, S, dtype=torch.long)
+    events = memtrace.record(model, mode, ids)
+    live = {}
+    for e in events:
+        if e[0] == "alloc":
+            live[e[1]] = e
+        elif e[0] == "free":
+            live.pop(e[1], None)
+        elif e[0] == "exit" and e[1] == "model.layers.1":
+            break
+    return Counter(e[2] for e in live.values() if e[3].startswith("model.layers.1"))
+
+
+def _transcribed_layer_kept():
+    a = A.Architecture("hf-llama", V, H, LAYERS, HEADS, KV_HEADS, F, False, S)
+    t = sequence._Trace()
+    z = sequence._LlamaSizes(a, Setup(seq_len=S, micro_batch=B, dtype="bf16"))
+    out, kept = sequence._llama_forward(t, z, t.alloc(z.h), keep_input=False)
+    size = {e[1]: e[2] for e in t.events if e[0] == "alloc"}
+    return Counter(size[h] for h in list(kept.values()) + [out])
+
+
+def test_a_traced_llama_layer_keeps_the_transcribed_tensors_and_rmsnorms_rsqrt():
+    """What one Llama layer keeps for backward (and its output), traced on fake tensors, equals the
+    transcribed layer's, plus each RMSNorm's rsqrt: [tokens, 1] in fp32, 4 bytes per token, saved for
+    the product's backward. The H200 histories have it (8192-byte blocks at 2 x 1024 tokens: 634 in
+    `t4-warmup/hf-llama-h2048-l22-s2-...-60a8b990aa`); the transcription leaves it out."""
+    tokens = B * S
+    rsqrt = 4 * tokens
+    assert _traced_layer_kept() == _transcribed_layer_kept() + Counter({rsqrt: 2})
+    # by hand: fp32 norm input 4·T·h and its bf16 cast and product 2·2·T·h, twice; v and rotated k
+    # 2·T·kv each; rotated q, attention output and the layer's output 2·T·h; SDPA's log-sum-exp 4·T·heads;
+    # gate, SiLU, up, product 2·T·f each
+    kv = KV_HEADS * H // HEADS
+    by_hand = Counter()
+    for n, count in ((4 * tokens * H, 2), (2 * tokens * H, 4 + 3), (2 * tokens * kv, 2), (4 * tokens * HEADS, 1),
+                     (2 * tokens * F, 4), (rsqrt, 2)):
+        by_hand[n] += count
+    assert _traced_layer_kept() == by_hand
