@@ -8,8 +8,12 @@ Cold cases are fresh processes, run round-robin (one of each per round) so that 
 slows them alike; each reports the median over rounds of its wall time and of its CPU time (user +
 system, from the kernel's accounting of the child), and the ratio of each to the baseline's. Bytecode
 is allowed (the environment's PYTHONDONTWRITEBYTECODE removed) but for the row that sets it.
-In-process cases run in a fresh process each round too (their first call pays for empty caches).
-Prints numbers, asserts nothing: a benchmark, not a test.
+In-process cases (the sweep, the allocator replay) run in a fresh process each round too (their first
+call pays for empty caches) and report wall and CPU time likewise.
+Prints numbers, asserts nothing: a benchmark, not a test. It replaces sweep_and_plan.py; cold_start.py
+(zerocalc beside DeepSpeed's own estimator), allocator_replay.py (the recorded histories) and
+sequence_replay.py (generation and replay per stage) still measure what they say. docs/speed.md says
+what each case costs and why.
 """
 import argparse
 import json
@@ -43,34 +47,28 @@ COLD = [
 IN_PROCESS = r"""
 import json, time
 import numpy as np
-t0 = time.perf_counter()
+clocks = (time.perf_counter, time.process_time)        # wall, CPU
+
+def timed(fn):
+    t0 = [c() for c in clocks]
+    out = fn()
+    return out, [c() - t for c, t in zip(clocks, t0)]
+
 from zerocalc import sweep
 axes = dict(num_params=np.round(np.linspace(1e8, 2e11, 250)), dp=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
             stage=[0, 1, 2, 3], param_bytes=[2, 4], gas=list(range(1, 51)))
-t1 = time.perf_counter()
-out = sweep.evaluate(sweep.grid(**axes))
-first = time.perf_counter() - t1
-n = len(out["peak_bytes"])
-later = []
-for _ in range(3):
-    t1 = time.perf_counter()
-    sweep.evaluate(sweep.grid(**axes))
-    later.append(time.perf_counter() - t1)
+out, first = timed(lambda: sweep.evaluate(sweep.grid(**axes)))
+later = min((timed(lambda: sweep.evaluate(sweep.grid(**axes)))[1] for _ in range(3)), key=lambda t: t[1])
 from zerocalc import allocator, sequence
 from zerocalc.arch import preset
 from zerocalc.model import from_architecture
 from zerocalc.training import Setup, Stage
 events = sequence.events(from_architecture(preset("llama-2-7b"), "llama-2-7b"),
                          Setup(stage=Stage.GRADIENTS, dp=8, seq_len=4096))
-replays = []
-for _ in range(3):
-    t1 = time.perf_counter()
-    allocator.replay(events)
-    replays.append(time.perf_counter() - t1)
-print(json.dumps({"n": n, "first_s": first, "later_s": min(later), "events": len(events),
-                  "replay_s": min(replays)}))
+replay = min((timed(lambda: allocator.replay(events))[1] for _ in range(3)), key=lambda t: t[1])
+print(json.dumps({"n": len(out["peak_bytes"]), "first": first, "later": later, "events": len(events),
+                  "replay": replay}))
 """
-
 
 def machine() -> str:
     model = platform.processor() or platform.machine()
@@ -126,18 +124,18 @@ def main():
         w, c = statistics.median(walls), statistics.median(cpus)
         print(f"{name:100s} {w * 1e3:6.0f}ms {w / base_wall:5.2f}× {c * 1e3:6.0f}ms {c / base_cpu:5.2f}×  "
               f"{min(walls) / base_wall:.2f}-{max(walls) / base_wall:.2f}×")
-    n = inproc[0]["n"]
-    first = statistics.median(r["first_s"] for r in inproc)
-    later = statistics.median(r["later_s"] for r in inproc)
-    replay = statistics.median(r["replay_s"] for r in inproc)
-    events = inproc[0]["events"]
-    print(f"{f'sweep over {n:,} configurations, first call (stage-3 replays included)':100s} "
-          f"{first * 1e3:6.0f}ms {first / base_wall:5.2f}×")
-    print(f"{f'sweep over {n:,} configurations, later calls':100s} {later * 1e3:6.0f}ms {later / base_wall:5.2f}×"
-          f"   {n / later / 1e6:.1f}M configurations/s")
-    print(f"{f'allocator replay of llama-2-7b stage 2 N = 8 4k, {events:,} events':100s} "
-          f"{replay * 1e3:6.0f}ms {replay / base_wall:5.2f}×   {events / replay / 1e6:.2f}M events/s")
+    n, events = inproc[0]["n"], inproc[0]["events"]
 
+    def row(name, key, extra=lambda wall, cpu: ""):
+        w = statistics.median(r[key][0] for r in inproc)
+        c = statistics.median(r[key][1] for r in inproc)
+        print(f"{name:100s} {w * 1e3:6.0f}ms {w / base_wall:5.2f}× {c * 1e3:6.0f}ms {c / base_cpu:5.2f}×  {extra(w, c)}")
+
+    row(f"sweep over {n:,} configurations, first call (stage-3 replays included)", "first")
+    row(f"sweep over {n:,} configurations, later calls", "later",
+        lambda w, c: f"{n / w / 1e6:.1f}M configurations/s wall, {n / c / 1e6:.1f}M CPU")
+    row(f"allocator replay of llama-2-7b stage 2 N = 8 4k, {events:,} events", "replay",
+        lambda w, c: f"{events / w / 1e6:.2f}M events/s wall, {events / c / 1e6:.2f}M CPU")
 
 if __name__ == "__main__":
     main()

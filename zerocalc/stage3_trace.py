@@ -90,7 +90,7 @@ def _gathers(model: ModelSpec, walk: Setup):
     turn = len(model.trace) - 1   # the last forward step
     calls, counts = [0, 0], [{}, {}]
     live, kept = set(), ()
-    for step, actions in _walk(model, walk, record=False):
+    for step, actions in enumerate(_fetches(model, walk, False)):
         phase = int(step > turn)
         for kind, what in actions:
             if kind == "gather":
