@@ -156,7 +156,7 @@ def check_hf_config(cfg: dict, path: str = "config.json") -> dict:
     kind = cfg.get("model_type")
     if kind is None:
         raise InputError(f"{path}: no \"model_type\" key; is this a Hugging Face config.json?")
-    if not isinstance(kind, str):
+    if not isinstance(kind, str) or not kind.strip():
         raise InputError(f"{path}: model_type = {kind!r}: must be a string such as \"llama\"")
     for key, limit, required in _HF_KEYS.get(kind, _HF_KEYS_ANY):
         if key not in cfg:
