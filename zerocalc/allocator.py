@@ -176,7 +176,7 @@ class _Allocator:
         free, pool, segment, mapped), which handle holds which, the free lists, the segments held and
         returned, where the next segment goes, what is reserved and allocated, and how many segments
         were made and returned so far (equal states have made none since). Not the peaks, which later
-        events only read. Two equal states answer the same events the same way."""
+        events only read. Two equal states of one allocator answer the same events the same way."""
         blocks = sorted((a, b.size, b.free, b.pool, b.seg_start, b.seg_end, b.mapped) for a, b in self.starts.items())
         return (blocks, {h: b.addr for h, b in self.live.items()},
                 {pool: tuple(f) for pool, f in self.free_blocks.items() if f},

@@ -12,6 +12,7 @@ backward only what the reuse and prefetch rules released (`zerocalc.stage3_trace
 for models that stay gathered.
 """
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil
 
 from zerocalc.model import ModelSpec
@@ -24,7 +25,8 @@ from zerocalc.training import Setup, Stage
 MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
 
 
-def stage0_allreduce_buckets(param_numels) -> tuple[int, ...]:
+@lru_cache(maxsize=256)   # per model: `plan` asks for it at every stage-0 candidate
+def stage0_allreduce_buckets(param_numels: tuple[int, ...]) -> tuple[int, ...]:
     """Elements in each of stage 0's gradient all-reduce buckets, in reduction order. The engine's
     `allreduce_no_retain` adds gradients in `module.parameters()` order and reduces the bucket once it
     holds more than MEMORY_OPT_ALLREDUCE_SIZE elements, so a bucket overshoots by up to its last tensor:
