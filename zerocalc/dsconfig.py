@@ -556,7 +556,27 @@ def _strip_hjson_lite(text: str) -> str:
         else:
             out.append(c)
             i += 1
-    return re.sub(r",(\s*[}\]])", r"\1", "".join(out))
+    text, out, i = "".join(out), [], 0
+    n = len(text)
+    while i < n:   # second pass: a comma followed only by blanks and a closing bracket goes
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+            continue
+        if c == ",":
+            j = i + 1
+            while j < n and text[j] in " \t\r\n":
+                j += 1
+            if j < n and text[j] in "}]":
+                i += 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _refuse_constant(name):

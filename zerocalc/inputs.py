@@ -189,6 +189,9 @@ def check_output_path(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise InputError(f"{path} is a directory; give a file name")
+    if os.path.exists(path) and not os.path.isfile(path):
+        # the file is written beside the target and renamed over it: never over a device or a pipe
+        raise InputError(f"cannot write {path}: not a regular file (leave out --out to write to standard output)")
     if not os.path.isdir(folder):
         raise InputError(f"cannot write {path}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
