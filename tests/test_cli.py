@@ -274,6 +274,7 @@ def test_csv_carries_the_time_section_of_the_json():
     assert plain[0]["step_s"] == "" and plain[0]["fits"] == ""             # no time without --gpu and a shape
 
 
+@pytest.mark.slow   # seven plans and estimates of 7-70B models, each row of a plan simulated
 @pytest.mark.parametrize("command", ["estimate", "plan"])
 def test_every_example_in_the_help_runs(command):
     """The examples `--help` teaches run as written (those reading the user's own files aside)."""

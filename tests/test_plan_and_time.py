@@ -251,7 +251,7 @@ def plan(*args, model="llama-2-13b", code=0):
 
 
 def test_plan_ranks_fitting_setups_by_throughput():
-    doc = plan("--max-gpus", "16", "--top", "50")
+    doc = plan("--max-gpus", "16", "--top", "20")   # each row shown is simulated through the allocator
     speeds = [c["time"]["tokens_per_s"] for c in doc["ranked"]]
     assert speeds == sorted(speeds, reverse=True) and len(speeds) > 5
     assert all(c["rejected"] is None and c["device_bytes"] <= 80 * 2**30 for c in doc["ranked"])
@@ -470,3 +470,25 @@ def test_a_model_given_by_params_is_planned_at_exactly_that_many():
     assert doc["estimates"][0]["per_rank_bytes"]["activations"] > 0 and doc["estimates"][0]["time"]["step_s"] > 0
     too_small = CliRunner().invoke(main, ["plan", "--params", "1e5", "--gpu", "h100", "--seq-len", "128", "--global-batch", "8"])
     assert too_small.exit_code == 2 and "too few to give a transformer shape" in too_small.output
+
+
+def test_every_row_plan_shows_is_what_estimate_says_of_it():
+    """Llama-2-13B on up to 8 H100s: the ratio admits stage-2 setups that the allocator simulation
+    needs 80.8-88.6 GiB for; plan drops them (--explain says why) and every row it shows has
+    `estimate`'s own GiB, fits and tight for the same setup."""
+    doc = plan("--max-gpus", "8", "--top", "3", "--explain")
+    dropped = [c for c in doc["rejected"] if "allocator simulated" in (c["rejected"] or "")]
+    assert dropped and all(c["device_bytes"] > 80 * 2**30 for c in dropped)
+    shown = {(c["dp"], c["stage"], c["micro_batch"], c["activation_checkpointing"]) for c in doc["ranked"]}
+    assert not shown & {(c["dp"], c["stage"], c["micro_batch"], c["activation_checkpointing"]) for c in dropped}
+    for best in doc["ranked"]:
+        args = ["estimate", "--model", "llama-2-13b", "--dp", str(best["dp"]), "--stage", str(best["stage"]),
+                "--micro-batch", str(best["micro_batch"]), "--gas", str(best["gas"]), "--seq-len", "4096",
+                "--offload-optimizer", best["offload_optimizer"], "--gpu", "h100", "--gpu-memory", "80GiB",
+                "--attention", "sdpa", "--format", "json",
+                "--activation-checkpointing" if best["activation_checkpointing"] else "--no-activation-checkpointing"]
+        if best["stage"] == 3:
+            args += ["--offload-param", best["offload_param"]]
+        e = json.loads(CliRunner().invoke(main, args).output)["estimates"][0]
+        assert (e["device_bytes"], e["fits"], e["fits_worst_case"]) == \
+            (best["device_bytes"], best["fits"], best["fits_worst_case"])

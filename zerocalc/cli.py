@@ -463,11 +463,13 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments,
                  zero_init=zero_init)
     cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal)
-    ranked = plan.rank(cands, price_per_gpu_hour)
+    dropped = []
     if fewest:
         best = plan.fewest_gpus(cands)
         ranked = [best] if best else []
-    click.echo(render.plan(spec, hw, memory, ranked[:top], cands if explain else None, price_per_gpu_hour, fmt,
+    else:
+        ranked, dropped = plan.top(plan.rank(cands, price_per_gpu_hour), top)
+    click.echo(render.plan(spec, hw, memory, ranked, cands + dropped if explain else None, price_per_gpu_hour, fmt,
                            note, fewest))
     if fmt == "table":
         click.echo(init_note)

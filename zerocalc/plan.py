@@ -1,8 +1,9 @@
 """`zerocalc plan`: every stage × offload × GPU count × micro-batch × accumulation × checkpointing that
 fits the GPU, ranked by predicted throughput (or cost). Built on `estimate` (memory, communication)
 and `timing` (step time); nothing new is modelled here. Candidates are judged with the calibrated
-reserved/allocated ratio (hundreds of allocator simulations would take seconds); the one
-`--min-gpus` picks is checked with `estimate`'s simulation, so the two agree on it."""
+reserved/allocated ratio (hundreds of allocator simulations would take seconds); those shown (`top`,
+and the one `--min-gpus` picks) are judged again as `estimate` judges them, its allocator simulation
+included, so the two agree on every row shown: its GiB, fits and tight."""
 from dataclasses import dataclass, replace
 
 from zerocalc.estimate import Estimate, estimate
@@ -72,12 +73,29 @@ def rank(cands: list[Candidate], price_per_gpu_hour: float | None = None) -> lis
     return sorted(ok, key=lambda c: -c.tokens_per_s)
 
 
+def judged(c: Candidate) -> Candidate:
+    """The candidate as `estimate` judges it: the allocator simulation where it applies (which may
+    reject what the ratio let through, or find room the ratio did not), fits and tight as it prints them."""
+    e = c.estimate
+    full = estimate(e.model, c.setup, e.gpu_memory_bytes, e.calibration, e.hardware)
+    return Candidate(c.setup, full, None if full.fits else
+                     f"needs {full.device_bytes / 2**30:.1f} GiB per GPU ({full.peak.name} peak, allocator "
+                     f"simulated), has {e.gpu_memory_bytes / 2**30:.1f}")
+
+
+def top(ranked: list[Candidate], n: int) -> tuple[list[Candidate], list[Candidate]]:
+    """(the first n of `ranked` that fit by `estimate`'s judgement (`judged`), in rank order; those
+    ranked above them that it rejected)."""
+    shown, dropped = [], []
+    for c in ranked:
+        if len(shown) == n:
+            break
+        j = judged(c)
+        (dropped if j.rejected else shown).append(j)
+    return shown, dropped
+
+
 def fewest_gpus(cands: list[Candidate]) -> Candidate | None:
-    """The fastest candidate on the fewest GPUs that fits by `estimate`'s own judgement (the
-    allocator simulation where it applies, which may reject what the ratio let through)."""
-    for c in sorted((c for c in cands if c.rejected is None), key=lambda c: (c.setup.dp, -c.tokens_per_s)):
-        e = c.estimate
-        full = estimate(e.model, c.setup, e.gpu_memory_bytes, e.calibration, e.hardware)
-        if full.fits:
-            return Candidate(c.setup, full, None)
-    return None
+    """The fastest candidate on the fewest GPUs that fits by `estimate`'s own judgement (`judged`)."""
+    shown, _ = top(sorted((c for c in cands if c.rejected is None), key=lambda c: (c.setup.dp, -c.tokens_per_s)), 1)
+    return shown[0] if shown else None

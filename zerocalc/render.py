@@ -223,10 +223,10 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
-    lines += ["", "GiB/GPU = predicted reserved peak + CUDA context: for speed, the allocated peak × the calibrated",
-              "reserved ratio, except for a --min-gpus pick, which is simulated through the allocator as `estimate`",
-              "does (more precise: run `estimate` on your pick); fits = `estimate`'s rule on that: yes, or tight",
-              "(fits, but not at the reserved prediction's worst measured miss, which can OOM);",
+    lines += ["", "GiB/GPU = predicted reserved peak + CUDA context, and fits: yes, or tight (not at the reserved",
+              "prediction's worst measured miss, which can OOM), both as `estimate` gives them for the row's setup",
+              "(candidates are screened with a calibrated reserved ratio; a row the allocator simulation rejects is",
+              "dropped: --explain lists it);",
               "step = one optimizer step; wire = share of the step waiting on bytes crossing the link; calls = stage 3's",
               "share spent per all-gather call (its hook issuing it and waiting), not wire time."]
     acc = ranked[0].estimate.cal["time"].get("accuracy") if ranked else None
