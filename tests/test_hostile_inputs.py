@@ -83,6 +83,7 @@ CASES = [
     (["sweep", "--params", ""], 2, "give at least one value"),
     (["sweep", "--params", "1e19"], 2, "above zerocalc's limit of 1,000,000,000,000,000"),
     (["sweep", "--params", "1e9", "--out", "@missing/dir/out.csv"], 2, "does not exist"),
+    (["sweep", "--params", "99"], 2, "needs at least 100 parameters"),     # 100 equal tensors: P = 99 gave NaN
     (["sweep", "--params", "1e9", "--dp", "1,2,3,4,5,6,7,8,9,10", "--gas", ",".join(map(str, range(1, 1001))),
       "--stage", "0,1,2,3", "--dtype", "bf16,fp32"] + ["--params", ",".join(str(10**9 + i) for i in range(300))],
      2, "a sweep writes at most"),

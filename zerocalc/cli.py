@@ -143,6 +143,8 @@ def _setups(opts, ds, stages, hidden_size):
     micro, gas = dsconfig.resolve_batch(ds.train_batch_size if ds else None,
                                         opts["micro_batch"] or (ds.micro_batch if ds else None),
                                         opts["gas"] or (ds.gas if ds else None), dp, from_config=ds is not None)
+    if fields.get("sub_group_size") == 0:
+        fields["sub_group_size"] = 1   # each parameter its own sub-group either way (DeepSpeed's _create_fp16_sub_groups)
     if "optimizer" in fields:
         fields["optimizer"] = OPTIMIZERS[fields["optimizer"]]
     if stages is None:
@@ -302,7 +304,7 @@ def _dtype_note(ds, dtype_flag) -> str | None:
 @click.option("--max-live-parameters", type=ELEMENTS0, help="stage3_max_live_parameters [default: 1e9].")
 @click.option("--param-persistence-threshold", type=ELEMENTS0, help="stage3_param_persistence_threshold [default: 1e5].")
 @click.option("--max-reuse-distance", type=ELEMENTS0, help="stage3_max_reuse_distance [default: 1e9].")
-@click.option("--sub-group-size", type=ELEMENTS, help="[default: 1e9]")
+@click.option("--sub-group-size", type=ELEMENTS0, help="[default: 1e9; 0 is taken as 1, as DeepSpeed groups both alike]")
 @click.option("--offload-optimizer", type=click.Choice(["none", "cpu", "nvme"]))
 @click.option("--offload-param", type=click.Choice(["none", "cpu", "nvme"]), help="Stage 3 only.")
 @click.option("--activation-checkpointing/--no-activation-checkpointing", default=None)
@@ -533,6 +535,10 @@ def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
     bad = [s for s in stage_list if s not in (0, 1, 2, 3)]
     if bad:
         raise click.BadParameter(f"stage {bad[0]} does not exist: stages are 0-3", param_hint="--stage")
+    few = [p for p in params_list if p < sweep.TENSORS]
+    if few:
+        raise click.BadParameter(f"{few[0]}: the sweep takes P as {sweep.TENSORS} equal tensors, so it needs at least "
+                                 f"{sweep.TENSORS} parameters (use estimate for smaller models)", param_hint="--params")
     param_bytes = list(dict.fromkeys(_PARAM_BYTES[d] for d in dtype_list))
     rows = len(params_list) * len(dp_list) * len(stage_list) * len(param_bytes) * len(gas_list)
     if rows > MAX_SWEEP_ROWS:
