@@ -6,7 +6,7 @@ the buffers DeepSpeed 0.19.8 allocates then (`../shared/reference/deepspeed-zero
 and batch shape are known, activations (`zerocalc.activations`). A phase's number is its worst
 moment; `peak_bytes` (the largest) predicts `torch.cuda.max_memory_allocated()`.
 """
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from zerocalc import activations, stage3_trace
 from zerocalc.comm import stage0_allreduce_buckets
@@ -35,7 +35,8 @@ class Phase:
 
 def _worst(*candidates: Phase) -> Phase:
     """The candidate moment with the most bytes, which keeps all of them (`Phase.moments`)."""
-    return replace(max(candidates, key=lambda ph: ph.total_bytes), moments=candidates)
+    w = max(candidates, key=lambda ph: ph.total_bytes)   # not dataclasses.replace: plan makes hundreds
+    return Phase(w.name, w.states_bytes, w.grads_bytes, w.buffers_bytes, w.activation_bytes, w.why, candidates)
 
 
 def _forward(resident, gathered, act, why="activations and the loss on top of model states", accumulated=(0, 0)):
