@@ -15,3 +15,11 @@ def committed_rows():
     pytest.importorskip("pandas")
     from validate.report import committed_rows as repredicted
     return repredicted(COMMITTED)
+
+
+@pytest.fixture(scope="session")
+def committed_crossval():
+    """`fit.cross_validate_time` on the committed rows: (timed rows with cv_step_s, one section per fold)."""
+    pytest.importorskip("pandas")
+    from validate.fit import cross_validate_time
+    return cross_validate_time(COMMITTED)

@@ -2,7 +2,9 @@
 tensor and every logged collective must equal zerocalc's prediction to the byte. The named residual
 is the scalars of <= 8 bytes (grad norm, overflow flag), reported apart by the validator.
 
-This is the test that keeps every formula honest; it takes a few minutes on two cores."""
+This is the test that keeps every formula honest. It takes a few minutes on two cores, most of it
+starting DeepSpeed on every rank of each launch (and, once per machine, building DeepSpeedCPUAdam for
+the offload jobs); the jobs run only the steps the bytes need (VALIDATE_FEW_STEPS: no timing on CPU)."""
 import glob
 import os
 import shutil
@@ -20,13 +22,16 @@ if shutil.which("deepspeed") is None:
 
 from validate.report import repredict  # noqa: E402
 
+pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_validate(tmp_path, *args):
     out = tmp_path / "rows.csv"
     proc = subprocess.run([sys.executable, "-m", "validate", "run", "--backend", "cpu", *args, "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env=dict(os.environ, VALIDATE_FEW_STEPS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out)
     assert (df["outcome"] == "ok").all(), df.loc[df["outcome"] != "ok", ["key", "error"]].to_string()

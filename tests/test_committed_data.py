@@ -121,12 +121,12 @@ def test_step_time_within_the_stated_error(rows):
     assert sum(probed) >= 171 and (err[probed] <= 0.15).mean() >= 0.77     # 0.778
 
 
-def test_cross_validated_step_time():
+def test_cross_validated_step_time(committed_crossval):
     """`python -m validate crossval`: each quarter of the configurations predicted by the time constants
     fitted on the other three. README: 233/318 rows and 98/114 configurations within 15%; every fold's
     efficiency at or under its matmul ceiling (0.77-0.80). History: 229/304 and 86/100 before the t11 rows."""
-    from validate.fit import FOLDS, cross_validate_time, cross_validation_report
-    timed, sections = cross_validate_time(PATHS)
+    from validate.fit import FOLDS, cross_validation_report
+    timed, sections = committed_crossval
     err = (timed["cv_step_s"] / timed["measured_step_s"] - 1).abs()
     assert len(sections) == FOLDS and timed["cv_step_s"].notna().all()
     assert (err <= 0.15).mean() >= 0.73                                   # 233/318 = 0.733

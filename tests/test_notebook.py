@@ -43,14 +43,18 @@ def images(nb):
 
 
 @pytest.fixture(scope="module")
-def executed(committed_rows, tmp_path_factory):
-    rows = tmp_path_factory.mktemp("rows") / "rows.pkl"
-    committed_rows.to_pickle(rows)
-    os.environ["ZEROCALC_COMMITTED_ROWS"] = str(rows)   # the kernel reads the session's re-predicted rows
+def executed(committed_rows, committed_crossval, tmp_path_factory):
+    # the kernel reads the session's re-predicted rows and cross-validation instead of computing them again
+    folder = tmp_path_factory.mktemp("committed")
+    committed_rows.to_pickle(folder / "rows.pkl")
+    committed_crossval[0].to_pickle(folder / "crossval.pkl")
+    handed = {"ZEROCALC_COMMITTED_ROWS": str(folder / "rows.pkl"), "ZEROCALC_COMMITTED_CROSSVAL": str(folder / "crossval.pkl")}
+    os.environ.update(handed)
     try:
         return make_notebook().execute(make_notebook().build())
     finally:
-        del os.environ["ZEROCALC_COMMITTED_ROWS"]
+        for name in handed:
+            del os.environ[name]
 
 
 def test_the_committed_notebook_is_what_make_notebook_writes_with_its_outputs(executed):
