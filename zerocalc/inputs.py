@@ -50,11 +50,12 @@ LIMITS = {
     # Elements; DeepSpeed's own default for stage3_model_persistence_threshold is sys.maxsize.
     "elements": Limit(0, 2**63 - 1, "DeepSpeed keeps element counts in 64-bit integers"),
     "gpu_memory": Limit(2**20, 2**50, "a GPU between 1 MiB and 1 PiB"),
-    "peak_tflops": Limit(0, 1e5, "100 PFLOP/s per GPU is 50x today's fastest"),
-    "gbps": Limit(0, 1e5, "100 TB/s per GPU is 50x today's fastest links"),
-    "host_launch_us": Limit(0, 1e5, "0.1 s per kernel launch is 10,000x a slow host"),
-    "cpu_adam_rate": Limit(0, 1e13, "10^13 elements/s is 1000x a fast host"),
-    "price": Limit(0, 1e6, "$10^6 per GPU-hour"),
+    # Rates and times: a lower bound too, far below any real machine, so that no quotient overflows.
+    "peak_tflops": Limit(1e-3, 1e5, "100 PFLOP/s per GPU is 50x today's fastest"),
+    "gbps": Limit(1e-3, 1e5, "100 TB/s per GPU is 50x today's fastest links"),
+    "host_launch_us": Limit(1e-3, 1e5, "0.1 s per kernel launch is 10,000x a slow host"),
+    "cpu_adam_rate": Limit(1e3, 1e13, "10^13 elements/s is 1000x a fast host"),
+    "price": Limit(1e-6, 1e6, "$10^6 per GPU-hour"),
 }
 
 
@@ -71,12 +72,12 @@ def check_int(name: str, value: int, label: str | None = None) -> int:
 
 
 def check_float(name: str, value: float, label: str | None = None) -> float:
-    """A finite number in (low, high] of LIMITS[name]; NaN and infinities are refused."""
+    """A finite number in [low, high] of LIMITS[name]; NaN and infinities are refused."""
     lim, label = LIMITS[name], label or name
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InputError(f"{label} must be a finite number, got {value!r}")
-    if value <= lim.low:
-        raise InputError(f"{label} must be greater than {lim.low:g}, got {value:g}")
+    if value < lim.low:
+        raise InputError(f"{label} must be at least {lim.low:g}, got {value:g}")
     if value > lim.high:
         raise InputError(f"{label} = {value:g} is above zerocalc's limit of {lim.high:g}: {lim.why}")
     return float(value)
