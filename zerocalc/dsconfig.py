@@ -607,7 +607,8 @@ def loads(text: str):
     except (ValueError, OverflowError) as err:   # HjsonDecodeError is a ValueError
         msg = getattr(err, "msg", None) or str(err)
         where = f" at line {err.lineno}, column {err.colno}" if hasattr(err, "lineno") else ""
-        raise DsConfigError(f"not valid Hjson/JSON ({msg}{where})")
+        hint = "; Infinity and NaN are not numbers in Hjson or JSON" if re.search(r"\b(Infinity|NaN)\b", text) else ""
+        raise DsConfigError(f"not valid Hjson/JSON ({msg}{where}){hint}")
 
 
 def load(path: str):

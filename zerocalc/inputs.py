@@ -42,7 +42,8 @@ LIMITS = {
     # parameter tensors (a 500-layer Llama takes ~30 s); 256 layers is twice the deepest published
     # dense model (Llama-3.1-405B, 126) and answers in seconds.
     "num_layers": Limit(1, 256, "zerocalc replays stage 3 module by module; 256 layers (twice "
-                                "Llama-3.1-405B's 126) answer in seconds, deeper models would take minutes"),
+                                "Llama-3.1-405B's 126) answer in seconds, deeper models would take minutes: ask "
+                                "about at most 256 layers, or give --params alone for a P-only answer"),
     "num_heads": Limit(1, 2**14, "16384 attention heads"),
     "num_kv_heads": Limit(1, 2**14, "16384 attention heads"),
     "ffn_hidden_size": Limit(1, 2**20, "an MLP width of 2^20"),
@@ -180,8 +181,7 @@ def check_model_size(num_layers: int | None, num_params: int, what: str) -> None
     """Refuse a model zerocalc cannot answer in seconds or exactly, before any work is done."""
     if num_layers is not None and num_layers > LIMITS["num_layers"].high:
         raise InputError(f"{what} has {num_layers:,} layers, above zerocalc's limit of "
-                         f"{int(LIMITS['num_layers'].high)}: {LIMITS['num_layers'].why}; "
-                         f"ask about a model of at most 256 layers, or use --params for a P-only answer")
+                         f"{int(LIMITS['num_layers'].high)}: {LIMITS['num_layers'].why}")
     check_int("params", num_params, f"{what}'s parameter count")
 
 
