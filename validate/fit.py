@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from validate.jobs import to_zerocalc
-from validate.report import (configuration, earlier_jobs, expandable_rows, load, predicted_reserved, process_replays,
+from validate.report import (configuration, earlier_jobs, expandable_rows, hf_rows, load, predicted_reserved, process_replays,
                              started_clean, timed_whole_steps, with_configuration)
 from validate.rows import at_row_host, job_from_row, measured_host_launch_s
 from zerocalc import calibration, sequence
@@ -70,8 +70,10 @@ def held_out_rows(df: pd.DataFrame) -> pd.Series:
 
 
 def gpu_rows(paths) -> pd.DataFrame:
+    """The GPU rows the fit uses: measured, of transcribed families (HF-config rows have no activation
+    model yet: validate/hf_models.py)."""
     df = load(paths)
-    df = df[(df["outcome"] == "ok") & df["measured_peak_allocated_bytes"].notna()].copy()
+    df = df[(df["outcome"] == "ok") & df["measured_peak_allocated_bytes"].notna() & ~hf_rows(df)].copy()
     df["held_out"] = held_out_rows(df)
     return df
 
@@ -384,6 +386,7 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     sim = train[started_clean(train) & simulated]
     if len(sim) >= 2:
         all_rows = load(paths)
+        all_rows = all_rows[~hf_rows(all_rows)]
         replays = process_replays(all_rows, earlier_jobs(all_rows))
         predicted = sim.apply(lambda r: predicted_reserved(estimate(*to_zerocalc(job_from_row(r.to_dict()))),
                                                            r.to_dict(), replays.get(r.name)), axis=1)

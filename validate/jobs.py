@@ -5,6 +5,7 @@ import itertools
 import json
 from dataclasses import fields
 
+from validate import hf_models
 from zerocalc import arch as _arch
 from zerocalc.model import from_architecture
 from zerocalc.training import OPTIMIZERS, Setup, Stage
@@ -32,12 +33,47 @@ def job_key(job: dict) -> str:
     payload = {k: v for k, v in job.items() if k != "key" and not (k in DEFAULTS and DEFAULTS[k] == v)}
     digest = hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     a = job["arch"]
-    return (f"{a['family']}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}"
+    family = a["family"] + ("-trainer" if job.get("path") == "trainer" else "")
+    return (f"{family}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}"
             f"-b{job['micro_batch']}x{job['seq_len']}-gas{job['gas']}-{digest}")
 
 
+def make_hf_job(entry: dict, nproc: int, **setup) -> dict:
+    """A job for any HF causal LM: `entry` = {"config": a name under validate/hf_configs/ or a dict,
+    "overrides": {...}}. `setup` may hold path="trainer" with ds_config="<name under hf_configs/ds>": the
+    Setup fields then come from that config's "auto" values as HF Trainer fills them
+    (`hf_models.resolve_auto`); a field the matrix also gives must agree. At stage 3 the model is built
+    under zero.Init (as HF's integration does) unless the matrix says zero_init false."""
+    name, cfg = hf_models.load_config(entry["config"], entry.get("overrides"))
+    arch = hf_models.key_dims(cfg)
+    setup = dict(setup)
+    path = setup.pop("path", "engine")
+    if path not in hf_models.PATHS:
+        raise ValueError(f"path must be one of {', '.join(hf_models.PATHS)}, got {path!r}")
+    job = dict(DEFAULTS)
+    if path == "trainer":
+        ds_name = setup.pop("ds_config")
+        resolved = hf_models.resolve_auto(hf_models.load_ds_config(ds_name), arch["hidden_size"])
+        clash = {k: (setup[k], v) for k, v in resolved.items() if k in setup and setup[k] != v}
+        if clash:
+            raise ValueError(f"{name}: the matrix and ds_config {ds_name} disagree on {clash}")
+        job.update(resolved)
+        job["ds_config"] = ds_name
+    elif setup.get("stage") == 3:
+        job["zero_init"] = True
+    job.update(setup)
+    job.update(path=path, nproc=nproc, arch=arch, hf={"name": name, "config": cfg, **hf_models.moe_dims(cfg)})
+    job["key"] = job_key(job)
+    return job
+
+
 def to_zerocalc(job: dict):
-    """(ModelSpec, Setup) zerocalc predicts for this job."""
+    """(ModelSpec, Setup) zerocalc predicts for this job. An HF job's ModelSpec is what its run recorded
+    (`hf_models.model_spec`): None before that."""
+    if job.get("hf"):
+        kwargs = {k: job[k] for k in SETUP_FIELDS if k in job}
+        setup = Setup(stage=Stage(job["stage"]), dp=job["nproc"], optimizer=OPTIMIZERS[job["optimizer"]], **kwargs)
+        return hf_models.model_spec(job), setup
     spec = from_architecture(_arch.Architecture(**job["arch"]))
     kwargs = {k: job[k] for k in SETUP_FIELDS if k in job}
     setup = Setup(stage=Stage(job["stage"]), dp=job["nproc"], optimizer=OPTIMIZERS[job["optimizer"]], **kwargs)
@@ -62,7 +98,8 @@ def grid(arches: list[_arch.Architecture], nproc: int, **axes) -> list[dict]:
     return jobs
 
 
-MATRIX_KEYS = ("nproc", "architectures", "axes", "jobs", "about")
+MATRIX_KEYS = ("nproc", "architectures", "axes", "jobs", "about", "hf_models", "hf_axes")
+HF_JOB_KEYS = ("path", "ds_config", "timed_steps", "shared_gpu")   # an HF job's own fields
 JOB_KEYS = tuple(sorted(set(DEFAULTS) | {"stage", "optimizer", "repeat"}))   # an axis or a job's field
 ARCH_DEFAULTS = dict(family="seed-gpt", tie_embeddings=False)              # num_kv_heads, ffn: from the others
 
@@ -91,6 +128,28 @@ def _architecture(path: str, where: str, a) -> _arch.Architecture:
         raise MatrixError(f"{path}: {where}: {err}")
 
 
+def _hf_job(path: str, where: str, entry, nproc: int, setup: dict) -> dict:
+    _check_keys(path, where + ".hf", entry, ("config", "overrides"))
+    try:
+        return make_hf_job(entry, nproc, **setup)
+    except (TypeError, ValueError, KeyError) as err:
+        raise MatrixError(f"{path}: {where}: {err}")
+
+
+def _hf_jobs(path: str, spec: dict, nproc: int) -> list[dict]:
+    """HF configs: {"hf_models": [{"config": name or dict, "overrides": {...}}], "hf_axes": {...}}, the
+    product of the axes per model; hf_axes may be a list of such dicts, each product in turn (one per path)."""
+    hf_axes = spec.get("hf_axes", {})
+    jobs = []
+    for i, entry in enumerate(spec.get("hf_models", [])):
+        for axes in hf_axes if isinstance(hf_axes, list) else [hf_axes]:
+            _check_keys(path, "hf_axes", axes, JOB_KEYS + HF_JOB_KEYS)
+            names = list(axes)
+            for values in itertools.product(*(axes[n] for n in names)):
+                jobs.append(_hf_job(path, f"hf_models[{i}]", entry, nproc, dict(zip(names, values))))
+    return jobs
+
+
 def load_matrix(path: str) -> list[dict]:
     """A matrix file: {"nproc": 2, "architectures": [{...}], "axes": {"stage": [0,1,2,3], ...},
     "jobs": [{...}, ...]} — the product of the axes per architecture, plus explicit jobs. A job may carry
@@ -116,9 +175,13 @@ def load_matrix(path: str) -> list[dict]:
             raise MatrixError(f"{path}: {name} must be a list")
     arches = [_architecture(path, f"architectures[{i}]", a) for i, a in enumerate(spec.get("architectures", []))]
     jobs = grid(arches, nproc, **axes) if arches else []
+    jobs += _hf_jobs(path, spec, nproc)
     for i, extra in enumerate(spec.get("jobs", [])):
-        _check_keys(path, f"jobs[{i}]", extra, JOB_KEYS + ("arch", "nproc"))
+        _check_keys(path, f"jobs[{i}]", extra, JOB_KEYS + HF_JOB_KEYS + ("arch", "hf", "nproc"))
         extra = dict(extra)
+        if "hf" in extra:
+            jobs.append(_hf_job(path, f"jobs[{i}]", extra.pop("hf"), extra.pop("nproc", nproc), extra))
+            continue
         if "arch" not in extra:
             raise MatrixError(f"{path}: jobs[{i}] lacks 'arch'")
         arch = _architecture(path, f"jobs[{i}].arch", extra.pop("arch"))

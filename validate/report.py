@@ -9,7 +9,8 @@ from zerocalc import sequence
 from validate import results_file
 from zerocalc.estimate import estimate
 from validate.jobs import to_zerocalc
-from validate.rows import _cast, at_row_host, job_from_row, measured_host_launch_s, predicted_state_bytes
+from validate.rows import (_cast, at_row_host, is_hf_row, job_from_row, measured_host_launch_s,
+                           predicted_state_bytes)
 
 GiB = 2**30
 CLEAN_BASE_BYTES = 2**28   # rows whose job started with less than this left over from an earlier engine
@@ -351,14 +352,76 @@ def by_configuration(timed: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def hf_rows(df: pd.DataFrame) -> pd.Series:
+    """Rows of HF configs (validate/hf_models.py): judged in their own section (`hf_section`)."""
+    return pd.Series([is_hf_row(r) for r in df.to_dict("records")], index=df.index, dtype=bool)
+
+
+def repredict_hf(df: pd.DataFrame) -> pd.DataFrame:
+    """now_* columns for HF-config rows: states and communication from the parameter tensors the run
+    recorded (`hf_models.model_spec`); the peaks where zerocalc has the model's activations (none yet:
+    NaN, never a states-only number passed off as a peak)."""
+    out = df.copy()
+    cols = {k: [] for k in ("now_state_bytes", "now_comm_bytes", "now_peak_allocated_bytes", "now_peak_reserved_bytes")}
+    for _, r in df.iterrows():
+        spec, setup = to_zerocalc(job_from_row(r.to_dict()))
+        e = estimate(spec, setup) if spec is not None else None
+        cols["now_state_bytes"].append(predicted_state_bytes(e, r["backend"]) if e else float("nan"))
+        cols["now_comm_bytes"].append(e.comm_bytes if e else float("nan"))
+        known = e is not None and spec.architecture is not None
+        cols["now_peak_allocated_bytes"].append(e.peak_bytes if known else float("nan"))
+        cols["now_peak_reserved_bytes"].append(e.peak_reserved_bytes if known else float("nan"))
+    for k, v in cols.items():
+        out[k] = v
+    return out
+
+
+def hf_section(ok: pd.DataFrame) -> tuple[list[str], bool]:
+    """HF configs, per model_type, path and stage: state and communication against zerocalc (exact
+    expected), and the measured peaks beside zerocalc's where it predicts them (targets: allocated 3%,
+    reserved 8%)."""
+    ok = repredict_hf(ok)
+    lines = ["", "HF configs (AutoModelForCausalLM.from_config; path engine = deepspeed.initialize, trainer = HF "
+                 "Trainer with an \"auto\" ds_config)",
+             f"{'model_type':>12} {'path':>7} {'stage':>5} {'ckpt':>4} {'rows':>4} {'state=':>6} {'comm=':>5} "
+             f"{'alloc GiB':>9} {'pred':>6} {'resv GiB':>8} {'pred':>6}"]
+    state_ok = ok["now_state_bytes"] == ok["measured_state_bytes"].astype(float)
+    comm_ok = ok["now_comm_bytes"] == ok["measured_comm_bytes"].astype(float)
+    gib = lambda c: ok[c].astype(float) / GiB if c in ok else pd.Series(float("nan"), index=ok.index)  # noqa: E731
+    ok = ok.assign(_state=state_ok, _comm=comm_ok, _alloc=gib("measured_peak_allocated_bytes"),
+                   _resv=gib("measured_peak_reserved_bytes"), _palloc=gib("now_peak_allocated_bytes"),
+                   _presv=gib("now_peak_reserved_bytes"), _ckpt=ok["activation_checkpointing"].map(
+                       lambda v: bool(_cast(v, bool))))
+    for (mt, path, stage, ckpt), g in ok.groupby(["hf_model_type", "path", "stage", "_ckpt"]):
+        fmt = lambda v: "-" if pd.isna(v) else f"{v:.2f}"  # noqa: E731
+        lines.append(f"{mt:>12} {path:>7} {stage:>5} {'y' if ckpt else 'n':>4} {len(g):>4} {int(g['_state'].sum()):>6} "
+                     f"{int(g['_comm'].sum()):>5} {fmt(g['_alloc'].max()):>9} {fmt(g['_palloc'].max()):>6} "
+                     f"{fmt(g['_resv'].max()):>8} {fmt(g['_presv'].max()):>6}")
+    predicted = ok[ok["_palloc"].notna() & ok["_alloc"].notna()]
+    if predicted.empty:
+        lines.append(f"Peaks: {int(ok['_alloc'].notna().sum())} rows measured, none predicted yet (zerocalc has no "
+                     "activation model for these model_types); state = / comm =: rows exact to the byte.")
+    else:
+        for pred, meas, name, target in (("_palloc", "_alloc", "allocated", 0.03), ("_presv", "_resv", "reserved", 0.08)):
+            err = ((predicted[pred] - predicted[meas]) / predicted[meas]).abs()
+            lines.append(f"Peak {name}: {int((err <= target).sum())} of {len(err)} predicted rows within {target:.0%} "
+                         f"(mean {err.mean():.2%}, worst {err.max():.2%})")
+    return lines, bool(state_ok.all() and comm_ok.all())
+
+
 def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
-    """The error tables. `rows`: the ok rows already re-predicted (`committed_rows`), to save doing it again."""
+    """The error tables. `rows`: the ok rows already re-predicted (`committed_rows`), to save doing it again.
+    Rows of HF configs come last, in their own section (`hf_section`)."""
     df = load(paths)
-    ok = df[df["outcome"] == "ok"]
     lines = [f"{len(df)} rows from {', '.join(paths)}: " +
              ", ".join(f"{k} {v}" for k, v in df["outcome"].value_counts().items())] + df.attrs.get("notes", [])
+    hf = hf_rows(df)
+    hf_ok = df[hf & (df["outcome"] == "ok")]
+    hf_lines, hf_exact = hf_section(hf_ok) if not hf_ok.empty else ([], True)
+    df = df[~hf]
+    ok = df[df["outcome"] == "ok"]
     if ok.empty:
-        return "\n".join(lines), False
+        return "\n".join(lines + hf_lines), hf_exact and not hf_ok.empty
     ok = repredict(ok, df) if rows is None else rows
     lines += [""] + _table(ok, "now_state_bytes", "measured_state_bytes",
                            "Resident state bytes per rank after a step (max over ranks); exact = to the byte", True)
@@ -445,7 +508,7 @@ def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
                                        f"speed; {len(pc)} of the {len(confs)} configurations); target 15%", False, 0.15)
     scal = ok["measured_scalar_bytes"].max() if "measured_scalar_bytes" in ok else 0
     lines += ["", f"Residual not modelled: scalar tensors of <= 8 bytes (grad norm, overflow flag), at most {scal:.0f} B/rank."]
-    return "\n".join(lines), exact
+    return "\n".join(lines + hf_lines), exact and hf_exact
 
 
 # --- Accuracy tables for README.md and docs/accuracy.md (`python -m validate report --markdown`,

@@ -28,13 +28,31 @@ ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", 
 COLUMNS = CONFIG_COLUMNS + PREDICTED_COLUMNS + MEASURED_COLUMNS + ENV_COLUMNS
 
 
+# An HF config's rows (validate/hf_models.py) carry what was built and how it ran; other rows leave
+# these columns out (append_row adds a column when a row first has it).
+HF_COLUMNS = ("path", "hf_name", "hf_model_type", "hf_num_experts", "hf_experts_per_token", "hf_config",
+              "ds_config", "hf_resolved_ds_config", "z3_leaf_modules", "timed_steps", "shared_gpu", "hf_spec")
+
+
+def _hf_config_columns(job):
+    hf = job["hf"]
+    return {"path": job.get("path", "engine"), "hf_name": hf["name"], "hf_model_type": hf["config"]["model_type"],
+            "hf_num_experts": hf.get("num_experts", ""), "hf_experts_per_token": hf.get("experts_per_token", ""),
+            "hf_config": json.dumps(hf["config"], sort_keys=True), "ds_config": job.get("ds_config", ""),
+            "timed_steps": job.get("timed_steps", ""),
+            # launches sharing the GPU while this one ran: peaks are per process and hold; step times do not
+            "shared_gpu": job.get("shared_gpu", "")}
+
+
 def _config(job, backend):
     row = {"key": job["key"], "backend": backend, "nproc": job["nproc"], "stage": job["stage"],
            "optimizer": job["optimizer"]}
     row.update({f: job.get(f) for f in SETUP_FIELDS})
     row.update({f: job["arch"].get(f) for f in ARCH_FIELDS})
     spec, setup = to_zerocalc(job)
-    row["num_params"] = spec.num_params
+    if job.get("hf"):
+        row.update(_hf_config_columns(job))
+    row["num_params"] = spec.num_params if spec is not None else ""
     return row, spec, setup
 
 
@@ -67,7 +85,17 @@ def predicted_state_bytes(e, backend: str) -> int:
 
 
 def _predicted(spec, setup, backend):
+    """zerocalc's prediction; for a model known by its parameter tensors only (an HF config, until a
+    profile gives its activations) states and communication, the peak left empty."""
+    if spec is None:
+        return {"zerocalc_version": zerocalc.__version__}
     e = estimate(spec, setup)
+    if spec.architecture is None:
+        per_op = {}
+        for c in e.collectives:
+            per_op[c.op] = per_op.get(c.op, 0) + c.bytes
+        return {"predicted_state_bytes": predicted_state_bytes(e, backend), "predicted_comm_bytes": e.comm_bytes,
+                "predicted_comm_by_op": json.dumps(per_op, sort_keys=True), "zerocalc_version": zerocalc.__version__}
     per_op = {}
     for c in e.collectives:
         per_op[c.op] = per_op.get(c.op, 0) + c.bytes
@@ -100,9 +128,17 @@ def _every_ranks_probes(ranks: list[dict], name: str) -> list[list[float]] | Non
 
 
 def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
+    ranks = [r for r in result["ranks"] if r is not None]
+    seen = next((r for r in ranks if r.get("hf_spec")), None)
+    if job.get("hf") and seen:   # what the run built: zerocalc predicts from its parameter tensors
+        job = {**job, "hf_spec": seen["hf_spec"]}
     row, spec, setup = _config(job, backend)
     row.update(_predicted(spec, setup, backend))
-    ranks = [r for r in result["ranks"] if r is not None]
+    if job.get("hf") and seen:
+        row.update(hf_spec=json.dumps(seen["hf_spec"], separators=(",", ":")),
+                   z3_leaf_modules=json.dumps(seen.get("z3_leaf_modules", [])),
+                   hf_resolved_ds_config=json.dumps(seen["resolved_ds_config"], sort_keys=True)
+                   if seen.get("resolved_ds_config") else "")
     outcomes = sorted({r["outcome"] for r in ranks})
     row["outcome"] = "ok" if outcomes == ["ok"] else next(o for o in ("oom", "error", "crash") if o in outcomes)
     row["error"] = next((r.get("error", "") for r in ranks if r["outcome"] != "ok"), "")
@@ -199,8 +235,10 @@ def describe(row: dict) -> str:
     s = f"state {row['measured_state_bytes']:,} vs {row['predicted_state_bytes']:,}, " \
         f"comm {row['measured_comm_bytes']:,} vs {row['predicted_comm_bytes']:,}"
     if row.get("measured_peak_allocated_bytes"):
-        s += f", peak {row['measured_peak_allocated_bytes'] / 2**30:.2f} vs " \
-             f"{row['predicted_peak_allocated_bytes'] / 2**30:.2f} GiB, {row['measured_step_s'] * 1e3:.0f} ms/step"
+        predicted = row.get("predicted_peak_allocated_bytes")
+        s += f", peak {row['measured_peak_allocated_bytes'] / 2**30:.2f} vs " + \
+             (f"{predicted / 2**30:.2f} GiB" if predicted else "(not predicted) GiB") + \
+             f", reserved {row['measured_peak_reserved_bytes'] / 2**30:.2f} GiB, {row['measured_step_s'] * 1e3:.0f} ms/step"
     return s
 
 
@@ -237,7 +275,17 @@ def job_from_row(row: dict) -> dict:
         if f.name in SETUP_FIELDS:
             value = _cast(row.get(f.name), _field_kind(f))
             job[f.name] = f.default if value is None else value
+    if is_hf_row(row):
+        job["path"] = row.get("path") or "engine"
+        job["hf"] = {"name": row.get("hf_name"), "config": json.loads(row["hf_config"])}
+        if isinstance(row.get("hf_spec"), str) and row["hf_spec"].startswith("{"):
+            job["hf_spec"] = json.loads(row["hf_spec"])
     return job
+
+
+def is_hf_row(row: dict) -> bool:
+    """A row of an HF config (validate/hf_models.py) rather than a transcribed family."""
+    return isinstance(row.get("hf_config"), str) and row["hf_config"].startswith("{")
 
 
 def measured_host_launch_s(row: dict) -> float | None:

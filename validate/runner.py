@@ -259,7 +259,7 @@ def _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, 
         lost = [failed_rank]
     elif restarted and not lost:
         log(f"fresh process for the remaining {len(pending) - len(finished)} jobs "
-            "(the last engine left memory allocated)")
+            "(the last engine left memory allocated, or was a Trainer's)")
         return
     elif not lost and len(finished) < len(pending):
         # The launch died before starting the next job (e.g. at import): report the first pending.

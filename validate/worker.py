@@ -14,8 +14,8 @@ import traceback
 
 import torch
 
-from validate import lifeline, measure
-from validate.models import build_model
+from validate import hf_models, lifeline, measure
+from validate.models import HFCausalLM, build_model
 
 WARMUP_STEPS = 2      # optimizer steps before measuring: Adam state and the stage-3 trace (frozen after
                       # its second iteration, with a few one-time broadcasts) are made here
@@ -162,6 +162,24 @@ def _memory_history(key, cuda, scope):
             pickle.dump(snap, f)
 
 
+def _build_hf(job, cfg, seen):
+    """An HF model from its config.json for the direct path, wrapped to return logits. At stage 3 with
+    zero_init it is built the way HF's integration builds it for Trainer users: under an
+    HfDeepSpeedConfig, which makes `from_config` enter zero.Init and initialize each module gathered (a
+    bare zero.Init fails on configs with a pad_token_id); the MoE blocks become stage-3 leaves."""
+    from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
+    zero3 = job["stage"] == 3 and job.get("zero_init")
+    keep = HfDeepSpeedConfig(cfg) if zero3 else None   # transformers holds it by weak reference
+    try:
+        model = hf_models.build(job["hf"]["config"], job["dtype"], job["activation_checkpointing"], job["attention"])
+    finally:
+        del keep
+        unset_hf_deepspeed_config()
+    seen["leaves"] = hf_models.set_moe_leaves(model) if job["stage"] == 3 else []
+    seen["recorder"] = hf_models.SpecRecorder(model)
+    return HFCausalLM(model)
+
+
 def run_job(job, device):
     import deepspeed
     import deepspeed.comm as dist
@@ -179,11 +197,15 @@ def run_job(job, device):
     cfg = ds_config(job)
     # zero_init: parameters born partitioned (deepspeed.zero.Init), as HF Trainer builds stage-3 models.
     init = deepspeed.zero.Init(config_dict_or_path=cfg) if job.get("zero_init") and job["stage"] == 3 \
-        else contextlib.nullcontext()
+        and not job.get("hf") else contextlib.nullcontext()
     warmup_history = contextlib.ExitStack()   # closed after the warm-up steps (an error: see main)
     warmup_history.enter_context(_memory_history(job["key"], cuda, "warmup"))
-    with init:
-        model = build_model(job["arch"], job["activation_checkpointing"], job["attention"])
+    hf_seen = {}
+    if job.get("hf"):
+        model = _build_hf(job, cfg, hf_seen)
+    else:
+        with init:
+            model = build_model(job["arch"], job["activation_checkpointing"], job["attention"])
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     rec.phase("init")
     vocab = job["arch"]["vocab_size"]
@@ -244,7 +266,7 @@ def run_job(job, device):
     alone = measure.main_thread_alone() if PIN_CPUS == "main" else contextlib.nullcontext()
     try:
         with alone as main_cpu:
-            for _ in range(TIMED_STEPS):
+            for _ in range(job.get("timed_steps", TIMED_STEPS)):
                 host_issue_s.append(measure.host_issue_s(device))
                 host_python_s.append(measure.host_python_s())
                 measure.synchronize(cuda)
@@ -266,6 +288,8 @@ def run_job(job, device):
               "memory": rec.summary(),
               # The case study's sharding check: ZeRO-3 gives every parameter ds_id and ds_tensor.
               "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params)}
+    if hf_seen:
+        result.update(hf_spec=hf_seen["recorder"].spec(), z3_leaf_modules=hf_seen["leaves"])
     engine.destroy()   # the engine and model go with this frame; the caller collects garbage
     return result
 
@@ -302,9 +326,10 @@ def main(jobs_path, out_dir):
     with open(jobs_path) as f:
         jobs = json.load(f)
     for i, job in enumerate(jobs):
-        if i and _leaked(device):
+        if i and (_leaked(device) or jobs[i - 1].get("path") == "trainer"):
             # DeepSpeed 0.19.8 does not free a stage-3 engine (its hooks keep the partitions alive),
-            # which would sit under every later job's peak: start a fresh process for the rest.
+            # which would sit under every later job's peak: start a fresh process for the rest. After a
+            # Trainer job too: accelerate keeps its state (the DeepSpeed plugin) per process.
             if rank == 0:
                 measure.append_line(os.path.join(out_dir, "restart.jsonl"), {"before": job["key"]})
             break
@@ -312,7 +337,11 @@ def main(jobs_path, out_dir):
             measure.append_line(os.path.join(out_dir, "started.jsonl"), {"key": job["key"], "time": time.time()})
         failure = ""
         try:
-            result = run_job(job, device)
+            if job.get("path") == "trainer":
+                from validate import hf_trainer
+                result = hf_trainer.run_job(job, device)
+            else:
+                result = run_job(job, device)
         except torch.cuda.OutOfMemoryError as err:
             result = {"outcome": "oom", "error": str(err).splitlines()[0][:300]}
             failure = traceback.format_exc()

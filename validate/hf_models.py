@@ -1,0 +1,192 @@
+"""Any Hugging Face causal LM the validator trains: built from a config.json with
+`AutoModelForCausalLM.from_config` (random weights, no hub access), for any model_type the pinned
+transformers builds; and what the run saw of it (parameter tensors, forward call order, buffers), from
+which zerocalc predicts states and communication. docs/hf-validation.md says how to use it.
+
+A config is named by a file `validate/hf_configs/<name>.json` (a published config.json, copied) or given
+as a dict; a matrix may override keys (`num_hidden_layers`, `num_local_experts`, ...) to scale it down.
+Rows record the exact dict the model was built from."""
+import json
+import os
+
+HF_CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_configs")
+DS_CONFIG_DIR = os.path.join(HF_CONFIG_DIR, "ds")
+FAMILY_PREFIX = "auto-"          # an HF job's `family`: "auto-qwen2", never one of zerocalc's transcribed families
+SCALAR_BYTES = 8                 # as measure.SCALAR_BYTES: buffers this small are reported apart (Gemma's embed_scale)
+PATHS = ("engine", "trainer")    # deepspeed.initialize directly, or transformers.Trainer with an "auto" ds_config
+
+
+def load_config(ref, overrides: dict | None = None) -> tuple[str, dict]:
+    """(name, config dict) for a matrix entry: `ref` is the name of a file under validate/hf_configs/
+    or a dict with a "model_type"; `overrides` replaces keys (how a matrix scales a model down)."""
+    if isinstance(ref, dict):
+        name, cfg = ref.get("_name_or_path") or ref["model_type"], dict(ref)
+    else:
+        path = os.path.join(HF_CONFIG_DIR, ref + ".json")
+        if not os.path.exists(path):
+            raise ValueError(f"no HF config {ref!r}: add {path} (a model's config.json) or give the config as a dict")
+        with open(path) as f:
+            name, cfg = ref, json.load(f)
+    if "model_type" not in cfg:
+        raise ValueError(f"HF config {name!r} has no model_type")
+    cfg.update(overrides or {})
+    return name, cfg
+
+
+def make_config(cfg: dict):
+    """The transformers config object for a config dict (AutoConfig, as from_pretrained reads config.json)."""
+    from transformers import AutoConfig
+    rest = {k: v for k, v in cfg.items() if k != "model_type"}
+    return AutoConfig.for_model(cfg["model_type"], **rest)
+
+
+def _first(config, *names, default=None):
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def key_dims(cfg: dict) -> dict:
+    """What a row records of the model, in zerocalc's Architecture columns (family "auto-<model_type>")
+    plus the MoE shape; the config's defaults filled in by transformers."""
+    c = make_config(cfg)
+    heads = _first(c, "num_attention_heads")
+    return {"family": FAMILY_PREFIX + cfg["model_type"], "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "num_layers": c.num_hidden_layers, "num_heads": heads,
+            "num_kv_heads": _first(c, "num_key_value_heads", default=heads),
+            "ffn_hidden_size": _first(c, "intermediate_size", default=4 * c.hidden_size),
+            "tie_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
+            "max_positions": _first(c, "max_position_embeddings", default=0)}
+
+
+def moe_dims(cfg: dict) -> dict:
+    """Experts and experts per token, where the config has them."""
+    c = make_config(cfg)
+    experts = _first(c, "num_local_experts", "num_experts", "n_routed_experts")
+    return {} if not experts else {"num_experts": experts, "experts_per_token": _first(c, "num_experts_per_tok")}
+
+
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
+
+
+def build(cfg: dict, dtype: str, checkpointing: bool = False, attention: str = "sdpa"):
+    """`AutoModelForCausalLM.from_config(config, dtype=...)` with random weights. Under an
+    `HfDeepSpeedConfig` at stage 3 (alive while this runs) transformers builds it under zero.Init and
+    initializes each module gathered, as `from_pretrained` does for Trainer users. Activation
+    checkpointing as HF documents it: `gradient_checkpointing_enable(use_reentrant=False)`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_config(make_config(cfg), dtype=getattr(torch, TORCH_DTYPES[dtype]),
+                                             attn_implementation=ATTENTION[attention])
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def moe_block_classes(model) -> list:
+    """The MoE blocks' classes: a module that owns an `experts` child (Mixtral's, Qwen-MoE's and
+    DeepSeek's sparse MoE blocks)."""
+    return sorted({type(m) for m in model.modules() if hasattr(m, "experts") and hasattr(m, "gate")},
+                  key=lambda t: t.__name__)
+
+
+def set_moe_leaves(model) -> list[str]:
+    """`deepspeed.utils.set_z3_leaf_modules` on the MoE blocks, for stage 3: experts that receive no token
+    skip their hooks and ranks hang at N > 1 otherwise (DeepSpeed's docs; done here at every N, so rows
+    at N = 1 run as N > 1 must). Returns the class names set (empty for a dense model)."""
+    classes = moe_block_classes(model)
+    if classes:
+        from deepspeed.utils import set_z3_leaf_modules
+        set_z3_leaf_modules(model, classes)
+    return [c.__name__ for c in classes]
+
+
+class SpecRecorder:
+    """What zerocalc needs of a model it has no architecture for, read from the model being trained:
+    each parameter's element count in `module.parameters()` order (`ds_numel` once zero.Init has
+    partitioned it), the modules that own parameters in the order the first forward calls them
+    (forward pre-hooks; stage 3's fetch order), and the module buffers' bytes (those over
+    SCALAR_BYTES; read on the device after the engine is built)."""
+
+    def __init__(self, model):
+        self.model = model
+        params = list(model.parameters())
+        index = {id(p): i for i, p in enumerate(params)}
+        self.param_numels = [int(getattr(p, "ds_numel", p.numel())) for p in params]
+        self.trace, self._done, self._hooks = [], False, []
+        for m in model.modules():
+            own = tuple(index[id(p)] for p in m.parameters(recurse=False) if id(p) in index)
+            if own:
+                self._hooks.append(m.register_forward_pre_hook(lambda mod, args, own=own: self._call(own)))
+        self._hooks.append(model.register_forward_hook(lambda mod, args, out: self._finish()))
+
+    def _call(self, own):
+        if not self._done:
+            self.trace.append(list(own))
+
+    def _finish(self):
+        self._done = True
+        for h in self._hooks:
+            h.remove()
+
+    def spec(self) -> dict:
+        seen, buffers = set(), []
+        for b in self.model.buffers():
+            key = (b.untyped_storage().data_ptr(), b.device.type)
+            nbytes = b.numel() * b.element_size()
+            if key not in seen and nbytes > SCALAR_BYTES:
+                seen.add(key)
+                buffers.append(nbytes)
+        return {"param_numels": self.param_numels, "trace": self.trace, "buffer_bytes": buffers}
+
+
+def model_spec(job: dict):
+    """zerocalc's ModelSpec for an HF job from what its run recorded (`job["hf_spec"]`), None before a
+    run recorded one. Parameters only: no architecture, so zerocalc predicts states and communication,
+    not activations. Buffers go to zerocalc as fp32 elements (bytes / 4), the one dtype it counts them in."""
+    from zerocalc.model import ModelSpec
+    s = job.get("hf_spec")
+    if not s:
+        return None
+    return ModelSpec(job["arch"]["family"], tuple(s["param_numels"]), tuple(tuple(t) for t in s["trace"]),
+                     tuple(-(-b // 4) for b in s["buffer_bytes"]))
+
+
+# The "auto" values HF Trainer fills from TrainingArguments and the model's hidden size
+# (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_finalize): what zerocalc's
+# Setup needs of them. The worker records the config the engine really got; the CPU test compares.
+def resolve_auto(ds: dict, hidden_size: int) -> dict:
+    """zerocalc Setup fields for a Trainer job with `ds`, the HF docs' ds_config with "auto" values."""
+    z = ds.get("zero_optimization", {})
+    stage = int(z.get("stage", 0))
+
+    def value(key, auto, default):
+        v = z.get(key, default)
+        return auto if v == "auto" else int(float(v))
+
+    out = {"stage": stage,
+           "reduce_bucket_size": value("reduce_bucket_size", hidden_size * hidden_size, 500_000_000),
+           "overlap_comm": bool(z["overlap_comm"]) if "overlap_comm" in z else None,
+           "contiguous_gradients": bool(z.get("contiguous_gradients", True)),
+           "offload_optimizer": z.get("offload_optimizer", {}).get("device", "none"),
+           "offload_param": z.get("offload_param", {}).get("device", "none")}
+    if stage == 3:
+        out.update(prefetch_bucket_size=value("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size),
+                                              50_000_000),
+                   param_persistence_threshold=value("stage3_param_persistence_threshold", 10 * hidden_size, 100_000),
+                   max_live_parameters=value("stage3_max_live_parameters", None, 1_000_000_000),
+                   max_reuse_distance=value("stage3_max_reuse_distance", None, 1_000_000_000),
+                   sub_group_size=value("sub_group_size", None, 1_000_000_000),
+                   zero_init=True)
+    return out
+
+
+def load_ds_config(name: str) -> dict:
+    path = os.path.join(DS_CONFIG_DIR, name + ".json")
+    if not os.path.exists(path):
+        raise ValueError(f"no ds_config {name!r}: the Trainer path reads {path}")
+    with open(path) as f:
+        return json.load(f)

@@ -1,0 +1,136 @@
+"""The Trainer path: one job trains an HF model through `transformers.Trainer` with the HF docs' "auto"
+ds_config (validate/hf_configs/ds/), the way most users run DeepSpeed, and measures what the direct
+path measures, at the points a TrainerCallback sees: the engine is built inside `train()` before
+`on_train_begin`; each optimizer step runs between `on_step_begin` and `on_step_end`.
+
+What differs from the direct path (validate/worker.py), all as a Trainer user gets it: TrainingArguments
+exist before the model, so at stage 3 `from_config` builds under zero.Init (HfDeepSpeedConfig); the loss
+is the model's own (labels given, shifted inside); gradient clipping at max_grad_norm 1.0 ("auto");
+the docs' WarmupLR with warmup_steps 1 (DeepSpeed 0.19.8 refuses 0, which transformers < 5.24 passes);
+Trainer's logging every step. The ds_config gets the comms logger added (measurement only: it is off
+but for one step). Step times are whole optimizer steps, synchronized at both ends; no per-phase split."""
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+
+from validate import hf_models, measure
+from validate.worker import WARMUP_STEPS, TIMED_STEPS
+
+COMMS_LOGGER = {"enabled": True, "prof_all": True, "verbose": False, "debug": True}
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """`n` samples of random token ids, labels = input_ids (the model shifts them), one generator per rank."""
+
+    def __init__(self, vocab: int, seq_len: int, n: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, vocab, (n, seq_len), generator=gen)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _callback_class():
+    from transformers import TrainerCallback
+
+    class Measure(TrainerCallback):
+        """Peaks per phase (init; the warm-up steps as first_step; the rest as step), one comm-logged
+        steady-state step with the resident state read after it, then whole steps timed."""
+
+        def __init__(self, rec, cuda):
+            self.rec, self.cuda, self.trainer = rec, cuda, None
+            self.comm = self.state = None
+            self.step_s, self.losses, self._t0 = [], [], None
+
+        def on_train_begin(self, args, state, control, **kw):
+            from deepspeed.comm.comm import comms_logger
+            comms_logger.enabled = False
+            self.rec.phase("init")
+
+        def on_step_begin(self, args, state, control, **kw):
+            from deepspeed.comm.comm import comms_logger
+            if state.global_step == WARMUP_STEPS:
+                comms_logger.reset_data()
+                comms_logger.enabled = True
+            self.rec.mark()
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            import deepspeed.comm as dist
+            from deepspeed.comm.comm import comms_logger
+            measure.synchronize(self.cuda)
+            seconds = time.perf_counter() - self._t0
+            done = state.global_step - 1           # the step that just ended, from 0
+            self.rec.phase("step", record=done >= WARMUP_STEPS)
+            if done == WARMUP_STEPS:
+                comms_logger.enabled = False
+                self.comm = measure.comm_summary(dist.log_summary(return_dict=True))
+                self.state = measure.resident_state(self.trainer.model_wrapped)
+            elif done > WARMUP_STEPS:
+                self.step_s.append(seconds)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                self.losses.append(float(logs["loss"]))
+
+    return Measure
+
+
+def training_arguments(job: dict, ds: dict, output_dir: str, cuda: bool):
+    from transformers import TrainingArguments
+    return TrainingArguments(
+        output_dir=output_dir, deepspeed=ds, per_device_train_batch_size=job["micro_batch"],
+        gradient_accumulation_steps=job["gas"], max_steps=WARMUP_STEPS + 1 + job.get("timed_steps", TIMED_STEPS),
+        warmup_steps=1, learning_rate=1e-4, bf16=job["dtype"] == "bf16", fp16=job["dtype"] == "fp16",
+        gradient_checkpointing=job["activation_checkpointing"],
+        gradient_checkpointing_kwargs={"use_reentrant": False}, logging_steps=1, save_strategy="no",
+        report_to=[], disable_tqdm=True, dataloader_num_workers=0, seed=job.get("seed", 0),
+        use_cpu=not cuda)
+
+
+def run_job(job: dict, device) -> dict:
+    import deepspeed.comm as dist
+    from transformers import Trainer
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(job.get('expandable_segments'))}")
+    rec = measure.MemoryRecorder(cuda)
+    rec.start()
+    torch.manual_seed(job.get("seed", 0))
+    ds = {**hf_models.load_ds_config(job["ds_config"]), "comms_logger": COMMS_LOGGER}
+    out_dir = tempfile.mkdtemp(prefix="zerocalc-trainer-")
+    try:
+        args = training_arguments(job, ds, out_dir, cuda)     # before the model: zero.Init at stage 3
+        model = hf_models.build(job["hf"]["config"], job["dtype"], False, job["attention"])
+        leaves = hf_models.set_moe_leaves(model) if job["stage"] == 3 else []
+        recorder = hf_models.SpecRecorder(model)
+        n = (WARMUP_STEPS + 1 + job.get("timed_steps", TIMED_STEPS)) * job["micro_batch"] * job["gas"]
+        data = RandomTokens(job["arch"]["vocab_size"], job["seq_len"], n, 1234 + dist.get_rank())
+        cb = _callback_class()(rec, cuda)
+        trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[cb])
+        cb.trainer = trainer
+        trainer.train()
+        engine = trainer.model_wrapped
+        params = list(engine.module.parameters())
+        resolved = dict(engine.config) if isinstance(getattr(engine, "config", None), dict) else \
+            trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
+        result = {"outcome": "ok", "losses": cb.losses, "comm": cb.comm, "state": cb.state,
+                  "step_s": statistics.median(cb.step_s), "step_times_s": cb.step_s,
+                  "probe": measure.probe_machine(device), "memory": rec.summary(),
+                  "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params),
+                  "hf_spec": recorder.spec(), "z3_leaf_modules": leaves,
+                  "resolved_ds_config": {k: v for k, v in resolved.items() if k != "comms_logger"}}
+        engine.destroy()
+        return result
+    finally:
+        unset_hf_deepspeed_config()
+        shutil.rmtree(out_dir, ignore_errors=True)
