@@ -6,7 +6,8 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMITTED = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
+# HF-config rows (data/h200-hf-*.csv) have no activation model yet: tests/test_hf_validate.py reads them.
+COMMITTED = sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if "/h200-hf-" not in p)
 
 
 @pytest.fixture(scope="session")

@@ -74,6 +74,7 @@ def test_moe_blocks_are_the_stage3_leaves():
 
 
 @pytest.mark.slow
+@pytest.mark.deepspeed
 @pytest.mark.skipif(shutil.which("deepspeed") is None, reason="DeepSpeed's launcher is not on PATH")
 def test_direct_and_trainer_paths_on_cpu(tmp_path):
     """One CPU launch (one rank) of the tiny Qwen2 at stage 3: directly (zero.Init through
