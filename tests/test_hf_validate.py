@@ -109,4 +109,31 @@ def test_direct_and_trainer_paths_on_cpu(tmp_path):
     assert json.loads(df.loc["engine", "z3_leaf_modules"]) == []
     from validate.report import report
     text, exact = report([str(out)])
-    assert exact and "HF configs" in text and "none predicted yet" in text
+    assert exact and "State and communication exact from the recorded tensors: 2 of 2 rows" in text
+
+
+def test_committed_hf_rows():
+    """The H200 rows of HF configs (data/README.md, "HF configs"): what they cover, and state and
+    communication equal to zerocalc's prediction from the tensors each run recorded, on every row."""
+    import glob
+    pd = pytest.importorskip("pandas")
+    from zerocalc.estimate import estimate
+    from validate.jobs import to_zerocalc
+    from validate.report import load
+    from validate.rows import job_from_row, predicted_state_bytes
+    paths = sorted(glob.glob(os.path.join(ROOT, "data", "h200-hf-*.csv")))
+    df = load(paths)
+    assert (df["outcome"] == "ok").all() and len(df) >= 50
+    assert df["hf_model_type"].nunique() >= 8
+    trainer = df[df["path"] == "trainer"]
+    assert len(trainer) >= 6 and set(trainer["stage"]) == {2, 3}
+    big = df[(df["num_params"] >= 7e9) & (df["stage"] == 3)]
+    assert set(big["path"]) == {"engine", "trainer"} and (big["hf_name"] == "qwen2.5-7b").all()
+    assert set(df["stage"]) == {0, 1, 2, 3} and set(df["activation_checkpointing"]) == {True, False}
+    assert (df["deepspeed"] == "0.19.8").all() and df["gpu"].str.contains("H200").all()
+    for _, r in df.iterrows():
+        spec, setup = to_zerocalc(job_from_row(r.to_dict()))
+        e = estimate(spec, setup)
+        assert predicted_state_bytes(e, "cuda") == r["measured_state_bytes"], r["key"]
+        assert e.comm_bytes == r["measured_comm_bytes"], r["key"]
+        assert pd.isna(r["predicted_peak_allocated_bytes"])      # written before zerocalc traced configs

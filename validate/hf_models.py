@@ -155,6 +155,28 @@ def model_spec(job: dict):
                      tuple(-(-b // 4) for b in s["buffer_bytes"]))
 
 
+_TRACED = {}
+
+
+def traced_spec(job: dict):
+    """zerocalc's own ModelSpec for an HF job's config, as `zerocalc estimate --hf-config` builds it: the
+    model traced from its code on fake tensors (zerocalc.hf.trace, cached; parameters and calls exact,
+    activations from the Llama formulas at its dimensions), MoE blocks as stage-3 leaves; the direct
+    path's logits wrapper counted. None where the trace extra is missing or the trace fails."""
+    cfg = job["hf"]["config"]
+    wrapper = job.get("path", "engine") == "engine"
+    key = (json.dumps(cfg, sort_keys=True), wrapper)
+    if key not in _TRACED:
+        try:
+            from zerocalc import profile
+            from zerocalc.hf import trace
+            _TRACED[key] = profile.to_model_spec(trace.cached_trace(cfg, job["hf"].get("name") or ""),
+                                                 job["hf"].get("name"), wrapper=wrapper)
+        except (ImportError, ValueError, TypeError, RuntimeError):
+            _TRACED[key] = None
+    return _TRACED[key]
+
+
 # The "auto" values HF Trainer fills from TrainingArguments and the model's hidden size
 # (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_finalize): what zerocalc's
 # Setup needs of them. The worker records the config the engine really got; the CPU test compares.

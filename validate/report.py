@@ -359,53 +359,71 @@ def hf_rows(df: pd.DataFrame) -> pd.Series:
 
 def repredict_hf(df: pd.DataFrame) -> pd.DataFrame:
     """now_* columns for HF-config rows: states and communication from the parameter tensors the run
-    recorded (`hf_models.model_spec`); the peaks where zerocalc has the model's activations (none yet:
-    NaN, never a states-only number passed off as a peak)."""
+    recorded (`hf_models.model_spec`: exact by construction of what ran), and zerocalc's own prediction
+    from the config alone (`hf_models.traced_spec`, what `zerocalc estimate --hf-config` prints): its
+    states, communication and peaks (pred_*; NaN where it cannot trace the config)."""
+    from validate import hf_models
     out = df.copy()
-    cols = {k: [] for k in ("now_state_bytes", "now_comm_bytes", "now_peak_allocated_bytes", "now_peak_reserved_bytes")}
+    names = ("now_state_bytes", "now_comm_bytes", "pred_state_bytes", "pred_comm_bytes", "now_peak_allocated_bytes",
+             "now_peak_reserved_bytes")
+    cols = {k: [] for k in names}
     for _, r in df.iterrows():
-        spec, setup = to_zerocalc(job_from_row(r.to_dict()))
+        job = job_from_row(r.to_dict())
+        spec, setup = to_zerocalc(job)
         e = estimate(spec, setup) if spec is not None else None
         cols["now_state_bytes"].append(predicted_state_bytes(e, r["backend"]) if e else float("nan"))
         cols["now_comm_bytes"].append(e.comm_bytes if e else float("nan"))
-        known = e is not None and spec.architecture is not None
-        cols["now_peak_allocated_bytes"].append(e.peak_bytes if known else float("nan"))
-        cols["now_peak_reserved_bytes"].append(e.peak_reserved_bytes if known else float("nan"))
+        traced = hf_models.traced_spec(job)
+        t = estimate(traced, setup) if traced is not None else None
+        cols["pred_state_bytes"].append(predicted_state_bytes(t, r["backend"]) if t else float("nan"))
+        cols["pred_comm_bytes"].append(t.comm_bytes if t else float("nan"))
+        cols["now_peak_allocated_bytes"].append(t.peak_bytes if t and t.activation_bytes is not None else float("nan"))
+        cols["now_peak_reserved_bytes"].append(t.peak_reserved_bytes if t and t.activation_bytes is not None
+                                               else float("nan"))
     for k, v in cols.items():
         out[k] = v
     return out
 
 
 def hf_section(ok: pd.DataFrame) -> tuple[list[str], bool]:
-    """HF configs, per model_type, path and stage: state and communication against zerocalc (exact
-    expected), and the measured peaks beside zerocalc's where it predicts them (targets: allocated 3%,
-    reserved 8%)."""
+    """HF configs, one line per row: state and communication against zerocalc from the recorded tensors
+    (exact expected) and from zerocalc's own trace of the config; the measured peaks (allocated less what
+    an earlier engine left, reserved) beside what `zerocalc estimate --hf-config` predicts (targets:
+    allocated 3%, reserved 8%)."""
     ok = repredict_hf(ok)
-    lines = ["", "HF configs (AutoModelForCausalLM.from_config; path engine = deepspeed.initialize, trainer = HF "
-                 "Trainer with an \"auto\" ds_config)",
-             f"{'model_type':>12} {'path':>7} {'stage':>5} {'ckpt':>4} {'rows':>4} {'state=':>6} {'comm=':>5} "
-             f"{'alloc GiB':>9} {'pred':>6} {'resv GiB':>8} {'pred':>6}"]
+    ok = ok.assign(_own=own_peak_allocated(ok).astype(float), _resv=ok["measured_peak_reserved_bytes"].astype(float),
+                   _ckpt=ok["activation_checkpointing"].map(lambda v: bool(_cast(v, bool))))
     state_ok = ok["now_state_bytes"] == ok["measured_state_bytes"].astype(float)
     comm_ok = ok["now_comm_bytes"] == ok["measured_comm_bytes"].astype(float)
-    gib = lambda c: ok[c].astype(float) / GiB if c in ok else pd.Series(float("nan"), index=ok.index)  # noqa: E731
-    ok = ok.assign(_state=state_ok, _comm=comm_ok, _alloc=gib("measured_peak_allocated_bytes"),
-                   _resv=gib("measured_peak_reserved_bytes"), _palloc=gib("now_peak_allocated_bytes"),
-                   _presv=gib("now_peak_reserved_bytes"), _ckpt=ok["activation_checkpointing"].map(
-                       lambda v: bool(_cast(v, bool))))
-    for (mt, path, stage, ckpt), g in ok.groupby(["hf_model_type", "path", "stage", "_ckpt"]):
-        fmt = lambda v: "-" if pd.isna(v) else f"{v:.2f}"  # noqa: E731
-        lines.append(f"{mt:>12} {path:>7} {stage:>5} {'y' if ckpt else 'n':>4} {len(g):>4} {int(g['_state'].sum()):>6} "
-                     f"{int(g['_comm'].sum()):>5} {fmt(g['_alloc'].max()):>9} {fmt(g['_palloc'].max()):>6} "
-                     f"{fmt(g['_resv'].max()):>8} {fmt(g['_presv'].max()):>6}")
-    predicted = ok[ok["_palloc"].notna() & ok["_alloc"].notna()]
-    if predicted.empty:
-        lines.append(f"Peaks: {int(ok['_alloc'].notna().sum())} rows measured, none predicted yet (zerocalc has no "
-                     "activation model for these model_types); state = / comm =: rows exact to the byte.")
+    traced_ok = (ok["pred_state_bytes"] == ok["measured_state_bytes"].astype(float)) & \
+        (ok["pred_comm_bytes"] == ok["measured_comm_bytes"].astype(float))
+    err_a = (ok["now_peak_allocated_bytes"] - ok["_own"]) / ok["_own"]
+    err_r = (ok["now_peak_reserved_bytes"] - ok["_resv"]) / ok["_resv"]
+    lines = ["", "HF configs (AutoModelForCausalLM.from_config; engine = deepspeed.initialize, trainer = HF Trainer with "
+                 "an \"auto\" ds_config); state/comm: = exact from the recorded tensors, traced = from zerocalc's "
+                 "trace of the config; peaks in GiB, predicted as `zerocalc estimate --hf-config` does",
+             f"{'model':>20} {'layers':>6} {'path':>7} {'st':>2} {'ckpt':>4} {'state':>5} {'traced':>6} "
+             f"{'alloc':>7} {'pred':>7} {'err':>7} {'resv':>7} {'pred':>7} {'err':>7}"]
+    fmt = lambda v, spec: "-" if pd.isna(v) else format(v, spec)  # noqa: E731
+    for i, r in ok.sort_values(["hf_name", "path", "stage", "_ckpt"]).iterrows():
+        lines.append(f"{r['hf_name']:>20} {r['num_layers']:>6} {r['path']:>7} {r['stage']:>2} "
+                     f"{'y' if r['_ckpt'] else 'n':>4} {'=' if state_ok[i] and comm_ok[i] else 'DIFF':>5} "
+                     f"{'=' if traced_ok[i] else ('-' if pd.isna(r['pred_state_bytes']) else 'DIFF'):>6} "
+                     f"{r['_own'] / GiB:>7.2f} {fmt(r['now_peak_allocated_bytes'] / GiB, '7.2f'):>7} "
+                     f"{fmt(err_a[i], '+7.1%'):>7} {r['_resv'] / GiB:>7.2f} "
+                     f"{fmt(r['now_peak_reserved_bytes'] / GiB, '7.2f'):>7} {fmt(err_r[i], '+7.1%'):>7}")
+    lines.append(f"State and communication exact from the recorded tensors: {int((state_ok & comm_ok).sum())} of "
+                 f"{len(ok)} rows; from zerocalc's trace of the config: {int(traced_ok.sum())} of {len(ok)}")
+    predicted = err_a.notna()
+    if ok["_own"].isna().all():
+        lines.append("Peaks: none measured (CPU backend)")
+    elif not predicted.any():
+        lines.append(f"Peaks: {len(ok)} rows measured, none predicted (zerocalc could not trace these configs here)")
     else:
-        for pred, meas, name, target in (("_palloc", "_alloc", "allocated", 0.03), ("_presv", "_resv", "reserved", 0.08)):
-            err = ((predicted[pred] - predicted[meas]) / predicted[meas]).abs()
-            lines.append(f"Peak {name}: {int((err <= target).sum())} of {len(err)} predicted rows within {target:.0%} "
-                         f"(mean {err.mean():.2%}, worst {err.max():.2%})")
+        for err, name, target in ((err_a, "allocated", 0.03), (err_r, "reserved", 0.08)):
+            e = err[predicted].abs()
+            lines.append(f"Peak {name}: {int((e <= target).sum())} of {len(e)} predicted rows within {target:.0%} "
+                         f"(mean |err| {e.mean():.1%}, worst {e.max():.1%})")
     return lines, bool(state_ok.all() and comm_ok.all())
 
 
