@@ -6,7 +6,7 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# HF-config rows (data/h200-hf-*.csv) have no activation model yet: tests/test_hf_validate.py reads them.
+# HF-config rows (data/h200-hf-*.csv) are judged apart (validate.report.hf_section, tests/test_hf_validate.py).
 COMMITTED = sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if "/h200-hf-" not in p)
 
 

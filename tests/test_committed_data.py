@@ -11,7 +11,7 @@ from validate.report import load, own_peak_allocated, report, started_clean, tim
 from validate.rows import measured_host_launch_s  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# HF-config rows (data/h200-hf-*.csv) have no activation model yet: tests/test_hf_validate.py reads them.
+# HF-config rows (data/h200-hf-*.csv) are judged apart (validate.report.hf_section, tests/test_hf_validate.py).
 PATHS = sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if "/h200-hf-" not in p)
 
 

@@ -32,7 +32,7 @@ MAX_TABLE_ROWS = 3   # of a plan's ranked list; an estimate shows every stage
 
 
 def committed_paths() -> list[str]:
-    """The transcribed families' H200 rows (HF-config rows, data/h200-hf-*.csv, have no peak predictions yet)."""
+    """The transcribed families' H200 rows (HF-config rows, data/h200-hf-*.csv, are judged apart: validate.report.hf_section)."""
     return sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if "/h200-hf-" not in p)
 
 

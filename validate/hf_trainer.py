@@ -9,7 +9,6 @@ is the model's own (labels given, shifted inside); gradient clipping at max_grad
 the docs' WarmupLR with warmup_steps 1 (DeepSpeed 0.19.8 refuses 0, which transformers < 5.24 passes);
 Trainer's logging every step. The ds_config gets the comms logger added (measurement only: it is off
 but for one step). Step times are whole optimizer steps, synchronized at both ends; no per-phase split."""
-import os
 import shutil
 import statistics
 import tempfile
