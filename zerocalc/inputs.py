@@ -35,7 +35,8 @@ LIMITS = {
     "gas": Limit(1, 2**20, "2^20 accumulation steps"),
     "global_batch": Limit(1, 2**30, "2^30 sequences per step"),
     "seq_len": Limit(1, 2**24, "2^24 tokens (16M) is 16x the longest context trained"),
-    "top": Limit(1, 10**6, "a million rows"),
+    # plan simulates every row it shows through the allocator (0.05-0.8 s CPU a row, by model size)
+    "top": Limit(1, 100, "plan simulates each row it shows through the allocator; 100 rows take up to a minute"),
     "vocab_size": Limit(1, 2**24, "a vocabulary of 16M tokens is 60x the largest in use"),
     "hidden_size": Limit(1, 2**18, "a hidden size of 262144 is 10x the widest published model"),
     # The stage-3 replay and the allocator simulation grow faster than linearly with the number of
