@@ -120,17 +120,21 @@ def test_a_free_of_a_block_from_before_the_sequence_is_ignored_and_bad_events_ar
         replay([("realloc", "a", 1, 0)])
 
 
-def _replayable(path):
-    """Histories that started with an empty cache, or that list the segments cached at their start."""
-    from validate.snapshot import load, start_segments
+def _facts(path):
+    """(replayable: started with an empty cache, or lists the segments cached at its start; started from
+    a cache; calls empty_cache), read once per history at collection: a history is large to load."""
+    from validate.snapshot import allocator_events, load, start_segments
     snap = load(path)
-    return snap["zerocalc_base_reserved"] == 0 or bool(start_segments(snap))
+    return (snap["zerocalc_base_reserved"] == 0 or bool(start_segments(snap)), snap["zerocalc_base_reserved"] > 0,
+            ("empty_cache",) in allocator_events(snap["device_traces"][0]))
 
 
 HISTORIES = sorted(glob.glob("data/snapshots/t[3456]-*/*.json.gz"))
-REPLAYABLE = [p for p in HISTORIES if _replayable(p)]
+FACTS = {p: _facts(p) for p in HISTORIES}
+REPLAYABLE = [p for p in HISTORIES if FACTS[p][0]]
 
 
+@pytest.mark.slow   # loads a recorded history (the quick loop: pytest -m 'not slow')
 @pytest.mark.parametrize("path", REPLAYABLE, ids=lambda p: "/".join(p.split("/")[-2:])[:60])
 def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
     """Real DeepSpeed jobs on an H200, from model build to the end of warm-up: GPT and Llama, stages
@@ -148,11 +152,9 @@ def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
 
 
 def test_the_committed_histories_cover_a_start_from_a_cache_and_an_empty_cache_call():
-    from validate.snapshot import allocator_events, load
     assert len(REPLAYABLE) == 66 and len(HISTORIES) == 68
-    snaps = [load(p) for p in REPLAYABLE]
-    assert any(s["zerocalc_base_reserved"] > 0 for s in snaps)
-    assert any(("empty_cache",) in allocator_events(s["device_traces"][0]) for s in snaps)
+    assert any(FACTS[p][1] for p in REPLAYABLE)
+    assert any(FACTS[p][2] for p in REPLAYABLE)
 
 
 def test_releases_say_when_and_what_empty_cache_returned():
@@ -172,6 +174,7 @@ def _collapse_releases(timeline):
     return out
 
 
+@pytest.mark.slow   # loads a recorded history (the quick loop: pytest -m 'not slow')
 @pytest.mark.parametrize("path", REPLAYABLE, ids=lambda p: "/".join(p.split("/")[-2:])[:60])
 def test_the_reserved_timeline_follows_the_recorded_one_step_by_step(path):
     """Every cudaMalloc, in order and to the byte, and what each `empty_cache` returned; the simulation
@@ -230,6 +233,7 @@ def _measured_expandable_reserved(history_path):
     return int(rows[0]["measured_peak_reserved_bytes"]) if rows else None
 
 
+@pytest.mark.slow   # loads a recorded history (the quick loop: pytest -m 'not slow')
 @pytest.mark.parametrize("path", [p for p in REPLAYABLE if "t3-warmup-b/" in p or "a8545fd141" in p],
                          ids=lambda p: "/".join(p.split("/")[-2:])[:60])
 def test_expandable_what_if_from_a_default_history_matches_the_expandable_job(path):

@@ -192,6 +192,7 @@ FRESH_HISTORIES = [
 ]
 
 
+@pytest.mark.slow   # generates and replays a full-size job (the quick loop: pytest -m 'not slow')
 @pytest.mark.parametrize("name, recorded_gib, tolerance", FRESH_HISTORIES)
 def test_generated_reserved_against_a_fresh_process_history(name, recorded_gib, tolerance):
     pd = pytest.importorskip("pandas")

@@ -7,6 +7,8 @@ pytest.importorskip("transformers")
 from validate.models import build_model  # noqa: E402
 from zerocalc import arch as A  # noqa: E402
 
+pytestmark = pytest.mark.slow   # builds the models with torch and transformers (the quick loop: -m 'not slow')
+
 CASES = [
     A.Architecture("seed-gpt", 1001, 33, 2, 3, 3, 101, False),
     A.Architecture("seed-gpt", 1001, 32, 2, 4, 4, 128, True),
