@@ -137,3 +137,25 @@ def test_committed_hf_rows():
         assert predicted_state_bytes(e, "cuda") == r["measured_state_bytes"], r["key"]
         assert e.comm_bytes == r["measured_comm_bytes"], r["key"]
         assert pd.isna(r["predicted_peak_allocated_bytes"])      # written before zerocalc traced configs
+
+
+def test_a_config_file_or_model_directory(tmp_path):
+    model_dir = tmp_path / "my-model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(TINY_QWEN2))
+    assert hf_models.load_config(str(model_dir)) == ("my-model", TINY_QWEN2)
+    assert hf_models.load_config(str(model_dir / "config.json"), {"num_hidden_layers": 1})[1]["num_hidden_layers"] == 1
+
+
+def test_run_refuses_a_config_it_cannot_build(tmp_path):
+    """Bad input: exit 2 and one line naming the file, no traceback, nothing launched."""
+    from click.testing import CliRunner
+    from validate.cli import main
+    bad = tmp_path / "config.json"
+    for text in ('{"model_type": "no-such-type", "hidden_size": 8}', "{not json"):
+        bad.write_text(text)
+        res = CliRunner().invoke(main, ["run", "--backend", "cpu", "--hf-config", str(bad), "--out",
+                                        str(tmp_path / "rows.csv")])
+        assert res.exit_code == 2, res.output
+        assert "Traceback" not in res.output and str(bad) in res.output
+        assert not (tmp_path / "rows.csv").exists()

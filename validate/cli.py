@@ -53,12 +53,22 @@ def _fail(message: str, code: int):
 @click.option("--gas", "gases", default="1", show_default=True, help="Comma list.")
 @click.option("--reduce-bucket-size", "rbs", default="500000000", show_default=True, help="Comma list, elements.")
 @click.option("--activation-checkpointing", "ckpt", default="0", show_default=True, help="Comma list of 0/1.")
+@click.option("--hf-config", type=click.Path(exists=True),
+              help="Train this Hugging Face model instead of the shape flags: a config.json or a model directory "
+                   "(AutoModelForCausalLM.from_config, random weights); see docs/hf-validation.md.")
+@click.option("--hf-layers", type=click.IntRange(min=1), help="With --hf-config: num_hidden_layers (scale it down).")
+@click.option("--trainer-ds-config",
+              help="With --hf-config: train through HF Trainer with this ds_config (a file, or zero2-auto, "
+                   "zero3-auto, zero2-auto-offload, zero3-auto-offload: the HF docs' \"auto\" configs); the stage is its.")
+@click.option("--attention", type=click.Choice(["sdpa", "eager", "flash"]), default="sdpa", show_default=True,
+              help="With --hf-config: the attention implementation (Gemma-2 needs eager).")
 @click.option("--timeout", "timeout_s", type=float, default=600, show_default=True, help="Seconds a job may run.")
 @click.option("--include", help="DeepSpeed --include (e.g. localhost:1) instead of --num_gpus.")
 @click.option("--retry-failed", is_flag=True, help="Run again the jobs whose last row is not ok (a new row is added).")
 @click.option("--out", "out_csv", required=True, type=click.Path(dir_okay=False), help="CSV to append rows to.")
 def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers, num_heads, num_kv_heads,
-        ffn_hidden_size, vocab_size, seq_lens, micro_batches, gases, rbs, ckpt, timeout_s, include, retry_failed, out_csv):
+        ffn_hidden_size, vocab_size, seq_lens, micro_batches, gases, rbs, ckpt, hf_config, hf_layers, trainer_ds_config,
+        attention, timeout_s, include, retry_failed, out_csv):
     """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows."""
     from validate import jobs as J
     from validate.results_file import ResultsFileError, check_output
@@ -71,6 +81,19 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
         for j in job_list:
             if j["nproc"] != nproc:
                 _fail(f"{matrix} asks for nproc {j['nproc']} but --nproc is {nproc}", 2)
+    elif hf_config:
+        import itertools
+        axes = dict(dtype=_strs(dtypes), seq_len=_ints(seq_lens), micro_batch=_ints(micro_batches), gas=_ints(gases),
+                    activation_checkpointing=[bool(x) for x in _ints(ckpt)], attention=[attention])
+        if trainer_ds_config:
+            axes.update(path=["trainer"], ds_config=[trainer_ds_config])
+        else:
+            axes.update(stage=_ints(stages), reduce_bucket_size=_ints(rbs))
+        entry = {"config": hf_config, "overrides": {"num_hidden_layers": hf_layers} if hf_layers else {}}
+        try:
+            job_list = [J.make_hf_job(entry, nproc, **dict(zip(axes, v))) for v in itertools.product(*axes.values())]
+        except (ValueError, TypeError, KeyError, OSError) as err:
+            _fail(f"--hf-config {hf_config}: {err}", 2)
     else:
         try:
             a = _arch.Architecture(family, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads or num_heads,

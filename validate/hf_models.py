@@ -16,17 +16,35 @@ SCALAR_BYTES = 8                 # as measure.SCALAR_BYTES: buffers this small a
 PATHS = ("engine", "trainer")    # deepspeed.initialize directly, or transformers.Trainer with an "auto" ds_config
 
 
+def _config_file(ref: str) -> tuple[str, str]:
+    """(name, file) for a config named by `ref`: a config.json, a model directory holding one, or a name
+    under validate/hf_configs/."""
+    if os.path.isdir(ref) and os.path.exists(os.path.join(ref, "config.json")):
+        return os.path.basename(os.path.normpath(ref)), os.path.join(ref, "config.json")
+    if os.path.isfile(ref):
+        return os.path.basename(ref).removesuffix(".json"), ref
+    path = os.path.join(HF_CONFIG_DIR, ref + ".json")
+    if not os.path.exists(path):
+        raise ValueError(f"no HF config {ref!r}: give a config.json, a model directory holding one, a name under "
+                         f"{HF_CONFIG_DIR}, or the config as a dict")
+    return ref, path
+
+
 def load_config(ref, overrides: dict | None = None) -> tuple[str, dict]:
-    """(name, config dict) for a matrix entry: `ref` is the name of a file under validate/hf_configs/
-    or a dict with a "model_type"; `overrides` replaces keys (how a matrix scales a model down)."""
+    """(name, config dict) for a matrix entry: `ref` is a config.json, a model directory, the name of a
+    file under validate/hf_configs/, or a dict with a "model_type"; `overrides` replaces keys (how a
+    matrix scales a model down)."""
     if isinstance(ref, dict):
         name, cfg = ref.get("_name_or_path") or ref["model_type"], dict(ref)
     else:
-        path = os.path.join(HF_CONFIG_DIR, ref + ".json")
-        if not os.path.exists(path):
-            raise ValueError(f"no HF config {ref!r}: add {path} (a model's config.json) or give the config as a dict")
-        with open(path) as f:
-            name, cfg = ref, json.load(f)
+        name, path = _config_file(ref)
+        try:
+            with open(path) as f:
+                cfg = json.load(f)
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise ValueError(f"{path}: not a readable config.json ({err})")
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{path}: not a config.json (a JSON object)")
     if "model_type" not in cfg:
         raise ValueError(f"HF config {name!r} has no model_type")
     cfg.update(overrides or {})
@@ -35,9 +53,15 @@ def load_config(ref, overrides: dict | None = None) -> tuple[str, dict]:
 
 def make_config(cfg: dict):
     """The transformers config object for a config dict (AutoConfig, as from_pretrained reads config.json)."""
-    from transformers import AutoConfig
+    import transformers
     rest = {k: v for k, v in cfg.items() if k != "model_type"}
-    return AutoConfig.for_model(cfg["model_type"], **rest)
+    try:
+        return transformers.AutoConfig.for_model(cfg["model_type"], **rest)
+    except ValueError as err:
+        if "Unrecognized model" not in str(err):
+            raise
+        raise ValueError(f"model_type {cfg['model_type']!r} is not one transformers {transformers.__version__} "
+                         "knows (AutoConfig)") from None
 
 
 def _first(config, *names, default=None):
@@ -207,8 +231,9 @@ def resolve_auto(ds: dict, hidden_size: int) -> dict:
 
 
 def load_ds_config(name: str) -> dict:
-    path = os.path.join(DS_CONFIG_DIR, name + ".json")
+    """A ds_config for the Trainer path: a file, or a name under validate/hf_configs/ds/."""
+    path = name if os.path.isfile(name) else os.path.join(DS_CONFIG_DIR, name + ".json")
     if not os.path.exists(path):
-        raise ValueError(f"no ds_config {name!r}: the Trainer path reads {path}")
+        raise ValueError(f"no ds_config {name!r}: give a ds_config.json or a name under {DS_CONFIG_DIR}")
     with open(path) as f:
         return json.load(f)
