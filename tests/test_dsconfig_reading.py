@@ -33,6 +33,8 @@ def test_a_string_holding_comment_marks_is_kept(reader):
     ('{"zero_optimization": {"stage": 2, "stage": 3}}', "duplicate key 'stage'"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     ('{"a": 1} x', "not valid"),
+    ("/*", "not valid"),                                      # hjson 3.1 raises IndexError here
+    ('{"a": 1e400}', "not valid|too large"),                  # and OverflowError here
 ])
 def test_refused_either_way(reader, text, says):
     with pytest.raises(dsconfig.DsConfigError, match=says):

@@ -583,6 +583,13 @@ def _refuse_constant(name):
     raise DsConfigError(f"{name} is not a number DeepSpeed reads (hjson takes it for a string)")
 
 
+def _finite_float(text):
+    value = float(text)
+    if not math.isfinite(value):   # hjson fails on it too (OverflowError)
+        raise DsConfigError(f"{text} is too large a number")
+    return value
+
+
 def loads(text: str):
     """Parse ds_config text as DeepSpeed does: with hjson (comments, trailing commas, unquoted keys
     and strings) when it is installed (it comes with DeepSpeed), else JSON with comments and
@@ -596,7 +603,7 @@ def loads(text: str):
             return hjson.loads(text, object_pairs_hook=_no_duplicates)
         try:
             return json.loads(_strip_hjson_lite(text), object_pairs_hook=_no_duplicates,
-                              parse_constant=_refuse_constant)
+                              parse_constant=_refuse_constant, parse_float=_finite_float)
         except json.JSONDecodeError as err:
             raise DsConfigError(f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
                                 "for Hjson syntax beyond comments and trailing commas, pip install hjson")
@@ -604,7 +611,8 @@ def loads(text: str):
         raise DsConfigError("nested too deeply to be a ds_config")
     except DsConfigError:
         raise
-    except (ValueError, OverflowError) as err:   # HjsonDecodeError is a ValueError
+    except Exception as err:   # HjsonDecodeError is a ValueError; hjson 3.1 also raises IndexError on an
+        # unterminated /* comment and OverflowError on 1e400: every failure of the parser is a refusal
         msg = getattr(err, "msg", None) or str(err)
         where = f" at line {err.lineno}, column {err.colno}" if hasattr(err, "lineno") else ""
         hint = "; Infinity and NaN are not numbers in Hjson or JSON" if re.search(r"\b(Infinity|NaN)\b", text) else ""
