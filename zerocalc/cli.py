@@ -123,7 +123,8 @@ def _model(params, model, hf_config, overrides):
     except InputError:
         raise
     except ValueError as err:
-        raise click.UsageError(str(err))
+        named = hf_config is not None and str(hf_config) not in str(err)
+        raise click.UsageError(f"{hf_config}: {err}" if named else str(err))
     raise click.UsageError("say what is trained: --params 7e9, --model llama-2-7b, --hf-config config.json, "
                            "or --vocab-size/--hidden-size/--num-layers/--num-heads")
 
