@@ -60,3 +60,39 @@ def test_a_traced_llama_layer_keeps_the_transcribed_tensors_and_rmsnorms_rsqrt()
                      (2 * tokens * F, 4), (rsqrt, 2)):
         by_hand[n] += count
     assert _traced_layer_kept() == by_hand
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_layers_kept_bytes_by_hand(attention):
+    """Two Llama layers (h 64, 4 heads, 2 KV heads of 16, FFN 160), bf16, per token: each RMSNorm keeps
+    its fp32 input 4h, bf16 cast and product 2·2h and rsqrt 4 (two norms); rotated q and the attention
+    output 2·2h; v and rotated k 2·2kv; gate, SiLU, up, product 4·2f; SDPA its log-sum-exp 4·heads.
+    Eager attention keeps rotated q 2h, K and V repeated to every head 2·2h (not the kv-wide ones),
+    the softmax in fp32 and its bf16 copy, 6 bytes per head per query-key pair (B·s² per head), and
+    the attention output made contiguous for o_proj 2h; no log-sum-exp."""
+    h, kv, f, heads = 64, 32, 160, 4
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=h, num_hidden_layers=2, num_attention_heads=heads,
+                                   num_key_value_heads=2, intermediate_size=f, max_position_embeddings=128)
+    cfg._attn_implementation = attention
+    model, mode = trace.build(cfg)
+    got = memtrace.layer_activations(model, mode)
+    norms = 2 * (4 * h + 2 * 2 * h + 4)
+    mlp = 4 * 2 * f
+    if attention == "sdpa":
+        per_token = norms + 2 * 2 * h + 2 * 2 * kv + 4 * heads + mlp
+        per_s2 = 0
+    else:
+        per_token = norms + 2 * h + 2 * 2 * h + 2 * h + mlp     # rotated q, K and V repeated, output
+        per_s2 = 6 * heads
+    assert got["bytes_per_token"] == 2 * per_token
+    assert got["bytes_per_sequence_squared"] == 2 * per_s2
+
+
+def test_two_shallow_copies_give_the_whole_stacks_kept_bytes():
+    d = transformers.LlamaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=5, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=160, max_position_embeddings=128).to_dict()
+    model, mode = trace.build(trace.hf_config(d))
+    whole = memtrace.layer_activations(model, mode)
+    shallow = memtrace.config_activations(d, 5)
+    assert shallow["bytes_per_token"] == whole["bytes_per_token"] > 0
+    assert shallow["bytes_per_sequence_squared"] == whole["bytes_per_sequence_squared"]

@@ -175,3 +175,18 @@ def test_a_llama_configs_biases_are_counted(tmp_path):
         assert r.exit_code == 0, r.output
         per_layer = plain + sum(biases[k] for k in flags)
         assert json.loads(r.stdout)["inputs"]["num_params"] == v * h + layers * per_layer + h + v * h
+
+
+def test_a_traced_models_layer_activations_by_hand():
+    """Qwen2.5-7B's layers (h 3584, 4 KV heads of 128, FFN 18944, 28 heads), bf16, per token and layer,
+    as the trace keeps them: two RMSNorms (fp32 input 4h, cast and product 2·2h, rsqrt 4), rotated q and
+    the attention output 2·2h, v and rotated k 2·2kv, gate/SiLU/up/product 4·2f, SDPA's log-sum-exp
+    4·heads: the transcribed Llama layer's 10h + 2kv + 4f in bf16 units, plus 4·heads + 2·4."""
+    from zerocalc import activations
+    from zerocalc.training import Setup
+    h, kv, f, heads, layers = 3584, 512, 18944, 28, 28
+    per_token = 2 * (10 * h + 2 * kv + 4 * f) + 4 * heads + 2 * 4
+    spec = P.to_model_spec(P.shipped_profile("qwen2.5-7b"))
+    assert not spec.transcribed
+    act = activations.breakdown(spec, Setup(seq_len=4096, micro_batch=2))
+    assert act.layers_bytes == layers * per_token * 2 * 4096

@@ -71,6 +71,20 @@ def layer_units_per_token(arch, setup: Setup, coef: dict) -> float:
     return units
 
 
+def traced_layers_bytes(model: ModelSpec, setup: Setup) -> float | None:
+    """The layers' kept bytes read from the model's code (`zerocalc.hf.memtrace.layer_activations`:
+    a·T + c·B·s², traced in bf16 with SDPA as the model's config chooses), for a model no family
+    transcribes; None where not traced or the dtype is not 2 bytes, and for mixture-of-experts models,
+    whose fake-tensor routing is not a real batch's: there the formulas count the top-k experts' widths
+    (balanced routing, `profile.architecture`)."""
+    p = model.profile
+    acts = getattr(p, "activations", None) if p is not None else None
+    if model.transcribed or not acts or setup.param_bytes != 2 or p.moe_classes:
+        return None
+    b, s = setup.micro_batch, setup.seq_len
+    return acts["bytes_per_token"] * b * s + acts["bytes_per_sequence_squared"] * b * s * s
+
+
 def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activations | None:
     arch = model.architecture
     if arch is None or setup.seq_len is None:
@@ -78,6 +92,9 @@ def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activa
     coef = (cal or calibration.default())["activations"][arch.family]
     b, tokens, v = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.vocab_size
     layer = b * tokens * layer_units_per_token(arch, setup, coef)
+    traced = traced_layers_bytes(model, setup)
+    if traced is not None:
+        layer = traced / arch.num_layers
     if setup.activation_checkpointing:
         kept_layers = arch.num_layers * b * tokens * coef.get("checkpoint_h", 1.0) * arch.hidden_size
         recompute = layer

@@ -62,6 +62,7 @@ class Profile:
     modules: tuple[Module, ...]
     calls: CallNode                        # the root module's forward call
     source: dict = field(default_factory=dict, hash=False, compare=False)   # versions, config digest
+    activations: dict | None = field(default=None, hash=False, compare=False)  # `hf.memtrace.layer_activations`
 
     @property
     def num_params(self) -> int:
@@ -164,6 +165,7 @@ def to_json(p: Profile) -> dict:
         "modules": _compress([[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "")]
                               for m in p.modules]),
         "calls": node(p.calls),
+        "activations": p.activations,
     }
 
 
@@ -181,7 +183,7 @@ def from_json(d: dict) -> Profile:
 
     return Profile(d["name"], d["model_type"], d.get("dims", {}), params,
                    tuple(Tensor(n, tuple(s), dt) for n, s, dt in _expand(d["buffers"])), modules, node(d["calls"]),
-                   d.get("source", {}))
+                   d.get("source", {}), d.get("activations"))
 
 
 def save(p: Profile, path: str) -> None:

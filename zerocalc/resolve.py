@@ -122,8 +122,16 @@ def notes(spec: ModelSpec, stages) -> list[str]:
         return []
     out = []
     if not spec.transcribed:
-        out.append(f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); activations "
-                   f"use the Llama formulas at its dimensions, and reserved the calibrated ratio")
+        if p.moe_classes:
+            how = (f"the Llama formulas with the {p.dims.get('experts_per_token')} routed experts' widths per token "
+                   f"(balanced routing)")
+        elif p.activations:
+            how = ("the layers' kept tensors traced from its code (bf16/fp16; the loss path and checkpointing by "
+                   "the Llama formulas)")
+        else:
+            how = "the Llama formulas at its dimensions"
+        out.append(f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); "
+                   f"activations: {how}; reserved: the calibrated ratio")
     if p.moe_classes and any(int(s) == 3 for s in stages):
         out.append(f"stage 3: each {', '.join(p.moe_classes)} is one fetch unit, as "
                    f"deepspeed.utils.set_z3_leaf_modules(model, [{', '.join(p.moe_classes)}]) makes it "

@@ -16,7 +16,7 @@ import os
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 1        # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 2        # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -102,8 +102,9 @@ def build(cfg):
     return model, mode
 
 
-def trace(d: dict, name: str = "") -> Profile:
-    """The Profile of a config.json's contents (a dict)."""
+def trace(d: dict, name: str = "", activations: bool = True) -> Profile:
+    """The Profile of a config.json's contents (a dict); activations: also the layers' kept bytes
+    (`memtrace.config_activations`: four forwards of one or two layers)."""
     torch, transformers = _imports()
     from transformers.modeling_layers import GradientCheckpointingLayer
     cfg = hf_config(d)
@@ -143,10 +144,17 @@ def trace(d: dict, name: str = "") -> Profile:
     if len(roots) != 1:
         raise RuntimeError(f"expected one root call, recorded {len(roots)}")
     buffers = tuple(Tensor(n, tuple(b.shape), str(b.dtype).replace("torch.", "")) for n, b in model.named_buffers())
+    acts = None
+    if activations:
+        from zerocalc.hf import memtrace
+        try:
+            acts = memtrace.config_activations(d, len([m for m in modules if m.layer]))
+        except Exception:      # a model whose forward the fake tensors cannot run at these lengths: formulas then
+            acts = None
     return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
                    tuple(Tensor(n, tuple(p.shape)) for n, p in named), buffers, tuple(modules), roots[0],
                    {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)})
+                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts)
 
 
 def config_digest(d: dict) -> str:
