@@ -329,3 +329,104 @@ def environment(device):
         except (OSError, subprocess.SubprocessError):
             env["driver"] = None
     return env
+
+
+HOST_PHASES = ("build", "init", "first_step", "end")
+
+
+def _status_bytes(*keys) -> dict:
+    """Fields of /proc/self/status in bytes (they are given in kB), None where unreadable."""
+    out = dict.fromkeys(keys)
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in out:
+                    out[name] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _meminfo_bytes(*keys) -> dict:
+    out = dict.fromkeys(keys)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in out:
+                    out[name] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def reset_host_peak() -> bool:
+    """Reset this process's peak resident set (VmHWM) to its current one (`echo 5 > /proc/self/clear_refs`,
+    Linux 4.0+); True when the reset took (VmHWM fell to within 1 MiB of VmRSS)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    s = _status_bytes("VmHWM", "VmRSS")
+    return None not in s.values() and s["VmHWM"] - s["VmRSS"] < 2**20
+
+
+def _pinned_bytes(cuda) -> dict:
+    """Pinned host memory: what torch's caching host allocator holds (its blocks are rounded up to a
+    power of two and kept cached after a free: `allocated_bytes` counts them, active or cached) and
+    the bytes DeepSpeed asked to pin (`deepspeed.utils.pin_memory_tracker`, unrounded)."""
+    out = {"pinned_bytes": None, "pinned_peak_bytes": None, "ds_pinned_bytes": None}
+    if cuda and hasattr(torch.cuda, "host_memory_stats"):
+        try:
+            stats = torch.cuda.host_memory_stats()
+            out["pinned_bytes"] = stats.get("allocated_bytes.all.current", stats.get("allocated_bytes.current"))
+            out["pinned_peak_bytes"] = stats.get("allocated_bytes.all.peak", stats.get("allocated_bytes.peak"))
+        except Exception:  # noqa: BLE001  -- a torch without host stats: not recorded
+            pass
+    try:
+        from deepspeed.utils.pin_memory_tracker import _tracker
+        out["ds_pinned_bytes"] = _tracker._bytes
+    except (ImportError, AttributeError):
+        pass
+    return out
+
+
+class HostRecorder:
+    """The host memory of this rank over a job's life: at the job's start (the runtime's baseline: torch,
+    CUDA, NCCL and what earlier jobs left) and at the end of each of HOST_PHASES, the peak resident set
+    within the phase (VmHWM, reset at each boundary through /proc/self/clear_refs), the resident set at
+    its end (VmRSS), the pinned bytes (`_pinned_bytes`) and the host's MemAvailable. Where the reset
+    does not take, each phase's peak is the process's peak so far (`hwm_reset` False)."""
+
+    def __init__(self, cuda):
+        self.cuda, self.phases = cuda, {}
+
+    def _snapshot(self) -> dict:
+        s = _status_bytes("VmHWM", "VmRSS")
+        m = _meminfo_bytes("MemAvailable", "MemTotal")
+        return {"hwm_bytes": s["VmHWM"], "rss_bytes": s["VmRSS"], "available_bytes": m["MemAvailable"],
+                "total_bytes": m["MemTotal"], **_pinned_bytes(self.cuda)}
+
+    def start(self):
+        gc.collect()
+        try:
+            from deepspeed.utils.pin_memory_tracker import _tracker
+            _tracker.reset()
+        except (ImportError, AttributeError):
+            pass
+        if self.cuda and hasattr(torch.cuda, "reset_peak_host_memory_stats"):
+            try:
+                torch.cuda.reset_peak_host_memory_stats()
+            except Exception:  # noqa: BLE001
+                pass
+        self.hwm_reset = reset_host_peak()
+        self.phases["start"] = self._snapshot()
+
+    def mark(self, name):
+        self.phases[name] = self._snapshot()
+        reset_host_peak()
+
+    def summary(self) -> dict:
+        return {"hwm_reset": self.hwm_reset, "phases": self.phases}

@@ -11,7 +11,17 @@ CONFIG_COLUMNS = ("key", "backend", "nproc", "stage", "optimizer") + tuple(f for
 
 
 PREDICTED_COLUMNS = ("predicted_state_bytes", "predicted_comm_bytes", "predicted_comm_by_op",
-                     "predicted_peak_allocated_bytes", "predicted_peak_phase", "zerocalc_version")
+                     "predicted_peak_allocated_bytes", "predicted_peak_phase", "predicted_host_peak_bytes",
+                     "predicted_host_phase", "zerocalc_version")
+HOST_PHASES = ("start", "build", "init", "first_step", "end")
+# Host memory per rank (validate.measure.HostRecorder): the busiest rank's peak resident set over the job
+# (VmHWM) and per phase, its resident set and pinned bytes at each phase's end, the host's MemAvailable at
+# its lowest and MemTotal; the node's peak is the sum of the ranks' peaks (an upper bound: they need not
+# peak at once).
+HOST_COLUMNS = ("measured_host_peak_bytes", "measured_host_peak_phase", "measured_host_baseline_bytes",
+                "measured_host_node_peak_bytes", "measured_host_pinned_bytes", "measured_host_ds_pinned_bytes",
+                "measured_host_available_min_bytes", "measured_host_total_bytes", "measured_host_hwm_reset") + tuple(
+    f"measured_host_{ph}_{what}_bytes" for ph in HOST_PHASES[1:] for what in ("hwm", "rss", "pinned"))
 MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_min_bytes", "measured_scalar_bytes",
                     "measured_host_state_bytes", "measured_comm_bytes", "measured_comm_by_op", "loss_first", "loss_last", "losses",
                     "param_tensors", "sharded_param_tensors",
@@ -20,7 +30,7 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "measured_step_phase_s", "measured_step_times_s", "measured_launch_us", "measured_matmul_tflops",
                     "measured_step_issue_us", "measured_step_issue_by_rank_us", "measured_step_python_us", "measured_step_host_s", "measured_step_runq_s",
                     "measured_step_steal_s", "measured_step_gc_s", "measured_step_sm_mhz",
-                    "measured_device_overhead_bytes") + tuple(
+                    "measured_device_overhead_bytes") + HOST_COLUMNS + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:])
     for what in ("peak", "end", "reserved"))
 ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "cpus", "command",
@@ -86,16 +96,19 @@ def predicted_state_bytes(e, backend: str) -> int:
 
 def _predicted(spec, setup, backend):
     """zerocalc's prediction; for a model known by its parameter tensors only (an HF config, until a
-    profile gives its activations) states and communication, the peak left empty."""
+    profile gives its activations) states, communication and host memory, the device peak left empty."""
+    from zerocalc import host
     if spec is None:
         return {"zerocalc_version": zerocalc.__version__}
     e = estimate(spec, setup)
+    h = host.host_memory(spec, setup)
     if spec.architecture is None:
         per_op = {}
         for c in e.collectives:
             per_op[c.op] = per_op.get(c.op, 0) + c.bytes
         return {"predicted_state_bytes": predicted_state_bytes(e, backend), "predicted_comm_bytes": e.comm_bytes,
-                "predicted_comm_by_op": json.dumps(per_op, sort_keys=True), "zerocalc_version": zerocalc.__version__}
+                "predicted_comm_by_op": json.dumps(per_op, sort_keys=True), "predicted_host_peak_bytes": h.peak_bytes,
+                "predicted_host_phase": h.peak_phase, "zerocalc_version": zerocalc.__version__}
     per_op = {}
     for c in e.collectives:
         per_op[c.op] = per_op.get(c.op, 0) + c.bytes
@@ -105,6 +118,8 @@ def _predicted(spec, setup, backend):
         "predicted_comm_by_op": json.dumps(per_op, sort_keys=True),
         "predicted_peak_allocated_bytes": e.peak_bytes,
         "predicted_peak_phase": e.peak.name,
+        "predicted_host_peak_bytes": h.peak_bytes,
+        "predicted_host_phase": h.peak_phase,
         "zerocalc_version": zerocalc.__version__,
     }
 
@@ -169,6 +184,7 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         "param_tensors": ok[0].get("param_tensors", ""),
         "sharded_param_tensors": ok[0].get("sharded_param_tensors", ""),
     })
+    row.update(host_columns([r["host_memory"] for r in ok if r.get("host_memory")]))
     mem = [r["memory"] for r in ok if r.get("memory")]
     if mem:
         row["measured_peak_allocated_bytes"] = max(m["peak_allocated"] for m in mem)
@@ -221,6 +237,33 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
     return row
 
 
+def host_columns(hosts: list[dict]) -> dict:
+    """The HOST_COLUMNS from every rank's `HostRecorder.summary()`: the busiest rank's (highest peak)."""
+    if not hosts:
+        return {}
+
+    def peak(h):
+        return max((h["phases"][ph]["hwm_bytes"] or 0) for ph in HOST_PHASES[1:] if ph in h["phases"])
+    busiest = max(hosts, key=peak)
+    ph = busiest["phases"]
+    seen = [p for p in HOST_PHASES[1:] if p in ph]
+    out = {"measured_host_peak_bytes": peak(busiest),
+           "measured_host_peak_phase": max(seen, key=lambda p: ph[p]["hwm_bytes"] or 0),
+           "measured_host_baseline_bytes": ph["start"]["rss_bytes"],
+           "measured_host_node_peak_bytes": sum(peak(h) for h in hosts),
+           "measured_host_pinned_bytes": max((ph[p]["pinned_bytes"] or 0) for p in seen) or "",
+           "measured_host_ds_pinned_bytes": ph[seen[-1]]["ds_pinned_bytes"],
+           "measured_host_available_min_bytes": min(h["phases"][p]["available_bytes"] or 0 for h in hosts
+                                                    for p in h["phases"]),
+           "measured_host_total_bytes": ph["start"]["total_bytes"],
+           "measured_host_hwm_reset": all(h["hwm_reset"] for h in hosts)}
+    for p in seen:
+        out[f"measured_host_{p}_hwm_bytes"] = ph[p]["hwm_bytes"]
+        out[f"measured_host_{p}_rss_bytes"] = ph[p]["rss_bytes"]
+        out[f"measured_host_{p}_pinned_bytes"] = ph[p]["pinned_bytes"]
+    return out
+
+
 def failed_row(job: dict, outcome: str, log_tail: str, backend: str, command: str) -> dict:
     row, spec, setup = _config(job, backend)
     row.update(_predicted(spec, setup, backend))
@@ -239,6 +282,8 @@ def describe(row: dict) -> str:
         s += f", peak {row['measured_peak_allocated_bytes'] / 2**30:.2f} vs " + \
              (f"{predicted / 2**30:.2f} GiB" if predicted else "(not predicted) GiB") + \
              f", reserved {row['measured_peak_reserved_bytes'] / 2**30:.2f} GiB, {row['measured_step_s'] * 1e3:.0f} ms/step"
+    if row.get("measured_host_peak_bytes") and row.get("predicted_host_peak_bytes"):
+        s += f", host peak {row['measured_host_peak_bytes'] / 2**30:.2f} vs {row['predicted_host_peak_bytes'] / 2**30:.2f} GiB"
     return s
 
 

@@ -17,6 +17,14 @@ import torch
 from validate import hf_models, lifeline, measure
 from validate.models import HFCausalLM, build_model
 
+def _steps_override():
+    """VALIDATE_STEPS="W,P,T" sets WARMUP_STEPS, PHASE_STEPS and TIMED_STEPS: host-memory rows need only
+    the first steps (the host peak is set at initialize and the first step), and their step times are
+    not kept as timing rows."""
+    text = os.environ.get("VALIDATE_STEPS")
+    return tuple(int(x) for x in text.split(",")) if text else None
+
+
 WARMUP_STEPS = 2      # optimizer steps before measuring: Adam state and the stage-3 trace (frozen after
                       # its second iteration, with a few one-time broadcasts) are made here
 PHASE_STEPS = 3       # optimizer steps after the comm-logged one with a synchronize() at each phase boundary:
@@ -27,6 +35,12 @@ if os.environ.get("VALIDATE_FEW_STEPS"):
     # Bytes only (the CPU tests): state and communication are read after the comm-logged step, so one
     # phase step and one timed step keep every column filled at a third of the steps.
     PHASE_STEPS, TIMED_STEPS = 1, 1
+if _steps_override():
+    WARMUP_STEPS, PHASE_STEPS, TIMED_STEPS = _steps_override()
+# VALIDATE_ONE_JOB=1: a fresh process per job, so each job's host memory starts from the runtime's own
+# baseline (freed pinned blocks stay cached in torch's host allocator, and freed heap is not always
+# given back to the system, which would sit under the next job's host peak).
+ONE_JOB = os.environ.get("VALIDATE_ONE_JOB") == "1"
 
 
 def ds_config(job):
@@ -192,6 +206,8 @@ def run_job(job, device):
         # of the job; the previous job's cache was emptied).
         torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(job.get('expandable_segments'))}")
     rec = measure.MemoryRecorder(cuda)
+    host_rec = measure.HostRecorder(cuda)
+    host_rec.start()
     rec.start()
     torch.manual_seed(job.get("seed", 0))
     cfg = ds_config(job)
@@ -206,7 +222,11 @@ def run_job(job, device):
     else:
         with init:
             model = build_model(job["arch"], job["activation_checkpointing"], job["attention"])
+    host_rec.mark("build")
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    del model
+    gc.collect()
+    host_rec.mark("init")
     rec.phase("init")
     vocab = job["arch"]["vocab_size"]
     gen = torch.Generator().manual_seed(1234 + dist.get_rank())
@@ -241,8 +261,10 @@ def run_job(job, device):
         losses.extend(x.item() for x in pending)
 
     comms_logger.enabled = False
-    for _ in range(WARMUP_STEPS):
+    for i in range(WARMUP_STEPS):
         keep_losses(optimizer_step(record=False))
+        if i == 0:
+            host_rec.mark("first_step")
     warmup_history.close()
     # One steady-state step with the comms logger on (it synchronizes after every op).
     comms_logger.reset_data()
@@ -281,11 +303,12 @@ def run_job(job, device):
     finally:
         host.close()
     params = list(engine.module.parameters())
+    host_rec.mark("end")
     result = {"outcome": "ok", "losses": losses, "comm": comm, "state": state,
               "step_s": statistics.median(step_s), "step_times_s": step_s, "probe": probe,
               "host_issue_s": host_issue_s, "host_python_s": host_python_s, "main_cpu": main_cpu,
               "step_host_s": step_host_s, "step_counters": counters,
-              "memory": rec.summary(),
+              "memory": rec.summary(), "host_memory": host_rec.summary(),
               # The case study's sharding check: ZeRO-3 gives every parameter ds_id and ds_tensor.
               "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params)}
     if hf_seen:
@@ -326,6 +349,10 @@ def main(jobs_path, out_dir):
     with open(jobs_path) as f:
         jobs = json.load(f)
     for i, job in enumerate(jobs):
+        if i and ONE_JOB:
+            if rank == 0:
+                measure.append_line(os.path.join(out_dir, "restart.jsonl"), {"before": job["key"]})
+            break
         if i and (_leaked(device) or jobs[i - 1].get("path") == "trainer"):
             # DeepSpeed 0.19.8 does not free a stage-3 engine (its hooks keep the partitions alive),
             # which would sit under every later job's peak: start a fresh process for the rest. After a

@@ -1,0 +1,214 @@
+"""Host (CPU) memory per rank over a job's life, as DeepSpeed 0.19.8 and PyTorch really hold it.
+
+What a rank's process holds on the host, in the order a job builds it; the peak resident set (`VmHWM`)
+is the largest running total. Notation as in `zerocalc.states`: P params (nᵢ each), N ranks, b the
+model dtype's bytes, g the gradient-accumulation dtype's, K the optimizer's state bytes per parameter,
+S = Pp/N the stage-1/2 shard, S3 = Σ⌈nᵢ/N⌉ the stage-3 one, S3_j its optimizer sub-groups.
+
+Two rules of the host side that the device side does not have:
+- **Pinned memory is rounded up to a power of two and never given back.** DeepSpeed pins through
+  `tensor.pin_memory()` (`accelerator/abstract_accelerator.py`, `pin_memory`), served by PyTorch's
+  caching host allocator, which rounds each block up to the next power of two (`PowerOf2Ceil` in
+  `ATen/core/CachingHostAllocator.h`, `pinned_max_round_threshold` unlimited by default) and keeps a
+  freed block cached, page-locked and resident. `pinned(x)` below is that rounding.
+- **Pageable memory is given back when freed** (these tensors are far above glibc's 32 MiB mmap
+  threshold), but a pinned copy is made from a pageable one, so both exist for a moment.
+
+Sources, by term (paths relative to DeepSpeed's package; checked against the H200 rows in
+`data/h200-host-*.csv`, docs/host-memory.md):
+- runtime: the process before the model is built (Python, torch, CUDA, NCCL, DeepSpeed, transformers)
+  and what it grows by through initialize and the first step (CPU Adam's extension, CUDA kernels
+  loaded on first use): measured constants, `BASELINE_BYTES` and `RUNTIME_GROWTH_BYTES`.
+- model build: the fp32 module on the CPU, 4P + module buffers (validator and `from_config`); under
+  `deepspeed.zero.Init` (stage 3) each parameter is partitioned as it is made, so only its partition
+  stays on the host (pinned, with parameter offload) and one module's fp32 parameters pass through.
+- initialize: `engine._configure_distributed_model` casts the module to b on the CPU (one tensor at a
+  time: 4P + b·max nᵢ at most) and moves it to the GPU, which frees the host copy.
+- stages 1/2, optimizer offload (`runtime/zero/stage_1_and_2.py`): fp32 master `weights_partition`
+  4S pinned, a b·S pinned copy `param_buffer_of_bit16_for_cpu_offload_groups`, a pinned gradient
+  staging buffer b·max nᵢ `temp_grad_buffer_for_cpu_offload`, and the fp32 gradient partition 4S
+  pinned in `initialize_optimizer_states`; with GAS > 1 at stage 2 a pinned b·nᵢ accumulator per
+  parameter of the shard (`accumulated_grads_in_cpu`).
+- stage 3 (`runtime/zero/stage3.py`, `partition_parameters.py`): with parameter offload, each
+  parameter's partition pinned at partitioning (b·⌈nᵢ/N⌉ each, `_partition_param`), then copied into
+  one pinned flat buffer b·S3 (`_create_param_groups_fp16_flat_cpu_memory`; the per-parameter blocks
+  stay cached); with optimizer offload the fp32 master 4·S3 pageable (`_create_fp32_partitions`:
+  `.to(cpu, fp32)` then `.clone()`, 2 × 4·S3_j for a moment), a pinned fp32 gradient 4·S3_j per
+  sub-group and an unused pageable 4·max S3_j alive through `initialize_optimizer_states`, and the
+  pinned gradient partitions g·S3 (`grad_partitions_flat_buffer`).
+- first step: the optimizer's state K per element of the shard, pageable, made lazily by
+  DeepSpeedCPUAdam (`ops/adam/cpu_adam.py`, `torch.zeros_like`).
+- NVMe offload (not measured): master and moments (and parameters) live on NVMe; the host keeps the
+  swappers' pinned buffers (`buffer_count` × the largest sub-group, fp32, for the optimizer; 5 × 1e8
+  elements of b for parameters: DeepSpeed's defaults, `offload_config.py`).
+"""
+from dataclasses import dataclass
+from math import ceil
+
+from zerocalc.model import ModelSpec
+from zerocalc.partition import partition
+from zerocalc.training import Setup, Stage
+
+FP32 = 4
+# The process before the model is built: torch with CUDA initialized, NCCL/gloo process group, DeepSpeed
+# and transformers imported (measured at the start of each job: data/h200-host-*.csv, start phase).
+BASELINE_BYTES = int(2.0 * 2**30)
+# What the runtime itself adds by the end of the first step: the CPU Adam extension, CUDA kernels loaded
+# on first use, the CUDA caching of pinned events (measured: end-of-first-step RSS minus what the model
+# says the job holds, H200 rows).
+RUNTIME_GROWTH_BYTES = int(0.5 * 2**30)
+NVME_OPTIMIZER_BUFFER_COUNT = 4          # offload_optimizer.buffer_count default
+NVME_PARAM_BUFFER_COUNT = 5              # offload_param.buffer_count default
+NVME_PARAM_BUFFER_ELEMENTS = 100_000_000  # offload_param.buffer_size default
+
+
+def pinned(nbytes: int) -> int:
+    """What PyTorch's caching host allocator takes for a pinned request: the next power of two."""
+    return 0 if nbytes <= 0 else 1 << (int(nbytes) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Event:
+    """The host at one moment of a job: what it holds then, by term."""
+    phase: str                 # build, init, first_step
+    what: str                  # the moment, with its DeepSpeed source
+    terms: tuple[tuple[str, int], ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(v for _, v in self.terms)
+
+
+@dataclass(frozen=True)
+class HostBytes:
+    events: tuple[Event, ...]
+    pinned_bytes: int          # page-locked after initialize (rounded, cached blocks included)
+    steady_bytes: int          # held after the first step
+    nvme_bytes: int            # bytes kept on NVMe (offload device "nvme")
+
+    @property
+    def peak_event(self) -> Event:
+        return max(self.events, key=lambda e: e.bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak_event.bytes
+
+    @property
+    def peak_phase(self) -> str:
+        return self.peak_event.phase
+
+    def node_bytes(self, ranks_per_node: int) -> int:
+        """The node's need: every rank on it at its peak (an upper bound: they peak at about the same
+        moment, each in its own initialize). The ranks share no host buffers in DeepSpeed 0.19.8."""
+        return ranks_per_node * self.peak_bytes
+
+    def as_dict(self) -> dict:
+        return {"peak_bytes": self.peak_bytes, "peak_phase": self.peak_phase, "peak_at": self.peak_event.what,
+                "peak_terms": dict(self.peak_event.terms), "pinned_bytes": self.pinned_bytes,
+                "steady_bytes": self.steady_bytes, "nvme_bytes": self.nvme_bytes}
+
+
+def _sub_groups(numels: list[int], sub_group_size: int) -> list[int]:
+    """Elements of each stage-3 optimizer sub-group (`_create_fp16_sub_groups`): parameters in order,
+    a group closed once it reaches sub_group_size; one group when the whole fits."""
+    if sub_group_size >= sum(numels):
+        return [sum(numels)]
+    out, cur = [], 0
+    for i, n in enumerate(numels):
+        cur += n
+        if cur >= sub_group_size or i == len(numels) - 1:
+            out.append(cur)
+            cur = 0
+    return out
+
+
+def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> HostBytes:
+    """The host bytes per rank at each moment of a job that sets a candidate for the peak."""
+    k_host = (cal or {}).get("host", {})
+    base = int(k_host.get("baseline_bytes", BASELINE_BYTES))
+    growth = int(k_host.get("runtime_growth_bytes", RUNTIME_GROWTH_BYTES))
+    numels = list(model.param_numels)
+    p, b, g, n = model.num_params, setup.param_bytes, setup.grad_accum_bytes, setup.dp
+    k = setup.optimizer.state_bytes_per_param
+    buffers = sum(model.buffer_numels) * FP32
+    part = partition(model.param_numels, setup)
+    opt_cpu = setup.offload_optimizer == "cpu"
+    opt_nvme = setup.offload_optimizer == "nvme"
+    par_cpu = setup.offload_param == "cpu" and setup.stage == Stage.PARAMETERS
+    par_nvme = setup.offload_param == "nvme" and setup.stage == Stage.PARAMETERS
+    zero_init = setup.zero_init and setup.stage == Stage.PARAMETERS
+    events = []
+
+    def at(phase, what, **terms):
+        events.append(Event(phase, what, (("runtime", base),) + tuple((k, v) for k, v in terms.items() if v)))
+
+    # Build: the whole fp32 module, or under zero.Init one module's fp32 parameters at a time while the
+    # partitions made so far stay (pinned on the host with parameter offload).
+    per_param_pinned = sum(pinned(b * ceil(x / n)) for x in numels) if par_cpu else 0
+    if zero_init:
+        at("build", "model built under zero.Init (partition_parameters.py, _partition_param)",
+           param_partitions_pinned=per_param_pinned, module_fp32=FP32 * model.largest_module_numel)
+    else:
+        at("build", "fp32 model built on the CPU", model_fp32=FP32 * p + buffers)
+        if b != FP32:
+            at("init", "engine casts the module to the training dtype on the CPU (_cast_module_mixed_precision)",
+               model_fp32=FP32 * p + buffers, cast_copy=b * max(numels))
+    held = {}          # what initialize leaves on the host, by term
+    if setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) and opt_cpu:
+        s = part.flat_shard
+        at("init", "fp32 master pinned from its pageable copy (weights_partition)",
+           master_pageable=FP32 * s, master_pinned=pinned(FP32 * s))
+        held["master_pinned"] = pinned(FP32 * s)
+        at("init", "16-bit upload buffer pinned (param_buffer_of_bit16_for_cpu_offload_groups)",
+           **held, bit16_pageable=b * s, bit16_pinned=pinned(b * s))
+        held["bit16_pinned"] = pinned(b * s)
+        held["grad_staging_pinned"] = pinned(b * max(numels))    # temp_grad_buffer_for_cpu_offload
+        at("init", "fp32 gradient partition pinned (initialize_optimizer_states)",
+           **held, grads_pageable=FP32 * s, grads_pinned=pinned(FP32 * s))
+        held["grads_pinned"] = pinned(FP32 * s)
+        if setup.stage == Stage.GRADIENTS and setup.gas > 1:
+            # accumulated_grads_in_cpu: one pinned b·nᵢ buffer per parameter of the shard (at N = 1 all)
+            held["accumulate_pinned"] = sum(pinned(b * x) for x in numels[:max(1, len(numels) // n)])
+        moments = k * s
+    elif setup.stage == Stage.PARAMETERS and (opt_cpu or par_cpu or opt_nvme or par_nvme):
+        s3 = part.stage3_shard
+        if par_cpu:
+            held["param_partitions_pinned"] = per_param_pinned       # cached after the copy below
+            held["param_flat_pinned"] = pinned(b * s3)               # param_groups_fp16_flat_cpu_memory
+            at("init", "parameter partitions pinned, then their flat buffer", **held)
+        subs = _sub_groups([ceil(x / n) for x in numels], setup.sub_group_size)
+        if opt_cpu:
+            done = 0
+            for j, sj in enumerate(subs):
+                at("init", f"fp32 master of sub-group {j}: .to(cpu, fp32) and its clone (_create_fp32_partitions)",
+                   **held, master_pageable=FP32 * done + 2 * FP32 * sj)
+                done += sj
+            held["master_pageable"] = FP32 * s3
+            grads = 0
+            for j, sj in enumerate(subs):
+                at("init", f"fp32 gradient of sub-group {j} pinned (initialize_optimizer_states)",
+                   **held, unused_gradient_buffer=FP32 * max(subs), grads_pinned=grads + pinned(FP32 * sj),
+                   grads_pageable=FP32 * sj)
+                grads += pinned(FP32 * sj)
+            held["grads_pinned"] = grads
+        if opt_cpu or opt_nvme:
+            at("init", "gradient partitions pinned (grad_partitions_flat_buffer)",
+               **held, grad_partitions_pageable=g * s3, grad_partitions_pinned=pinned(g * s3))
+            held["grad_partitions_pinned"] = pinned(g * s3)
+        if opt_nvme:
+            held["nvme_swap_buffers_pinned"] = NVME_OPTIMIZER_BUFFER_COUNT * pinned(FP32 * max(subs))
+        if par_nvme:
+            held["nvme_param_buffers_pinned"] = NVME_PARAM_BUFFER_COUNT * pinned(b * NVME_PARAM_BUFFER_ELEMENTS)
+        moments = k * s3 if opt_cpu else 0
+    else:
+        moments = 0
+    pinned_total = sum(v for t, v in held.items() if t.endswith("pinned"))
+    at("first_step", "optimizer state made at the first step (DeepSpeedCPUAdam), runtime grown",
+       **held, optimizer_states=moments, runtime_growth=growth)
+    steady = events[-1].bytes
+    nvme = 0
+    if setup.stage == Stage.PARAMETERS:
+        s3 = part.stage3_shard
+        nvme = ((FP32 + k) * s3 if opt_nvme else 0) + (b * s3 if par_nvme else 0)
+    return HostBytes(tuple(events), pinned_total, steady, nvme)
