@@ -285,6 +285,16 @@ def _dtype_note(ds, dtype_flag) -> str | None:
             + (f", since {other} is enabled" if taken == other else "") + "; --dtype to change")
 
 
+def _host_memory(given, hw):
+    """(host memory per node, where it came from): the user's, else the GPU preset's typical value, said
+    to be an assumption; (None, None) with neither."""
+    if given is not None:
+        return given, None
+    if hw is not None and hw.host_memory_bytes is not None:
+        return hw.host_memory_bytes, f"assumed: a typical {hw.name} 8-GPU host's; give yours with --host-memory"
+    return None, None
+
+
 @main.command("estimate")
 @model_options
 @click.option("--dp", type=_int("dp"), help="Data-parallel ranks N (default: nodes × GPUs per node).")
@@ -318,6 +328,9 @@ def _dtype_note(ds, dtype_flag) -> str | None:
 @click.option("--gpu-memory", type=SIZE,
               help="Per-GPU memory for the fits column: 80GiB (an 80 GB card), 40e9 [default: --gpu's; "
                    "without either, the smallest usual GPU each stage fits on].")
+@click.option("--host-memory", type=SIZE,
+              help="Host (CPU) memory per node for the fits column: 125GiB, 2TiB; the ranks on a node are "
+                   "N / --nodes [default: --gpu's typical 8-GPU host, printed as an assumption].")
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)),
               help="Hardware for step time (and --gpu-memory's default): adds time to each estimate.")
 @click.option("--peak-tflops", type=_float("peak_tflops"), help="Override the GPU's peak TFLOP/s.")
@@ -328,7 +341,8 @@ def _dtype_note(ds, dtype_flag) -> str | None:
 @host_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                 ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, gpu_name, peak_tflops, intra_node_gbps,
+                 ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, host_memory, gpu_name, peak_tflops,
+                 intra_node_gbps,
                  inter_node_gbps, calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us, ds_config, fmt,
                  **opts):
     """Per-rank bytes and communication per step for ZeRO stages 0–3.
@@ -399,10 +413,13 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
         gpu_memory = gpu_memory or hw.memory_bytes
     elif any(x is not None for x in (peak_tflops, intra_node_gbps, inter_node_gbps)):
         raise click.UsageError("--peak-tflops and the bandwidth flags need --gpu")
-    estimates = [estimate(spec, s, gpu_memory, cal, hw) for s in setups]
+    host_memory, host_note = _host_memory(host_memory, hw)
+    ranks_per_node = -(-setups[0].dp // opts["nodes"])
+    estimates = [estimate(spec, s, gpu_memory, cal, hw, host_memory_bytes=host_memory, ranks_per_node=ranks_per_node)
+                 for s in setups]
     for note in resolve.notes(spec, [s.stage for s in setups]):
         click.echo(f"note: {note}", err=True)
-    click.echo(render.render(estimates, fmt))
+    click.echo(render.render(estimates, fmt, host_note))
     if fmt == "table":   # below the table (JSON carries zero_init and dtype in its inputs)
         for note in (_dtype_note(ds, opts.get("dtype")), _zero_init_note(setups, ds, opts.get("zero_init"))):
             if note:
@@ -414,6 +431,9 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 @model_options
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)), required=True)
 @click.option("--gpu-memory", type=SIZE, help="Per-GPU memory [default: the GPU preset's].")
+@click.option("--host-memory", type=SIZE,
+              help="Host (CPU) memory per node: candidates that overflow it are rejected [default: the GPU "
+                   "preset's typical 8-GPU host, printed as an assumption].")
 @click.option("--max-gpus", type=_int("max_gpus"), default=8, show_default=True, help="The GPU budget.")
 @click.option("--seq-len", type=_int("seq_len"), required=True)
 @click.option("--global-batch", type=_int("global_batch"), required=True, help="Sequences per optimizer step.")
@@ -431,7 +451,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 @host_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-             ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, max_gpus, seq_len, global_batch, dtype, fewest,
+             ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, host_memory, max_gpus, seq_len, global_batch, dtype, fewest,
              price_per_gpu_hour, top, explain, expandable_segments, zero_init, calibration_name, cpu_adam_rate,
              host_link_gbps, host_launch_us, fmt):
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
@@ -465,7 +485,8 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     memory = gpu_memory or hw.memory_bytes
     base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments,
                  zero_init=zero_init)
-    cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal)
+    host_memory, host_note = _host_memory(host_memory, hw)
+    cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal, host_memory)
     dropped = []
     if fewest:
         best = plan.fewest_gpus(cands)
@@ -473,7 +494,7 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     else:
         ranked, dropped = plan.top(plan.rank(cands, price_per_gpu_hour), top)
     click.echo(render.plan(spec, hw, memory, ranked, cands + dropped if explain else None, price_per_gpu_hour, fmt,
-                           note, fewest))
+                           note, fewest, host_memory, host_note))
     if fmt == "table":
         click.echo(init_note)
     if not ranked:

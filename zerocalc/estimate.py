@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from functools import cached_property
 
-from zerocalc import activations, calibration, comm, peak, reference, states, timing
+from zerocalc import activations, calibration, comm, host, peak, reference, states, timing
 from zerocalc.hardware import Hardware
 from zerocalc.model import ModelSpec
 from zerocalc.training import Setup, validate_setup
@@ -27,6 +27,8 @@ class Estimate:
     calibration: dict | None = None
     hardware: "Hardware | None" = None
     simulate: bool = True             # replay the allocation sequence for reserved where one is generated
+    host_memory_bytes: int | None = None   # the host's memory per node, for the host side of `fits`
+    ranks_per_node: int | None = None      # ranks sharing one host (None: all N on one)
 
     @property
     def peak(self) -> peak.Phase:
@@ -124,13 +126,45 @@ class Estimate:
         return self.peak_reserved_worst_bytes + self.cal.get("device", {}).get("context_bytes", 0)
 
     @property
-    def fits(self) -> bool | None:
+    def fits_device(self) -> bool | None:
         return None if self.gpu_memory_bytes is None else self.device_bytes <= self.gpu_memory_bytes
+
+    @cached_property
+    def host(self) -> host.HostBytes:
+        """The host bytes per rank over the job's life (`zerocalc.host`)."""
+        return host.host_memory(self.model, self.setup, self.calibration)
+
+    @property
+    def host_ranks(self) -> int:
+        return self.ranks_per_node or self.setup.dp
+
+    @property
+    def host_node_bytes(self) -> int:
+        """The host's need per node: its ranks at their peak."""
+        return self.host.node_bytes(self.host_ranks)
+
+    @property
+    def fits_host(self) -> bool | None:
+        return None if self.host_memory_bytes is None else self.host_node_bytes <= self.host_memory_bytes
+
+    @property
+    def fits(self) -> bool | None:
+        """Fits the GPU and, where the host's memory is given, the host; None where the GPU's is not given."""
+        if self.fits_device is None:
+            return None if self.fits_host is None else self.fits_host
+        return self.fits_device and self.fits_host is not False
+
+    @property
+    def fails_on(self) -> list[str]:
+        """Which side does not fit: "GPU", "host", both or none."""
+        return [side for side, ok in (("GPU", self.fits_device), ("host", self.fits_host)) if ok is False]
 
     @property
     def fits_worst_case(self) -> bool | None:
         """Fits even at the worst allocator overhead measured; `fits` and not this means tight."""
-        return None if self.gpu_memory_bytes is None else self.device_worst_bytes <= self.gpu_memory_bytes
+        if self.gpu_memory_bytes is None:
+            return None
+        return self.device_worst_bytes <= self.gpu_memory_bytes and self.fits_host is not False
 
     @property
     def fits_on(self) -> str | None:
@@ -184,6 +218,8 @@ class Estimate:
                                  "total_bytes": ph.total_bytes, "why": ph.why}
                        for ph in self.phases},
             "cpu_bytes": self.states.cpu_bytes,
+            "host": {**self.host.as_dict(), "ranks_per_node": self.host_ranks, "node_bytes": self.host_node_bytes,
+                     "host_memory_bytes": self.host_memory_bytes, "fits": self.fits_host},
             "comm": {
                 "bytes_per_rank_per_step": self.comm_bytes,
                 "wire_bytes_per_rank_per_step": self.comm_wire_bytes,
@@ -196,6 +232,9 @@ class Estimate:
                 "comm_volume_over_params": reference.paper_comm_volume_over_params(s),
             },
             "fits": self.fits,
+            "fits_device": self.fits_device,
+            "fits_host": self.fits_host,
+            "fails_on": self.fails_on,
             "fits_worst_case": self.fits_worst_case,
             "fits_on_gpu_memory_bytes": COMMON_GPU_MEMORY.get(self.fits_on),
             "fits_on_worst_case_gpu_memory_bytes": COMMON_GPU_MEMORY.get(self.fits_on_worst_case),
@@ -204,8 +243,9 @@ class Estimate:
 
 
 def estimate(model: ModelSpec, setup: Setup, gpu_memory_bytes: int | None = None,
-             cal: dict | None = None, hardware: Hardware | None = None, simulate: bool = True) -> Estimate:
+             cal: dict | None = None, hardware: Hardware | None = None, simulate: bool = True,
+             host_memory_bytes: int | None = None, ranks_per_node: int | None = None) -> Estimate:
     validate_setup(setup)
     st = states.model_states(model, setup)
     return Estimate(model, setup, st, peak.phases(model, setup, st, cal), comm.collectives(model, setup),
-                    gpu_memory_bytes, cal, hardware, simulate)
+                    gpu_memory_bytes, cal, hardware, simulate, host_memory_bytes, ranks_per_node)

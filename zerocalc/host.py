@@ -16,10 +16,12 @@ Two rules of the host side that the device side does not have:
 
 Sources, by term (paths relative to DeepSpeed's package; checked against the H200 rows in
 `data/h200-host-*.csv`, docs/host-memory.md):
-- runtime: the process before the model is built (Python, torch, CUDA, NCCL, DeepSpeed, transformers)
-  and what it grows by through initialize and the first step (CPU Adam's extension, CUDA kernels
-  loaded on first use): measured constants, `BASELINE_BYTES` and `RUNTIME_GROWTH_BYTES`.
-- model build: the fp32 module on the CPU, 4P + module buffers (validator and `from_config`); under
+- runtime: the process before the model is built (Python, torch with CUDA initialized, the process
+  group, DeepSpeed), transformers' import for Hugging Face models, and what the process grows by
+  through initialize and the first step (CPU Adam's extension, CUDA kernels and libraries loaded on
+  first use): measured constants, `BASELINE_BYTES`, `TRANSFORMERS_BYTES`, `RUNTIME_GROWTH_BYTES`.
+- model build: the fp32 module on the CPU, 4P + module buffers (validator and `from_config`); a tied
+  head is made before it is tied (4·vocab·hidden for a moment); under
   `deepspeed.zero.Init` (stage 3) each parameter is partitioned as it is made, so only its partition
   stays on the host (pinned, with parameter offload) and one module's fp32 parameters pass through.
 - initialize: `engine._configure_distributed_model` casts the module to b on the CPU (one tensor at a
@@ -37,7 +39,10 @@ Sources, by term (paths relative to DeepSpeed's package; checked against the H20
   sub-group and an unused pageable 4·max S3_j alive through `initialize_optimizer_states`, and the
   pinned gradient partitions g·S3 (`grad_partitions_flat_buffer`).
 - first step: the optimizer's state K per element of the shard, pageable, made lazily by
-  DeepSpeedCPUAdam (`ops/adam/cpu_adam.py`, `torch.zeros_like`).
+  DeepSpeedCPUAdam (`ops/adam/cpu_adam.py`, `torch.zeros_like`); at stage 3 with the 16-bit partitions
+  on the GPU, the updated fp32 master is copied into them (`_reassign_or_swap_out_partitioned_parameters`)
+  and a blocking host-to-device copy that changes dtype converts on the CPU first (PyTorch's
+  `copy_kernel_cuda`): b·S3_j for a moment.
 - NVMe offload (not measured): master and moments (and parameters) live on NVMe; the host keeps the
   swappers' pinned buffers (`buffer_count` × the largest sub-group, fp32, for the optimizer; 5 × 1e8
   elements of b for parameters: DeepSpeed's defaults, `offload_config.py`).
@@ -50,13 +55,19 @@ from zerocalc.partition import partition
 from zerocalc.training import Setup, Stage
 
 FP32 = 4
-# The process before the model is built: torch with CUDA initialized, NCCL/gloo process group, DeepSpeed
-# and transformers imported (measured at the start of each job: data/h200-host-*.csv, start phase).
-BASELINE_BYTES = int(2.0 * 2**30)
-# What the runtime itself adds by the end of the first step: the CPU Adam extension, CUDA kernels loaded
-# on first use, the CUDA caching of pinned events (measured: end-of-first-step RSS minus what the model
-# says the job holds, H200 rows).
-RUNTIME_GROWTH_BYTES = int(0.5 * 2**30)
+MiB = 2**20
+# The process before the model is built: Python, torch with CUDA initialized, the NCCL process group and
+# DeepSpeed imported. Measured at the start of each job on H200 (torch 2.11 cu130): 0.62 GiB in all 24
+# rows of data/h200-host-{a,b,c,d}.csv (`measured_host_baseline_bytes`; 633-634 MiB).
+BASELINE_BYTES = 634 * MiB
+# transformers' import, paid when a Hugging Face model is built: the build phase's peak minus the fp32
+# model and the baseline, 0.30 GiB on every Llama row (the GPT-2 rows add their untied head, below).
+TRANSFORMERS_BYTES = 310 * MiB
+# What the process grows by through initialize and the first step beyond the terms below (the CPU Adam
+# extension, CUDA kernels and libraries loaded on first use, DeepSpeed's own structures): the resident
+# set after the first step minus the baseline, transformers and the modelled buffers, median of the
+# 24 H200 rows (0.95-1.50 GiB; fitted on them, not predicted).
+RUNTIME_GROWTH_BYTES = 1111 * MiB
 NVME_OPTIMIZER_BUFFER_COUNT = 4          # offload_optimizer.buffer_count default
 NVME_PARAM_BUFFER_COUNT = 5              # offload_param.buffer_count default
 NVME_PARAM_BUFFER_ELEMENTS = 100_000_000  # offload_param.buffer_size default
@@ -128,6 +139,11 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
     k_host = (cal or {}).get("host", {})
     base = int(k_host.get("baseline_bytes", BASELINE_BYTES))
     growth = int(k_host.get("runtime_growth_bytes", RUNTIME_GROWTH_BYTES))
+    a = model.architecture
+    hf = a is not None and a.family.startswith("hf-")
+    if hf:
+        base += int(k_host.get("transformers_bytes", TRANSFORMERS_BYTES))
+    untied_head = FP32 * a.vocab_size * a.hidden_size if a is not None and a.tie_embeddings else 0
     numels = list(model.param_numels)
     p, b, g, n = model.num_params, setup.param_bytes, setup.grad_accum_bytes, setup.dp
     k = setup.optimizer.state_bytes_per_param
@@ -141,7 +157,8 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
     events = []
 
     def at(phase, what, **terms):
-        events.append(Event(phase, what, (("runtime", base),) + tuple((k, v) for k, v in terms.items() if v)))
+        runtime = (("runtime", base),) + ((("runtime_growth", growth),) if phase != "build" else ())
+        events.append(Event(phase, what, runtime + tuple((k, v) for k, v in terms.items() if v)))
 
     # Build: the whole fp32 module, or under zero.Init one module's fp32 parameters at a time while the
     # partitions made so far stay (pinned on the host with parameter offload).
@@ -150,7 +167,8 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
         at("build", "model built under zero.Init (partition_parameters.py, _partition_param)",
            param_partitions_pinned=per_param_pinned, module_fp32=FP32 * model.largest_module_numel)
     else:
-        at("build", "fp32 model built on the CPU", model_fp32=FP32 * p + buffers)
+        at("build", "fp32 model built on the CPU (a tied head made before it is tied)",
+           model_fp32=FP32 * p + buffers, untied_head=untied_head)
         if b != FP32:
             at("init", "engine casts the module to the training dtype on the CPU (_cast_module_mixed_precision)",
                model_fp32=FP32 * p + buffers, cast_copy=b * max(numels))
@@ -201,11 +219,14 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
         if par_nvme:
             held["nvme_param_buffers_pinned"] = NVME_PARAM_BUFFER_COUNT * pinned(b * NVME_PARAM_BUFFER_ELEMENTS)
         moments = k * s3 if opt_cpu else 0
+        if opt_cpu and not par_cpu and b != FP32:
+            at("first_step", "fp32 master copied into the 16-bit partitions on the GPU, converted on the CPU "
+               "first (_reassign_or_swap_out_partitioned_parameters)", **held, optimizer_states=moments,
+               dtype_conversion=b * max(subs))
     else:
         moments = 0
     pinned_total = sum(v for t, v in held.items() if t.endswith("pinned"))
-    at("first_step", "optimizer state made at the first step (DeepSpeedCPUAdam), runtime grown",
-       **held, optimizer_states=moments, runtime_growth=growth)
+    at("first_step", "optimizer state made at the first step (DeepSpeedCPUAdam)", **held, optimizer_states=moments)
     steady = events[-1].bytes
     nvme = 0
     if setup.stage == Stage.PARAMETERS:

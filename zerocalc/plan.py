@@ -1,5 +1,5 @@
 """`zerocalc plan`: every stage × offload × GPU count × micro-batch × accumulation × checkpointing that
-fits the GPU, ranked by predicted throughput (or cost). Built on `estimate` (memory, communication)
+fits the GPU and the host's memory, ranked by predicted throughput (or cost). Built on `estimate` (memory, communication)
 and `timing` (step time); nothing new is modelled here. Candidates are judged with the calibrated
 reserved/allocated ratio (hundreds of allocator simulations would take seconds); those shown (`top`,
 and the one `--min-gpus` picks) are judged again as `estimate` judges them, its allocator simulation
@@ -39,8 +39,23 @@ def gpu_counts(min_gpus: int, max_gpus: int, gpus_per_node: int) -> list[int]:
     return counts
 
 
+def rejection(e: Estimate, how: str = "") -> str | None:
+    """Why an estimate cannot run, naming each side that does not fit; None if it fits."""
+    reasons = []
+    if e.fits_device is False:
+        reasons.append(f"needs {e.device_bytes / 2**30:.1f} GiB per GPU ({e.peak.name} peak{how}), has "
+                       f"{e.gpu_memory_bytes / 2**30:.1f}")
+    if e.fits_host is False:
+        reasons.append(f"needs {e.host_node_bytes / 2**30:.1f} GiB of host memory per node ({e.host_ranks} ranks × "
+                       f"{e.host.peak_bytes / 2**30:.1f} GiB, {e.host.peak_phase} peak), has "
+                       f"{e.host_memory_bytes / 2**30:.1f}")
+    return "; ".join(reasons) or None
+
+
 def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int, gpu_memory_bytes: int,
-               min_gpus: int = 1, max_gpus: int = 8, cal: dict | None = None) -> list[Candidate]:
+               min_gpus: int = 1, max_gpus: int = 8, cal: dict | None = None,
+               host_memory_bytes: int | None = None) -> list[Candidate]:
+    """host_memory_bytes: the host's memory per node; a node holds min(N, GPUs per node) ranks."""
     out = []
     for n in gpu_counts(min_gpus, max_gpus, hw.gpus_per_node):
         for stage in Stage:
@@ -58,11 +73,9 @@ def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int, g
                             out.append(Candidate(setup, None, f"global batch {global_batch} is not a multiple of "
                                                               f"micro-batch {micro} × {n} GPUs"))
                             continue
-                        e = estimate(model, setup, gpu_memory_bytes, cal, hw, simulate=False)
-                        reason = None if e.fits else \
-                            f"needs {e.device_bytes / 2**30:.1f} GiB per GPU ({e.peak.name} peak), has " \
-                            f"{gpu_memory_bytes / 2**30:.1f}"
-                        out.append(Candidate(setup, e, reason))
+                        e = estimate(model, setup, gpu_memory_bytes, cal, hw, simulate=False, host_memory_bytes=
+                                     host_memory_bytes, ranks_per_node=min(n, hw.gpus_per_node))
+                        out.append(Candidate(setup, e, rejection(e)))
     return out
 
 
@@ -77,10 +90,9 @@ def judged(c: Candidate) -> Candidate:
     """The candidate as `estimate` judges it: the allocator simulation where it applies (which may
     reject what the ratio let through, or find room the ratio did not), fits and tight as it prints them."""
     e = c.estimate
-    full = estimate(e.model, c.setup, e.gpu_memory_bytes, e.calibration, e.hardware)
-    return Candidate(c.setup, full, None if full.fits else
-                     f"needs {full.device_bytes / 2**30:.1f} GiB per GPU ({full.peak.name} peak, allocator "
-                     f"simulated), has {e.gpu_memory_bytes / 2**30:.1f}")
+    full = estimate(e.model, c.setup, e.gpu_memory_bytes, e.calibration, e.hardware,
+                    host_memory_bytes=e.host_memory_bytes, ranks_per_node=e.ranks_per_node)
+    return Candidate(c.setup, full, rejection(full, ", allocator simulated"))
 
 
 def top(ranked: list[Candidate], n: int) -> tuple[list[Candidate], list[Candidate]]:

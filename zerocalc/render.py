@@ -11,7 +11,7 @@ from zerocalc.timing import StepTime, accuracy_regime
 from zerocalc.units import gb, gib
 
 COLUMNS = ("stage", "offload", "params", "grads", "optim", "buffers", "activ", "peak", "peak phase", "reserved",
-           "paper", "comm GB", "×P", "fits")
+           "paper", "comm GB", "×P", "host/rank", "host/node", "fits")
 
 
 def _inputs(e) -> dict:
@@ -35,8 +35,11 @@ def shape_note(m) -> str | None:
             f"{a.hidden_size} hidden, FFN {a.ffn_hidden_size}, vocabulary {a.vocab_size}")
 
 
-def as_json(estimates) -> str:
-    doc = {"zerocalc_version": __version__, "inputs": _inputs(estimates[0]),
+def as_json(estimates, host_note: str | None = None) -> str:
+    inputs = _inputs(estimates[0])
+    inputs.update(host_memory_bytes=estimates[0].host_memory_bytes, host_memory_source=host_note,
+                  ranks_per_node=estimates[0].host_ranks)
+    doc = {"zerocalc_version": __version__, "inputs": inputs,
            "estimates": [e.as_dict() for e in estimates]}
     return json.dumps(doc, indent=2)
 
@@ -52,7 +55,8 @@ def duration(seconds: float) -> str:
 
 def _fits(e) -> str:
     """estimate's fits rule: NO, yes, or tight (fits at the predicted reserved, not at its worst measured miss)."""
-    return "" if e.fits is None else "NO" if not e.fits else "yes" if e.fits_worst_case else "tight"
+    return "" if e.fits is None else f"NO ({', '.join(e.fails_on)})" if not e.fits else \
+        "yes" if e.fits_worst_case else "tight"
 
 
 def _fits_on(e) -> str:
@@ -70,15 +74,18 @@ def _row(e) -> list[str]:
     pr = d["per_rank_bytes"]
     offload = "/".join(x for x in (e.setup.offload_optimizer, e.setup.offload_param) if x != "none") or "-"
     fits = _fits_on(e) if e.gpu_memory_bytes is None else _fits(e)
+    if e.gpu_memory_bytes is None and e.fits_host is False:
+        fits += " (host: NO)"
     act = "" if pr["activations"] is None else f"{gib(pr['activations']):.2f}"
     return [str(d["stage"]), offload, f"{gib(pr['params']):.2f}", f"{gib(pr['gradients']):.2f}",
             f"{gib(pr['optimizer_states']):.2f}", f"{gib(pr['buffers']):.2f}", act,
             f"{gib(d['peak_bytes']):.2f}", d["peak_phase"], f"{gib(d['peak_reserved_bytes']):.2f}",
             f"{gib(d['paper']['model_states_bytes']):.2f}",
-            f"{gb(d['comm']['bytes_per_rank_per_step']):.2f}", f"{d['comm']['volume_over_params']:.2f}", fits]
+            f"{gb(d['comm']['bytes_per_rank_per_step']):.2f}", f"{d['comm']['volume_over_params']:.2f}",
+            f"{gib(d['host']['peak_bytes']):.1f}", f"{gib(d['host']['node_bytes']):.1f}", fits]
 
 
-def as_table(estimates) -> str:
+def as_table(estimates, host_note: str | None = None) -> str:
     e0 = estimates[0]
     s, m = e0.setup, e0.model
     head = (f"{m.name}: P = {m.num_params:,} ({m.num_params / 1e9:.3g}B), N = {s.dp}, {s.dtype}, "
@@ -104,7 +111,13 @@ def as_table(estimates) -> str:
                if e0.gpu_memory_bytes is not None else
                "the reserved prediction's worst measured miss, which can OOM; then the one that holds that too);"),
               *([] if e0.gpu_memory_bytes is not None else ["paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]),
-              "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes)."]
+              "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes);",
+              "host/rank = the process's peak resident host memory (runtime, the model built on the CPU, DeepSpeed's",
+              f"pinned and pageable buffers; docs/host-memory.md); host/node = host/rank × {e0.host_ranks} ranks per node;",
+              "fits also needs host/node <= --host-memory where given, and NO names the side that does not fit."]
+    if e0.host_memory_bytes is not None:
+        lines.append(f"Host memory: {gib(e0.host_memory_bytes):.0f} GiB per node"
+                     + (f" ({host_note})" if host_note else "") + ".")
     sources = {e.reserved_source for e in estimates}
     lines.append("reserved: " + ("the job's allocation sequence through PyTorch's caching allocator, simulated"
                                  if sources == {"simulated"} else "allocated × the reserved/allocated ratio measured "
@@ -158,7 +171,8 @@ def as_csv(estimates) -> str:
                 "optimizer_states_bytes", "buffers_bytes", "activations_bytes", "total_bytes", "peak_bytes",
                 "peak_phase", "peak_reserved_bytes", "paper_model_states_bytes", "comm_bytes_per_step",
                 "comm_volume_over_params", "fits", "fits_worst_case", "fits_on_gpu_memory_bytes",
-                "fits_on_worst_case_gpu_memory_bytes", *TIME_COLUMNS])
+                "fits_on_worst_case_gpu_memory_bytes", *TIME_COLUMNS, "host_peak_bytes_per_rank",
+                "host_bytes_per_node", "fits_host"])
     blank = lambda v: "" if v is None else v  # noqa: E731
     for e in estimates:
         d = e.as_dict()
@@ -170,19 +184,27 @@ def as_csv(estimates) -> str:
                     int(d["paper"]["model_states_bytes"]),
                     d["comm"]["bytes_per_rank_per_step"], round(d["comm"]["volume_over_params"], 6),
                     blank(d["fits"]), blank(d["fits_worst_case"]), blank(d["fits_on_gpu_memory_bytes"]),
-                    blank(d["fits_on_worst_case_gpu_memory_bytes"]), *(blank(time.get(k)) for k in TIME_COLUMNS)])
+                    blank(d["fits_on_worst_case_gpu_memory_bytes"]), *(blank(time.get(k)) for k in TIME_COLUMNS),
+                    d["host"]["peak_bytes"], d["host"]["node_bytes"], blank(d["fits_host"])])
     return buf.getvalue().rstrip("\n")
 
 
-def render(estimates, fmt: str) -> str:
-    return {"table": as_table, "json": as_json, "csv": as_csv}[fmt](estimates)
+def render(estimates, fmt: str, host_note: str | None = None) -> str:
+    """host_note: where the host's memory came from when the user did not give it (a preset's
+    assumption); the table prints it, JSON carries it in inputs."""
+    if fmt == "table":
+        return as_table(estimates, host_note)
+    if fmt == "json":
+        return as_json(estimates, host_note)
+    return as_csv(estimates)
 
 
 def _plan_row(c, price):
     s, t = c.setup, c.estimate.time
     offload = "/".join(x for x in (s.offload_optimizer, s.offload_param) if x != "none") or "-"
     row = [str(s.dp), str(int(s.stage)), offload, str(s.micro_batch), str(s.gas), "yes" if s.activation_checkpointing
-           else "no", f"{gib(c.estimate.device_bytes):.1f}", _fits(c.estimate), duration(t.step_s),
+           else "no", f"{gib(c.estimate.device_bytes):.1f}", f"{gib(c.estimate.host_node_bytes):.0f}",
+           _fits(c.estimate), duration(t.step_s),
            f"{t.tokens_per_s:,.0f}", f"{t.mfu:.1%}", f"{t.wire_share:.0%}",
            f"{t.gather_calls_share:.0%}" if s.stage == 3 else "-"]
     if price:
@@ -190,25 +212,29 @@ def _plan_row(c, price):
     return row
 
 
-def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest=False) -> str:
+def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest=False, host_memory_bytes=None,
+         host_note=None) -> str:
     if fmt == "json":
         def one(c):
             d = {k: v for k, v in c.setup.__dict__.items() if k not in ("optimizer", "extra")}
             d["stage"] = int(c.setup.stage)
             d["device_bytes"] = c.estimate.device_bytes if c.estimate else None
             d["peak_bytes"] = c.estimate.peak_bytes if c.estimate else None
+            d["host_bytes_per_rank"] = c.estimate.host.peak_bytes if c.estimate else None
+            d["host_bytes_per_node"] = c.estimate.host_node_bytes if c.estimate else None
             d["fits"] = c.estimate.fits if c.estimate else None
             d["fits_worst_case"] = c.estimate.fits_worst_case if c.estimate else None
             d["time"] = c.estimate.time.as_dict() if c.estimate and c.estimate.time else None
             d["rejected"] = c.rejected
             return d
         doc = {"zerocalc_version": __version__, "model": spec.name, "num_params": spec.num_params, "gpu": hw.name,
-               "gpu_memory_bytes": memory_bytes, "note": note, "ranked": [one(c) for c in ranked]}
+               "gpu_memory_bytes": memory_bytes, "host_memory_bytes": host_memory_bytes,
+               "host_memory_source": host_note, "note": note, "ranked": [one(c) for c in ranked]}
         if rejected is not None:
             doc["rejected"] = [one(c) for c in rejected if c.rejected]
         return json.dumps(doc, indent=2)
-    head = ["GPUs", "stage", "offload", "micro", "GAS", "ckpt", "GiB/GPU", "fits", "step", "tokens/s", "MFU", "wire",
-            "calls"]
+    head = ["GPUs", "stage", "offload", "micro", "GAS", "ckpt", "GiB/GPU", "host GiB/node", "fits", "step", "tokens/s",
+            "MFU", "wire", "calls"]
     if price:
         head.append("$/Mtok")
     rows = [head] + [_plan_row(c, price) for c in ranked]
@@ -217,6 +243,8 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
              f"{'fewest GPUs' if fewest else 'ranked by ' + ('cost' if price else 'throughput')}", ""]
     if note:
         lines.insert(1, note)
+    if host_memory_bytes is not None:
+        lines.insert(1, f"host memory: {gib(host_memory_bytes):.0f} GiB per node" + (f" ({host_note})" if host_note else ""))
     if not ranked:
         lines.append("Nothing fits: raise --max-gpus, shorten --seq-len, or see --explain.")
     for i, r in enumerate(rows if ranked else []):
@@ -228,7 +256,8 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
               "(candidates are screened with a calibrated reserved ratio; a row the allocator simulation rejects is",
               "dropped: --explain lists it);",
               "step = one optimizer step; wire = share of the step waiting on bytes crossing the link; calls = stage 3's",
-              "share spent per all-gather call (its hook issuing it and waiting), not wire time."]
+              "share spent per all-gather call (its hook issuing it and waiting), not wire time;",
+              "host GiB/node = each rank's peak resident host memory × the ranks on a node (docs/host-memory.md)."]
     acc = ranked[0].estimate.cal["time"].get("accuracy") if ranked else None
     if acc:
         lines.append(f"Step time calibrated on H200 runs: {acc['within_15pct']} of {acc['rows']} measured steps within "

@@ -42,17 +42,21 @@ class StateBytes:
         return self.total_bytes - self.cpu_bytes
 
 
-def _module_buffers_bytes(model: ModelSpec) -> int:
+def _module_buffers_bytes(model: ModelSpec, setup: Setup) -> int:
     # Llama's rotary `inv_freq` buffers stay fp32 under bf16 training (measured on 2-rank CPU jobs;
-    # the engine's `_cast_module_mixed_precision` leaves them as they are).
-    return sum(model.buffer_numels) * 4
+    # the engine's `_cast_module_mixed_precision` leaves them as they are), except when the model is
+    # built under zero.Init at stage 3: its tensor constructors make floating-point tensors in the
+    # training dtype (`zero_wrapper_for_fp_tensor_constructor`, `partition_parameters.py`; measured on
+    # H200: a 254M Llama's two 32-element buffers held 128 bytes, not 256, data/h200-host-d.csv).
+    zero_init = setup.zero_init and setup.stage == Stage.PARAMETERS
+    return sum(model.buffer_numels) * (setup.param_bytes if zero_init else 4)
 
 
 def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
     numels = model.param_numels
     part = partition(numels, setup)
     p, b, k = part.num_params, setup.param_bytes, setup.optimizer.state_bytes_per_param
-    buffers = _module_buffers_bytes(model)
+    buffers = _module_buffers_bytes(model, setup)
     if setup.stage == Stage.DISABLED:
         # fp32: the bare optimizer steps the module's own parameters, no master copy.
         # fp16/bf16: FP16_Optimizer keeps a flat fp32 master of all P (`fp32_groups_flat`).
