@@ -192,6 +192,20 @@ def crossval_cmd(csv_paths):
     click.echo(cross_validation_report(timed, sections))
 
 
+@main.command("host")
+@click.argument("csv_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+def host_cmd(csv_paths):
+    """Host memory per rank: each row's measured peak resident set (VmHWM) beside zerocalc.host's
+    prediction now and the one written in the row at its run, and pinned bytes, as a markdown table
+    (docs/host-memory.md)."""
+    from validate.host_report import host_rows, markdown_table
+    rows = host_rows(list(csv_paths))
+    if not rows:
+        raise click.BadParameter("no row with host measurements (measured_host_peak_bytes); give "
+                                 "data/h200-host-*.csv", param_hint="CSV_PATHS")
+    click.echo(markdown_table(rows))
+
+
 @main.command("snapshot")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--top", type=int, default=15, show_default=True, help="Groups of tensors to list per file.")

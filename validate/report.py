@@ -36,13 +36,21 @@ def expandable_rows(df: pd.DataFrame) -> pd.Series:
 
 def timed_whole_steps(df: pd.DataFrame) -> pd.Series:
     """Rows whose step time is what training sees: whole optimizer steps timed without phase
-    synchronizes, every one kept (`measured_step_times_s`; data/README.md). Earlier rows timed
-    phase-synchronized steps, often beside another job on the same host: their step times are kept
-    but neither fitted nor judged."""
+    synchronizes, every one kept (`measured_step_times_s`; data/README.md), alone on their GPU (not
+    `concurrent`). Earlier rows timed phase-synchronized steps, often beside another job on the same
+    host: their step times are kept but neither fitted nor judged."""
     if "measured_step_times_s" not in df:
         return pd.Series(False, index=df.index)
     text = df["measured_step_times_s"].fillna("").astype(str)
-    return text.str.startswith("[") & (text != "[]")
+    return text.str.startswith("[") & (text != "[]") & ~concurrent(df)
+
+
+def concurrent(df: pd.DataFrame) -> pd.Series:
+    """Rows measured beside other jobs on the same GPU and host (`protocol` "concurrent", written from
+    VALIDATE_PROTOCOL: the host-memory rows): their step times are not the job's own."""
+    if "protocol" not in df:
+        return pd.Series(False, index=df.index)
+    return df["protocol"].fillna("").astype(str) == "concurrent"
 
 
 def step_range(df: pd.DataFrame) -> pd.DataFrame:

@@ -1,5 +1,6 @@
 """Tidy rows: one per configuration, the busiest rank's measurement beside zerocalc's prediction."""
 import json
+import os
 
 import zerocalc
 from zerocalc.estimate import estimate
@@ -33,7 +34,7 @@ MEASURED_COLUMNS = ("outcome", "error", "measured_state_bytes", "measured_state_
                     "measured_device_overhead_bytes") + HOST_COLUMNS + tuple(
     f"measured_{ph}_{what}_bytes" for ph in PHASES + tuple("first_" + p for p in PHASES[1:])
     for what in ("peak", "end", "reserved"))
-ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "cpus", "command",
+ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", "host", "cpus", "command", "protocol",
                "measured_comm_detail", "measured_state_detail")
 COLUMNS = CONFIG_COLUMNS + PREDICTED_COLUMNS + MEASURED_COLUMNS + ENV_COLUMNS
 
@@ -160,7 +161,9 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
     env = result.get("env", {})
     row.update({"gpu": env.get("gpu", "cpu"), "driver": env.get("driver", ""), "cuda": env.get("cuda", ""),
                 "torch": env.get("torch"), "deepspeed": env.get("deepspeed"), "python": env.get("python"),
-                "date": env.get("date"), "host": env.get("host"), "cpus": env.get("cpus", ""), "command": command})
+                "date": env.get("date"), "host": env.get("host"), "cpus": env.get("cpus", ""), "command": command,
+                # VALIDATE_PROTOCOL=concurrent: jobs run beside others on one GPU (step times not theirs)
+                "protocol": os.environ.get("VALIDATE_PROTOCOL", "")})
     ok = [r for r in ranks if r["outcome"] == "ok"]
     if not ok:
         return row
