@@ -233,7 +233,7 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
         if rejected is not None:
             doc["rejected"] = [one(c) for c in rejected if c.rejected]
         return json.dumps(doc, indent=2)
-    head = ["GPUs", "stage", "offload", "micro", "GAS", "ckpt", "GiB/GPU", "host GiB/node", "fits", "step", "tokens/s",
+    head = ["GPUs", "stage", "offload", "micro", "GAS", "ckpt", "GiB/GPU", "host/node", "fits", "step", "tokens/s",
             "MFU", "wire", "calls"]
     if price:
         head.append("$/Mtok")
@@ -243,8 +243,6 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
              f"{'fewest GPUs' if fewest else 'ranked by ' + ('cost' if price else 'throughput')}", ""]
     if note:
         lines.insert(1, note)
-    if host_memory_bytes is not None:
-        lines.insert(1, f"host memory: {gib(host_memory_bytes):.0f} GiB per node" + (f" ({host_note})" if host_note else ""))
     if not ranked:
         lines.append("Nothing fits: raise --max-gpus, shorten --seq-len, or see --explain.")
     for i, r in enumerate(rows if ranked else []):
@@ -257,7 +255,9 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
               "dropped: --explain lists it);",
               "step = one optimizer step; wire = share of the step waiting on bytes crossing the link; calls = stage 3's",
               "share spent per all-gather call (its hook issuing it and waiting), not wire time;",
-              "host GiB/node = each rank's peak resident host memory × the ranks on a node (docs/host-memory.md)."]
+              "host/node = GiB of host memory per node: each rank's peak resident set × its ranks (docs/host-memory.md)."]
+    if host_memory_bytes is not None:
+        lines.append(f"Host memory: {gib(host_memory_bytes):.0f} GiB per node" + (f" ({host_note})." if host_note else "."))
     acc = ranked[0].estimate.cal["time"].get("accuracy") if ranked else None
     if acc:
         lines.append(f"Step time calibrated on H200 runs: {acc['within_15pct']} of {acc['rows']} measured steps within "
