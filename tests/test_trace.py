@@ -85,3 +85,20 @@ def test_a_biased_llama_traced_equals_the_transcribed(attention_bias, mlp_bias):
     assert spec.transcribed
     assert (spec.param_numels, spec.trace, spec.backward_trace, spec.checkpointed_backward_trace, spec.buffer_numels) == \
         (want.param_numels, want.trace, want.backward_trace, want.checkpointed_backward_trace, want.buffer_numels)
+
+
+def test_a_cached_profile_is_read_without_importing_torch(tmp_path):
+    import json
+    import subprocess
+    import sys
+    d = transformers.LlamaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                 intermediate_size=40).to_dict()
+    env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    import os
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", os.getcwd())
+    code = ("import json, sys; from zerocalc.hf import trace; d = json.loads(sys.argv[1]); "
+            "p = trace.cached_trace(d); print(p.num_params, 'torch' in sys.modules)")
+    subprocess.run([sys.executable, "-c", code, json.dumps(d)], env=env, check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(d)], env=env, check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert out[1] == "False"

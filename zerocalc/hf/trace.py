@@ -166,10 +166,21 @@ def cache_dir() -> str:
     return os.path.join(base, "zerocalc", "profiles")
 
 
+def _versions() -> tuple[str, str]:
+    """The installed torch and transformers versions, without importing them (seconds) when the
+    cache answers."""
+    from importlib import metadata
+    try:
+        return metadata.version("torch"), metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        _imports()        # says what to install
+        raise
+
+
 def cache_key(d: dict) -> str:
     """The config's content, the transformers and torch versions and what the trace records."""
-    torch, transformers = _imports()
-    text = json.dumps({"config": d, "transformers": transformers.__version__, "torch": torch.__version__,
+    torch_version, transformers_version = _versions()
+    text = json.dumps({"config": d, "transformers": transformers_version, "torch": torch_version,
                        "trace_version": TRACE_VERSION}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
