@@ -4,6 +4,7 @@ any name or a model directory). Torch-free: a config is traced (`zerocalc.hf.tra
 import json
 import os
 from dataclasses import replace
+from functools import lru_cache
 
 from zerocalc import arch as _arch
 from zerocalc import profile as _profile
@@ -42,13 +43,19 @@ def preset_spec(name: str, overrides: dict) -> ModelSpec:
         a, derived = _arch.preset_derived(name, **overrides)
         label = f"{name} ({describe_overrides(overrides, derived)})" if overrides else name
         return from_architecture(a, label)
-    p = _profile.shipped_profile(name)
     if not overrides:
-        return _profile.to_model_spec(p, name)
+        return _shipped_spec(name)
     from zerocalc.hf.ship import configs
     with open(configs()[name]) as f:
         d = json.load(f)
     return _traced(_override_config(d, overrides), f"{name} ({describe_overrides(overrides)})", f"--model {name}")
+
+
+@lru_cache(maxsize=None)
+def _shipped_spec(name: str) -> ModelSpec:
+    """A shipped profile's ModelSpec, built once per process (the frozen spec then keys the stage-3
+    walk's caches as a preset's does)."""
+    return _profile.to_model_spec(_profile.shipped_profile(name), name)
 
 
 def _override_config(d: dict, overrides: dict) -> dict:
