@@ -46,7 +46,7 @@ paths = sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if
 # The test suite re-predicts the committed rows once and hands them over; run alone, the notebook does it (~1 min).
 cached = os.environ.get("ZEROCALC_COMMITTED_ROWS")
 ok = pd.read_pickle(cached) if cached else R.committed_rows(paths)
-gpu = R.with_anchors(ok[ok["measured_peak_allocated_bytes"].notna()])
+gpu = R.with_anchors(R.device_rows(ok))   # device peaks: not the rows run beside other jobs on one GPU
 display(Markdown(R.markdown_summary(ok)))"""),
     ("md", "## Memory: allocated and reserved peaks\n\nEach point is a job; the dashed line is a perfect "
            "prediction. Grey crosses: the ZeRO paper's model states for the same jobs."),
@@ -60,7 +60,8 @@ axes[0].plot([0, lim], [0, lim], "k--", lw=1)
 axes[0].set(xlim=(0, lim), ylim=(0, lim), xlabel="measured peak allocated (GiB)", ylabel="predicted (GiB)",
             title="peak allocated: all within 5%")
 axes[0].legend(loc="upper left")
-clean = ok[R.started_clean(ok) & ~R.expandable_rows(ok) & ok["measured_peak_reserved_bytes"].notna()]
+dev = R.device_rows(ok)
+clean = dev[R.started_clean(dev) & ~R.expandable_rows(dev) & dev["measured_peak_reserved_bytes"].notna()]
 lim2 = clean["measured_peak_reserved_bytes"].max() / GiB * 1.05
 for stage, g in clean.groupby("stage"):
     axes[1].scatter(g["measured_peak_reserved_bytes"] / GiB, g["now_peak_reserved_bytes"] / GiB, s=14,
@@ -75,7 +76,7 @@ plt.show()"""),
            "DeepSpeed's own estimator (stages 1-3) count parameters, gradients and optimizer states; the peak "
            "also holds activations, DeepSpeed's buckets and the step's temporary copies. Mean |error| per stage "
            "(the table in `docs/accuracy.md`):"),
-    ("code", """display(Markdown(R.markdown_anchors(ok[ok["measured_peak_allocated_bytes"].notna()])))
+    ("code", """display(Markdown(R.markdown_anchors(R.device_rows(ok))))
 fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [3, 2]})
 methods = [("zerocalc_err", "zerocalc", "tab:purple"), ("deepspeed_estimator_err", "DeepSpeed's\\nestimator", "tab:gray"),
            ("paper_err", "ZeRO paper", "0.45")]
@@ -111,8 +112,8 @@ parts = [("states", "states_bytes", "tab:blue"), ("gradients", "grads_bytes", "t
          ("buffers", "buffers_bytes", "tab:green"), ("activations", "activation_bytes", "tab:red")]
 fig, axes = plt.subplots(2, 2, figsize=(10, 7))
 for ax, (title, want) in zip(axes.ravel(), picks):
-    rows = ok[np.logical_and.reduce([ok[k] == v for k, v in want.items()]) & (ok["offload_optimizer"].eq("none") | ("offload_param" in want))
-              & ok["measured_init_peak_bytes"].notna()]
+    rows = dev[np.logical_and.reduce([dev[k] == v for k, v in want.items()]) & (dev["offload_optimizer"].eq("none") | ("offload_param" in want))
+               & dev["measured_init_peak_bytes"].notna()]
     r = rows.iloc[0]
     e = estimate(*to_zerocalc(job_from_row(r.to_dict())))
     names = [p.name for p in e.phases]
@@ -136,7 +137,7 @@ plt.show()"""),
            "predicted on its own host's speed where the validator probed it before every timed step (these "
            "steps are often host-bound, and the host's speed is an input). A bar spans the job's own fastest to "
            "slowest step; the band is ±15%."),
-    ("code", """t = ok[R.timed_whole_steps(ok) & ok["measured_peak_allocated_bytes"].notna()]
+    ("code", """t = ok[R.timed_whole_steps(ok) & ok["measured_peak_allocated_bytes"].notna()]   # timed_whole_steps leaves concurrent rows out
 rng_ = R.step_range(t)
 fig, ax = plt.subplots(figsize=(6.5, 6))
 for stage, g in t.groupby("stage"):

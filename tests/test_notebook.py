@@ -72,13 +72,13 @@ def test_it_draws_every_figure(executed):
 
 def test_its_tables_are_the_readmes_and_the_docs(executed, committed_rows):
     from validate import docs
-    from validate.report import markdown_anchors, markdown_summary
+    from validate.report import device_rows, markdown_anchors, markdown_summary
     shown = texts(executed)
     summary = markdown_summary(committed_rows)
     assert shown[0] == summary
     readme = dict(m.group("name", "body") for m in docs.BLOCK.finditer(open(os.path.join(ROOT, "README.md")).read()))
     assert readme["accuracy:summary"] == summary + "\n"
-    anchors = markdown_anchors(committed_rows[committed_rows["measured_peak_allocated_bytes"].notna()])
+    anchors = markdown_anchors(device_rows(committed_rows))
     assert shown[1] == anchors
     accuracy = open(os.path.join(ROOT, "docs", "accuracy.md")).read()
     assert anchors in accuracy

@@ -23,7 +23,7 @@ EXAMPLES = {
     "7b-8x32gb": "estimate --params 7e9 --dp 8 --dtype fp16 --gpu-memory 32GB",
     "llama-3-8b-8x40gb": "estimate --model llama-3-8b --dp 8 --stage 2,3 --seq-len 4096 --activation-checkpointing "
                          "--gpu h100 --gpu-memory 40GB",
-    "plan-70b": "plan --model llama-2-70b --gpu h100 --max-gpus 64 --seq-len 4096 --global-batch 1024",
+    "plan-70b": "plan --model llama-2-70b --gpu h100 --max-gpus 64 --seq-len 4096 --global-batch 1024 --zero-init",
     "own-config": "estimate --hf-config docs/examples/llama-3-8b-config.json --ds-config "
                   "docs/examples/ds_config_zero3_offload.json --dp 8 --seq-len 4096 --activation-checkpointing "
                   "--gpu-memory 24GB",
@@ -80,7 +80,7 @@ def example(command: str) -> str:
 def _accuracy(name: str, rows) -> str:
     from validate import report as R
     ok = rows()
-    gpu = ok[ok["measured_peak_allocated_bytes"].notna()]
+    gpu = R.device_rows(ok)
     if name == "summary":
         return R.markdown_summary(ok)
     if name == "allocated":

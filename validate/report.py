@@ -546,17 +546,26 @@ def committed_rows(paths) -> pd.DataFrame:
     return repredict(df[df["outcome"] == "ok"], df)
 
 
+def device_rows(ok: pd.DataFrame) -> pd.DataFrame:
+    """GPU rows judged on their device peaks: not those run beside other jobs on one GPU (`concurrent`,
+    the host-memory rows: judged on bytes and host memory, docs/host-memory.md), as the committed-data
+    guards judge them."""
+    return ok[ok["measured_peak_allocated_bytes"].notna() & ~concurrent(ok)]
+
+
 def accuracy_errors(ok: pd.DataFrame) -> dict:
     """For each quantity the documents quote, the |relative error| of every row it is judged on and
     its target (0: exact to the byte), from re-predicted rows (`committed_rows`). Memory is judged on
     every GPU row (peak allocated less what an earlier engine left) and, for reserved, on rows that
     started clean with the default allocator; step time on rows timed as training runs, each on its
-    own host's speed where probed, and per configuration (the median of its jobs)."""
+    own host's speed where probed, and per configuration (the median of its jobs). Device peaks leave out
+    the rows run beside other jobs on one GPU (`device_rows`)."""
     err = lambda pred, meas: (pred.astype(float) / meas.astype(float) - 1).abs()  # noqa: E731
-    gpu = ok[ok["measured_peak_allocated_bytes"].notna()]
+    gpu = device_rows(ok)
     out = {"resident state bytes": (err(ok["now_state_bytes"], ok["measured_state_bytes"]), 0),
            "communication bytes per step": (err(ok["now_comm_bytes"], ok["measured_comm_bytes"]), 0)}
-    offloaded = gpu[(gpu["offload_optimizer"] != "none") | (gpu["offload_param"] != "none")]
+    every_gpu = ok[ok["measured_peak_allocated_bytes"].notna()]
+    offloaded = every_gpu[(every_gpu["offload_optimizer"] != "none") | (every_gpu["offload_param"] != "none")]
     if not offloaded.empty:
         out["host (offloaded) state bytes"] = (err(offloaded["now_host_bytes"],
                                                    offloaded["measured_host_state_bytes"]), 0)
