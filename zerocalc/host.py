@@ -48,6 +48,7 @@ Sources, by term (paths relative to DeepSpeed's package; checked against the H20
   elements of b for parameters: DeepSpeed's defaults, `offload_config.py`).
 """
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from math import ceil
 
 from zerocalc.model import ModelSpec
@@ -85,7 +86,7 @@ class Event:
     what: str                  # the moment, with its DeepSpeed source
     terms: tuple[tuple[str, int], ...]
 
-    @property
+    @cached_property   # frozen: summed once (plan asks each candidate's peak several times)
     def bytes(self) -> int:
         return sum(v for _, v in self.terms)
 
@@ -97,7 +98,7 @@ class HostBytes:
     steady_bytes: int          # held after the first step
     nvme_bytes: int            # bytes kept on NVMe (offload device "nvme")
 
-    @property
+    @cached_property
     def peak_event(self) -> Event:
         return max(self.events, key=lambda e: e.bytes)
 
@@ -134,6 +135,18 @@ def _sub_groups(numels: list[int], sub_group_size: int) -> list[int]:
     return out
 
 
+@lru_cache(maxsize=256)   # per model and N: plan asks at every candidate
+def _pinned_partitions(numels: tuple[int, ...], n: int, b: int) -> int:
+    """Each parameter's b-byte partition of ceil(nᵢ / N) elements, pinned one by one."""
+    return sum(pinned(b * ceil(x / n)) for x in numels)
+
+
+@lru_cache(maxsize=256)
+def _partition_sub_groups(numels: tuple[int, ...], n: int, sub_group_size: int) -> tuple[int, ...]:
+    """`_sub_groups` of the per-parameter partitions ceil(nᵢ / N)."""
+    return tuple(_sub_groups([ceil(x / n) for x in numels], sub_group_size))
+
+
 def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> HostBytes:
     """The host bytes per rank at each moment of a job that sets a candidate for the peak."""
     k_host = (cal or {}).get("host", {})
@@ -162,7 +175,7 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
 
     # Build: the whole fp32 module, or under zero.Init one module's fp32 parameters at a time while the
     # partitions made so far stay (pinned on the host with parameter offload).
-    per_param_pinned = sum(pinned(b * ceil(x / n)) for x in numels) if par_cpu else 0
+    per_param_pinned = _pinned_partitions(model.param_numels, n, b) if par_cpu else 0
     if zero_init:
         at("build", "model built under zero.Init (partition_parameters.py, _partition_param)",
            param_partitions_pinned=per_param_pinned, module_fp32=FP32 * model.largest_module_numel)
@@ -195,7 +208,7 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
             held["param_partitions_pinned"] = per_param_pinned       # cached after the copy below
             held["param_flat_pinned"] = pinned(b * s3)               # param_groups_fp16_flat_cpu_memory
             at("init", "parameter partitions pinned, then their flat buffer", **held)
-        subs = _sub_groups([ceil(x / n) for x in numels], setup.sub_group_size)
+        subs = list(_partition_sub_groups(model.param_numels, n, setup.sub_group_size))
         if opt_cpu:
             done = 0
             for j, sj in enumerate(subs):
