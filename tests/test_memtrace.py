@@ -96,3 +96,18 @@ def test_two_shallow_copies_give_the_whole_stacks_kept_bytes():
     shallow = memtrace.config_activations(d, 5)
     assert shallow["bytes_per_token"] == whole["bytes_per_token"] > 0
     assert shallow["bytes_per_sequence_squared"] == whole["bytes_per_sequence_squared"]
+
+
+def test_the_heads_kept_bytes_by_hand():
+    """Per token: Llama's final RMSNorm keeps its fp32 input 4h, rsqrt 4, cast and product 2·2h (the
+    product is lm_head's input); Gemma-2's norm computes in fp32 (fp32 input 4h, rsqrt 4, the fp32
+    normalised 4h, its bf16 output 2h) and the soft-capping keeps tanh over the vocabulary 2V; the
+    fp32 (1 + weight) of h is a per-model constant: 4h bytes over the 64 traced tokens."""
+    h, v, tokens = 64, 128, 64
+    d = transformers.LlamaConfig(vocab_size=v, hidden_size=h, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=160, max_position_embeddings=128).to_dict()
+    assert memtrace.config_activations(d, 2)["head_bytes_per_token"] == 4 * h + 4 + 2 * 2 * h
+    d = transformers.Gemma2Config(vocab_size=v, hidden_size=h, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, intermediate_size=160, max_position_embeddings=128,
+                                  final_logit_softcapping=30.0).to_dict()
+    assert memtrace.config_activations(d, 2)["head_bytes_per_token"] == 4 * h + 4 + 4 * h + 2 * h + 2 * v + 4 * h / tokens

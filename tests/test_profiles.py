@@ -190,3 +190,6 @@ def test_a_traced_models_layer_activations_by_hand():
     assert not spec.transcribed
     act = activations.breakdown(spec, Setup(seq_len=4096, micro_batch=2))
     assert act.layers_bytes == layers * per_token * 2 * 4096
+    # the head: the final RMSNorm's fp32 input 4h, rsqrt 4, cast and product 2·2h; and the fp32
+    # log-probabilities over the vocabulary (152064)
+    assert act.logprobs_bytes == (4 * h + 4 + 2 * 2 * h + 4 * 152064) * 2 * 4096

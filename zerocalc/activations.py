@@ -29,7 +29,8 @@ from zerocalc.training import Setup
 @dataclass(frozen=True)
 class Activations:
     layers_bytes: int             # kept by the layers for backward (with checkpointing: their inputs)
-    logprobs_bytes: int           # the fp32 log-softmax output, kept from the loss to its backward
+    logprobs_bytes: int           # the fp32 log-softmax output, kept from the loss to its backward (for a
+                                  # traced model with the head's kept tensors, `traced_layers_bytes`)
     loss_forward_bytes: int       # extra at the loss, end of forward
     loss_backward_bytes: int      # extra at the start of backward
     recompute_bytes: int          # one layer's activations rebuilt in backward (checkpointing)
@@ -93,11 +94,15 @@ def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activa
     b, tokens, v = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.vocab_size
     layer = b * tokens * layer_units_per_token(arch, setup, coef)
     traced = traced_layers_bytes(model, setup)
+    head = 0
     if traced is not None:
         layer = traced / arch.num_layers
+        # The head's kept tensors (final norm, soft-capping's tanh over the vocabulary): kept, like the
+        # log-probabilities, until the loss path's backward, gone before the last layer's.
+        head = int(model.profile.activations.get("head_bytes_per_token", 0) * tokens)
     if setup.activation_checkpointing:
         kept_layers = arch.num_layers * b * tokens * coef.get("checkpoint_h", 1.0) * arch.hidden_size
         recompute = layer
     else:
         kept_layers, recompute = arch.num_layers * layer, 0
-    return Activations(int(kept_layers), 4 * tokens * v, 6 * tokens * v, 8 * tokens * v, int(recompute))
+    return Activations(int(kept_layers), 4 * tokens * v + head, 6 * tokens * v, 8 * tokens * v, int(recompute))

@@ -133,8 +133,8 @@ def notes(spec: ModelSpec, stages) -> list[str]:
             how = (f"the Llama formulas with the {p.dims.get('experts_per_token')} routed experts' widths per token "
                    f"(balanced routing)")
         elif p.activations:
-            how = ("the layers' kept tensors traced from its code (bf16/fp16; the loss path and checkpointing by "
-                   "the Llama formulas)")
+            how = ("the layers' and the head's kept tensors traced from its code (bf16/fp16; the loss's fp32 "
+                   "tensors and checkpointing by the formulas)")
         else:
             how = "the Llama formulas at its dimensions"
         out.append(f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); "

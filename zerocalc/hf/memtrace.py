@@ -92,7 +92,7 @@ def record(model, mode, input_ids, loss_fn=None):
     return events
 
 
-def layers_kept_bytes(model, mode, batch: int, seq: int) -> int:
+def layers_kept_bytes(model, mode, batch: int, seq: int, with_head: bool = False):
     """Bytes the decoder layers keep for backward at the end of forward: what is alive when the module
     after the last layer is called (the model's code has dropped the last layer's input by then
     unless backward needs it), less what was alive when the first layer was called and less the last
@@ -102,10 +102,12 @@ def layers_kept_bytes(model, mode, batch: int, seq: int) -> int:
     from torch.utils._pytree import tree_flatten
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    alive, state = {}, {"bytes": 0, "first": None, "last": None, "out": 0}
+    alive, state = {}, {"bytes": 0, "first": None, "last": None, "out": 0, "serial": 0}
+    born = {}        # storage -> its creation's serial number
 
     def on_free(key):
         state["bytes"] -= alive.pop(key, 0)
+        born.pop(key, None)
 
     class Counter(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -115,6 +117,8 @@ def layers_kept_bytes(model, mode, batch: int, seq: int) -> int:
                     st = t.untyped_storage()
                     if st._cdata not in alive:
                         alive[st._cdata] = st.nbytes()
+                        state["serial"] += 1
+                        born[st._cdata] = state["serial"]
                         state["bytes"] += st.nbytes()
                         weakref.finalize(st, on_free, st._cdata)
             return out
@@ -129,12 +133,20 @@ def layers_kept_bytes(model, mode, batch: int, seq: int) -> int:
             state["last"], state["inside"] = None, True
         elif not state.get("inside") and state["first"] is not None and state["last"] is None:
             state["last"] = state["bytes"]      # the first call after the last layer: its input released
+            state["head_from"] = state["serial"]
 
     def post(m, args, out):
         if isinstance(m, GradientCheckpointingLayer):
             state["inside"] = False
             first = out[0] if isinstance(out, tuple) else out
             state["out"] = first.untyped_storage().nbytes() if isinstance(first, torch.Tensor) else 0
+        elif m is model and "head_from" in state:
+            # The head's kept tensors: made after the last layer (final norm, output projection, the
+            # model's code after it: Gemma-2's logit soft-capping keeps its tanh) and alive when the
+            # model returns, the logits aside (the loss path's formulas count those).
+            logits = getattr(out, "logits", None)
+            skip = logits.untyped_storage()._cdata if logits is not None else None
+            state["head"] = sum(alive[k] for k, n in born.items() if n > state["head_from"] and k != skip)
 
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
@@ -148,24 +160,26 @@ def layers_kept_bytes(model, mode, batch: int, seq: int) -> int:
         h2.remove()
     if state["first"] is None or state["last"] is None:
         raise RuntimeError("no decoder layer (GradientCheckpointingLayer) was called")
-    return state["last"] - state["first"] - state["out"]
+    layers = state["last"] - state["first"] - state["out"]
+    return (layers, state.get("head", 0)) if with_head else layers
 
 
 def layer_activations(model, mode, seqs=(32, 64)) -> dict:
     """The layers' kept bytes as a·T + c·B·s² (T = B·s tokens; c: attention probabilities kept by an
     eager attention, 0 with SDPA), from two forwards of one sequence at two lengths, in the model's
-    dtype (bf16 as traced)."""
+    dtype (bf16 as traced); and what the head keeps per token (`layers_kept_bytes`)."""
     s1, s2 = seqs
-    k1, k2 = layers_kept_bytes(model, mode, 1, s1), layers_kept_bytes(model, mode, 1, s2)
+    (k1, _), (k2, head2) = layers_kept_bytes(model, mode, 1, s1, True), layers_kept_bytes(model, mode, 1, s2, True)
     # k = a·s + c·s²: two equations in a and c
     c = (k2 * s1 - k1 * s2) / (s1 * s2 * (s2 - s1))
     a = (k1 - c * s1 * s1) / s1
     if c < 0.5:
         # No quadratic term (SDPA): what does not grow with the tokens (a position table cut per length,
-        # an MoE's fake routing) must not extrapolate as s²; count it per token at the longer length.
-        c, a = 0.0, k2 / s2
-    return {"bytes_per_token": round(a, 3), "bytes_per_sequence_squared": round(c, 3), "dtype": "bfloat16",
-            "traced_at": [s1, s2]}
+        # an MoE's fake routing, a small model's weight copy) must not extrapolate as s²; the slope
+        # between the two lengths is the per-token term.
+        c, a = 0.0, (k2 - k1) / (s2 - s1)
+    return {"bytes_per_token": round(a, 3), "bytes_per_sequence_squared": round(c, 3),
+            "head_bytes_per_token": round(head2 / s2, 3), "dtype": "bfloat16", "traced_at": [s1, s2]}
 
 
 def _shallow(d: dict, layers: int) -> dict:
@@ -198,5 +212,6 @@ def config_activations(d: dict, num_layers: int, seqs=(32, 64)) -> dict:
     for key in ("bytes_per_token", "bytes_per_sequence_squared"):
         step = a2[key] - a1[key] if n2 > n1 else 0.0
         out[key] = round(a1[key] + (num_layers - n1) * step, 3)
+    out["head_bytes_per_token"] = a2.get("head_bytes_per_token", 0.0)
     out["traced_layers"] = [n1, n2]
     return out
