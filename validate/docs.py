@@ -37,17 +37,16 @@ def committed_paths() -> list[str]:
 
 
 def supported_models() -> str:
-    """What `--model` and `--hf-config` accept, read from `zerocalc.arch`: one line per family."""
-    from zerocalc import arch
-    lines = []
-    for family in arch.FAMILIES:
-        names = [f"`{n}` ({arch.num_params(a) / 1e9:.2f}B)" for n, a in arch.PRESETS.items() if a.family == family]
-        if names:
-            lines.append(f"- {family}: {', '.join(names)}")
-    types = getattr(arch, "HF_MODEL_TYPES", ())
-    lines += ["", f"`--model NAME`, or `--hf-config config.json` (a local Hugging Face config with `model_type` "
-                  f"{', '.join(f'`{t}`' for t in types)}); shape flags (`--hidden-size`, `--num-layers`, ...) "
-                  f"override any field."]
+    """What `--model` and `--hf-config` accept, read from `zerocalc.resolve.listing`: one line per model_type."""
+    from zerocalc import resolve
+    by_type = {}
+    for r in resolve.listing():
+        by_type.setdefault(r["model_type"], []).append(r["name"] + ("*" if r["source"] == "transcribed" else ""))
+    lines = ["; ".join(f"**{t}** {' '.join(names)}" for t, names in sorted(by_type.items())) + "."]
+    lines += ["", "\\* its allocation sequence is simulated; the others are read from the model's own code. "
+                  "`zerocalc models` prints P, layers and experts. "
+                  "`--hf-config` takes any config.json or model directory (other model_types: "
+                  "`pip install '.[trace]'`, [models](docs/models.md))."]
     return "\n".join(lines)
 
 
