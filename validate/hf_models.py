@@ -167,16 +167,18 @@ class SpecRecorder:
         return {"param_numels": self.param_numels, "trace": self.trace, "buffer_bytes": buffers}
 
 
-def model_spec(job: dict):
+def model_spec(job: dict, buffer_element_bytes: int = 4):
     """zerocalc's ModelSpec for an HF job from what its run recorded (`job["hf_spec"]`), None before a
     run recorded one. Parameters only: no architecture, so zerocalc predicts states and communication,
-    not activations. Buffers go to zerocalc as fp32 elements (bytes / 4), the one dtype it counts them in."""
+    not activations. Buffers are the recorded bytes, as elements of the size zerocalc counts them in
+    (`states.buffer_element_bytes`): transformers' own zero.Init path keeps the rotary `inv_freq` fp32
+    (every stage-3 row of data/h200-hf-*.csv), where a bare `deepspeed.zero.Init` makes it 16-bit."""
     from zerocalc.model import ModelSpec
     s = job.get("hf_spec")
     if not s:
         return None
     return ModelSpec(job["arch"]["family"], tuple(s["param_numels"]), tuple(tuple(t) for t in s["trace"]),
-                     tuple(-(-b // 4) for b in s["buffer_bytes"]))
+                     tuple(-(-b // buffer_element_bytes) for b in s["buffer_bytes"]))
 
 
 _TRACED = {}

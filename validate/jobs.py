@@ -8,6 +8,7 @@ from dataclasses import fields
 from validate import hf_models
 from zerocalc import arch as _arch
 from zerocalc.model import from_architecture
+from zerocalc.states import buffer_element_bytes
 from zerocalc.training import OPTIMIZERS, Setup, Stage
 
 SETUP_FIELDS = tuple(f.name for f in fields(Setup) if f.name not in ("extra", "optimizer", "stage", "dp"))
@@ -73,7 +74,7 @@ def to_zerocalc(job: dict):
     if job.get("hf"):
         kwargs = {k: job[k] for k in SETUP_FIELDS if k in job}
         setup = Setup(stage=Stage(job["stage"]), dp=job["nproc"], optimizer=OPTIMIZERS[job["optimizer"]], **kwargs)
-        return hf_models.model_spec(job), setup
+        return hf_models.model_spec(job, buffer_element_bytes(setup)), setup
     spec = from_architecture(_arch.Architecture(**job["arch"]))
     kwargs = {k: job[k] for k in SETUP_FIELDS if k in job}
     setup = Setup(stage=Stage(job["stage"]), dp=job["nproc"], optimizer=OPTIMIZERS[job["optimizer"]], **kwargs)

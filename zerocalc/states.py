@@ -48,8 +48,12 @@ def _module_buffers_bytes(model: ModelSpec, setup: Setup) -> int:
     # built under zero.Init at stage 3: its tensor constructors make floating-point tensors in the
     # training dtype (`zero_wrapper_for_fp_tensor_constructor`, `partition_parameters.py`; measured on
     # H200: a 254M Llama's two 32-element buffers held 128 bytes, not 256, data/h200-host-d.csv).
-    zero_init = setup.zero_init and setup.stage == Stage.PARAMETERS
-    return sum(model.buffer_numels) * (setup.param_bytes if zero_init else 4)
+    return sum(model.buffer_numels) * buffer_element_bytes(setup)
+
+
+def buffer_element_bytes(setup: Setup) -> int:
+    """Bytes of a module buffer's element as `_module_buffers_bytes` counts it (the rule above)."""
+    return setup.param_bytes if setup.zero_init and setup.stage == Stage.PARAMETERS else 4
 
 
 def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
