@@ -52,7 +52,7 @@ from functools import cached_property, lru_cache
 from math import ceil
 
 from zerocalc.model import ModelSpec
-from zerocalc.partition import partition
+from zerocalc.partition import partition, sub_groups
 from zerocalc.training import Setup, Stage
 
 FP32 = 4
@@ -121,20 +121,6 @@ class HostBytes:
                 "steady_bytes": self.steady_bytes, "nvme_bytes": self.nvme_bytes}
 
 
-def _sub_groups(numels: list[int], sub_group_size: int) -> list[int]:
-    """Elements of each stage-3 optimizer sub-group (`_create_fp16_sub_groups`): parameters in order,
-    a group closed once it reaches sub_group_size; one group when the whole fits."""
-    if sub_group_size >= sum(numels):
-        return [sum(numels)]
-    out, cur = [], 0
-    for i, n in enumerate(numels):
-        cur += n
-        if cur >= sub_group_size or i == len(numels) - 1:
-            out.append(cur)
-            cur = 0
-    return out
-
-
 @lru_cache(maxsize=256)   # per model and N: plan asks at every candidate
 def _pinned_partitions(numels: tuple[int, ...], n: int, b: int) -> int:
     """Each parameter's b-byte partition of ceil(nᵢ / N) elements, pinned one by one."""
@@ -143,8 +129,8 @@ def _pinned_partitions(numels: tuple[int, ...], n: int, b: int) -> int:
 
 @lru_cache(maxsize=256)
 def _partition_sub_groups(numels: tuple[int, ...], n: int, sub_group_size: int) -> tuple[int, ...]:
-    """`_sub_groups` of the per-parameter partitions ceil(nᵢ / N)."""
-    return tuple(_sub_groups([ceil(x / n) for x in numels], sub_group_size))
+    """`partition.sub_groups` of the per-parameter partitions ceil(nᵢ / N)."""
+    return tuple(sub_groups([ceil(x / n) for x in numels], sub_group_size))
 
 
 def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> HostBytes:
