@@ -27,14 +27,22 @@ def make_notebook():
 
 
 def texts(nb):
-    """Every text output of the code cells (printed lines and displayed markdown), in order."""
+    """Every text output of the code cells (printed lines and displayed markdown), in order. A cell's
+    consecutive printed lines are one text: the kernel splits a stream into outputs as its flushes fall."""
     out = []
     for cell in nb.cells:
+        printed = None
         for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if "text" in o:
-                out.append(o["text"])
-            elif "text/markdown" in o.get("data", {}):
+                printed = (printed or "") + o["text"]
+                continue
+            if printed is not None:
+                out.append(printed)
+                printed = None
+            if "text/markdown" in o.get("data", {}):
                 out.append(o["data"]["text/markdown"])
+        if printed is not None:
+            out.append(printed)
     return out
 
 
@@ -87,7 +95,7 @@ def test_its_tables_are_the_readmes_and_the_docs(executed, committed_rows):
 def test_the_case_study_line_compares_like_with_like(executed):
     # the prediction for the case study's fp16 2x1024 configuration beside the jobs that ran exactly that
     # (four of them, 19.55-19.61 GiB), not beside another batch shape or dtype
-    line = [t for t in texts(executed) if t.startswith("case study")][0]
+    line = [ln for t in texts(executed) for ln in t.splitlines() if ln.startswith("case study")][0]
     predicted, measured = line.split("predicted ")[1].split(" GiB, measured ")
     low, high = (float(x) for x in measured.split(" GiB")[0].split("-"))
     assert low <= high and abs(float(predicted) / low - 1) < 0.01 and "in 4 jobs" in line
