@@ -334,11 +334,11 @@ def environment(device):
 HOST_PHASES = ("build", "init", "first_step", "end")
 
 
-def _status_bytes(*keys) -> dict:
-    """Fields of /proc/self/status in bytes (they are given in kB), None where unreadable."""
+def _kb_fields_bytes(path: str, *keys) -> dict:
+    """Fields of a /proc file given in kB (`/proc/self/status`, `/proc/meminfo`), in bytes; None where unreadable."""
     out = dict.fromkeys(keys)
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
                 name, _, rest = line.partition(":")
                 if name in out:
@@ -346,19 +346,14 @@ def _status_bytes(*keys) -> dict:
     except OSError:
         pass
     return out
+
+
+def _status_bytes(*keys) -> dict:
+    return _kb_fields_bytes("/proc/self/status", *keys)
 
 
 def _meminfo_bytes(*keys) -> dict:
-    out = dict.fromkeys(keys)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name in out:
-                    out[name] = int(rest.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
+    return _kb_fields_bytes("/proc/meminfo", *keys)
 
 
 def reset_host_peak() -> bool:
