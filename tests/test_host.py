@@ -75,6 +75,27 @@ def test_stage_3_with_partitions_on_the_gpu_converts_the_master_on_the_cpu_at_th
     assert h.steady_bytes == BASE + GROWTH + held + 32_000
 
 
+def test_the_host_answer_is_kept_per_host_setup_and_equals_the_full_setups():
+    """host_memory reads its setup through `_host_setup` and keeps the answer: for every stage, offload,
+    N, dtype and accumulation count the kept answer equals the same body run on the whole setup, micro-batch,
+    sequence length and checkpointing included (so a field the body reads and the projection drops fails
+    here), and setups that differ only in those share one answer."""
+    from itertools import product
+    model = ModelSpec("three tensors", (1000, 3001, 2000), ((0,), (1,), (2,)))
+    for stage, (opt, par), n, dtype, gas, zero_init in product(
+            Stage, [("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "nvme")], (1, 2, 3),
+            ("bf16", "fp32"), (1, 2, 5), (False, True)):
+        if (opt != "none" and stage == Stage.DISABLED) or (par != "none" and stage != Stage.PARAMETERS):
+            continue
+        setups = [Setup(stage=stage, dp=n, dtype=dtype, gas=gas, offload_optimizer=opt, offload_param=par,
+                        zero_init=zero_init, sub_group_size=1500, micro_batch=micro, seq_len=seq,
+                        activation_checkpointing=ckpt)
+                  for micro, seq, ckpt in ((1, None, False), (4, 512, True))]
+        answers = [host.host_memory(model, s) for s in setups]
+        assert answers[0] is answers[1]
+        assert answers[0] == host._host_memory.__wrapped__(model, setups[1], BASE, GROWTH)
+
+
 def test_the_node_holds_its_ranks():
     e = estimate(two_tensors(1000, 3000), Setup(stage=Stage.GRADIENTS, dp=8, offload_optimizer="cpu"),
                  host_memory_bytes=2**40, ranks_per_node=4)

@@ -139,9 +139,27 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
     base = int(k_host.get("baseline_bytes", BASELINE_BYTES))
     growth = int(k_host.get("runtime_growth_bytes", RUNTIME_GROWTH_BYTES))
     a = model.architecture
-    hf = a is not None and a.family.startswith("hf-")
-    if hf:
+    if a is not None and a.family.startswith("hf-"):
         base += int(k_host.get("transformers_bytes", TRANSFORMERS_BYTES))
+    return _host_memory(model, _host_setup(setup), base, growth)
+
+
+def _host_setup(setup: Setup) -> Setup:
+    """The setup with only what the host side reads: not the micro-batch, sequence length, checkpointing
+    or anything else of the device side, and of the accumulation steps only whether there are several.
+    `plan`'s candidates that differ in those alone (a dozen per GPU count, stage and offload) share one
+    answer."""
+    return Setup(stage=setup.stage, dp=setup.dp, dtype=setup.dtype, optimizer=setup.optimizer, gas=min(setup.gas, 2),
+                 grad_accum_dtype=setup.grad_accum_dtype, param_persistence_threshold=setup.param_persistence_threshold,
+                 model_persistence_threshold=setup.model_persistence_threshold, sub_group_size=setup.sub_group_size,
+                 offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param, zero_init=setup.zero_init)
+
+
+@lru_cache(maxsize=256)
+def _host_memory(model: ModelSpec, setup: Setup, base: int, growth: int) -> HostBytes:
+    """`host_memory` with the runtime's bytes resolved: `base` before the model is built (transformers'
+    import included where the model is a Hugging Face one), `growth` what initialize and the first step add."""
+    a = model.architecture
     untied_head = FP32 * a.vocab_size * a.hidden_size if a is not None and a.tie_embeddings else 0
     numels = list(model.param_numels)
     p, b, g, n = model.num_params, setup.param_bytes, setup.grad_accum_bytes, setup.dp
