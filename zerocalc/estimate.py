@@ -30,7 +30,7 @@ class Estimate:
     host_memory_bytes: int | None = None   # the host's memory per node, for the host side of `fits`
     ranks_per_node: int | None = None      # ranks sharing one host (None: all N on one)
 
-    @property
+    @cached_property   # frozen: found once (`plan` asks each candidate's peak several times)
     def peak(self) -> peak.Phase:
         return peak.peak(self.phases)
 
@@ -89,7 +89,7 @@ class Estimate:
         allocator) or "ratio" (peak allocated times the calibrated reserved/allocated ratio)."""
         return "ratio" if self.simulated_reserved_bytes is None else "simulated"
 
-    @property
+    @cached_property
     def peak_reserved_bytes(self) -> int:
         """Predicted `torch.cuda.max_memory_reserved()` in a fresh process: simulated where the
         allocation sequence is generated, else the caching allocator's blocks around the peak as a

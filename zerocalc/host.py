@@ -146,10 +146,11 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
 
 def _host_setup(setup: Setup) -> Setup:
     """The setup with only what the host side reads: not the micro-batch, sequence length, checkpointing
-    or anything else of the device side, and of the accumulation steps only whether there are several.
-    `plan`'s candidates that differ in those alone (a dozen per GPU count, stage and offload) share one
-    answer."""
-    return Setup(stage=setup.stage, dp=setup.dp, dtype=setup.dtype, optimizer=setup.optimizer, gas=min(setup.gas, 2),
+    or anything else of the device side, and of the accumulation steps only whether there are several
+    at stage 2. `plan`'s candidates that differ in those alone (a dozen per GPU count, stage and offload)
+    share one answer."""
+    gas = min(setup.gas, 2) if setup.stage == Stage.GRADIENTS else 1
+    return Setup(stage=setup.stage, dp=setup.dp, dtype=setup.dtype, optimizer=setup.optimizer, gas=gas,
                  grad_accum_dtype=setup.grad_accum_dtype, param_persistence_threshold=setup.param_persistence_threshold,
                  model_persistence_threshold=setup.model_persistence_threshold, sub_group_size=setup.sub_group_size,
                  offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param, zero_init=setup.zero_init)
@@ -161,7 +162,7 @@ def _host_memory(model: ModelSpec, setup: Setup, base: int, growth: int) -> Host
     import included where the model is a Hugging Face one), `growth` what initialize and the first step add."""
     a = model.architecture
     untied_head = FP32 * a.vocab_size * a.hidden_size if a is not None and a.tie_embeddings else 0
-    numels = list(model.param_numels)
+    numels = model.param_numels
     p, b, g, n = model.num_params, setup.param_bytes, setup.grad_accum_bytes, setup.dp
     k = setup.optimizer.state_bytes_per_param
     buffers = sum(model.buffer_numels) * FP32
@@ -188,7 +189,7 @@ def _host_memory(model: ModelSpec, setup: Setup, base: int, growth: int) -> Host
            model_fp32=FP32 * p + buffers, untied_head=untied_head)
         if b != FP32:
             at("init", "engine casts the module to the training dtype on the CPU (_cast_module_mixed_precision)",
-               model_fp32=FP32 * p + buffers, cast_copy=b * max(numels))
+               model_fp32=FP32 * p + buffers, cast_copy=b * model.largest_param_numel)
     held = {}          # what initialize leaves on the host, by term
     if setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) and opt_cpu:
         s = part.flat_shard
@@ -198,7 +199,7 @@ def _host_memory(model: ModelSpec, setup: Setup, base: int, growth: int) -> Host
         at("init", "16-bit upload buffer pinned (param_buffer_of_bit16_for_cpu_offload_groups)",
            **held, bit16_pageable=b * s, bit16_pinned=pinned(b * s))
         held["bit16_pinned"] = pinned(b * s)
-        held["grad_staging_pinned"] = pinned(b * max(numels))    # temp_grad_buffer_for_cpu_offload
+        held["grad_staging_pinned"] = pinned(b * model.largest_param_numel)    # temp_grad_buffer_for_cpu_offload
         at("init", "fp32 gradient partition pinned (initialize_optimizer_states)",
            **held, grads_pageable=FP32 * s, grads_pinned=pinned(FP32 * s))
         held["grads_pinned"] = pinned(FP32 * s)

@@ -90,7 +90,7 @@ def _gathers(model: ModelSpec, walk: Setup):
     turn = len(model.trace) - 1   # the last forward step
     calls, counts = [0, 0], [{}, {}]
     live, kept = set(), ()
-    for step, actions in enumerate(_fetches(model, walk, False)):
+    for step, actions in _walk(model, walk, False):   # summed as walked: the actions themselves are not kept
         phase = int(step > turn)
         for kind, what in actions:
             if kind == "gather":
@@ -144,20 +144,21 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
     reuse = setup.max_reuse_distance
     popleft, get = queue.popleft, marked.get
 
-    for step, mod in enumerate(trace):
+    # Each module's parameters once, in hook order (a module can list a shared one twice).
+    for step, mod in enumerate([tuple(dict.fromkeys(mod)) for mod in trace]):
         actions = []
-        todo = sorted({p for p in mod if p not in available})
+        todo = sorted(p for p in mod if p not in available)
         if todo:
             actions.append(("gather", tuple(todo)))
             available.update(todo)
             inflight.update(todo)
             n_available += sum(numel[p] for p in todo)
-        for p in dict.fromkeys(mod):
+        for p in mod:
             if p in inflight:
                 inflight.discard(p)
                 actions.append(("wait", p))
         if record:
-            release = {p for p in mod if not pers[p]}
+            release = [p for p in mod if not pers[p]]
         else:
             # Pop this module's own entries off the queue.
             mine = {p for p in mod if get(p, -1) < step}
@@ -177,24 +178,27 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
                     if p not in available and p not in batch:
                         batch.append(p)
                         size += numel[p]
-                todo = sorted(set(batch))
-                if todo:
+                if batch:
+                    todo = sorted(batch)
                     actions.append(("gather", tuple(todo)))
                     available.update(todo)
                     inflight.update(todo)
-                    n_available += sum(numel[p] for p in todo)
+                    n_available += size
             # Release after the module runs, unless the reuse rule keeps it.
-            release = {p for p in mod if not pers[p] and get(p, -1) <= step + 1}
+            release = [p for p in mod if not pers[p] and get(p, -1) <= step + 1]
             if release and reuse > 0:
                 window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
-                for p in list(release):
-                    later = occurs[p]
-                    k = bisect_right(later, step)
-                    if k < len(later) and later[k] < window:
-                        release.discard(p)
+                release = [p for p in release if not _occurs_within(occurs[p], step, window)]
         for p in sorted(release):
             if p in available:
                 available.discard(p)
                 n_available -= numel[p]
                 actions.append(("release", p))
         yield step, actions
+
+
+def _occurs_within(later: list[int], step: int, window: int) -> bool:
+    """Whether a parameter occurring at the steps `later` (ascending) occurs again after `step` and
+    before `window`."""
+    k = bisect_right(later, step)
+    return k < len(later) and later[k] < window
