@@ -373,12 +373,41 @@ def hf_rows(df: pd.DataFrame) -> pd.Series:
     return pd.Series([is_hf_row(r) for r in df.to_dict("records")], index=df.index, dtype=bool)
 
 
-def repredict_hf(df: pd.DataFrame) -> pd.DataFrame:
+def hf_process_replays(every: pd.DataFrame, earlier: dict) -> dict:
+    """`process_replays` for HF-config rows, each job as zerocalc traces its config
+    (`hf_models.traced_spec`): a later job's reserved peak simulated after the jobs run before it in
+    its process, by index; None where a job of the process is not traced or not generated."""
+    from validate import hf_models
+    chains = {}
+    for i, prior in earlier.items():
+        if prior:
+            chain = (every.loc[i].get("source"), prior[0]["key"])
+            rows_ = prior + [every.loc[i].to_dict()]
+            if len(rows_) > len(chains.get(chain, [])):
+                chains[chain] = rows_
+    peaks = {}
+    for rows_ in chains.values():
+        jobs = []
+        for r in rows_:
+            job = job_from_row(r)
+            jobs.append((hf_models.traced_spec(job), to_zerocalc(job)[1]))
+        n = next((k for k, (spec, _) in enumerate(jobs) if spec is None), len(jobs))
+        for r, peak in zip(rows_[:n], sequence.process_peaks_reserved_bytes(jobs[:n]) if n else []):
+            peaks[(r.get("source"), r["key"])] = peak
+    return {i: peaks.get((every.loc[i].get("source"), every.loc[i]["key"]))
+            for i, prior in earlier.items() if prior}
+
+
+def repredict_hf(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFrame:
     """now_* columns for HF-config rows: states and communication from the parameter tensors the run
     recorded (`hf_models.model_spec`: exact by construction of what ran), and zerocalc's own prediction
     from the config alone (`hf_models.traced_spec`, what `zerocalc estimate --hf-config` prints): its
-    states, communication and peaks (pred_*; NaN where it cannot trace the config)."""
+    states, communication and peaks (pred_*; NaN where it cannot trace the config). A later job of a
+    validator process is simulated after the jobs before it (`hf_process_replays`), as `repredict`
+    does for the other rows. `every`: all rows of the files, failed ones included."""
     from validate import hf_models
+    every = df if every is None else every
+    replays = hf_process_replays(every, earlier_jobs(every))
     out = df.copy()
     names = ("now_state_bytes", "now_comm_bytes", "pred_state_bytes", "pred_comm_bytes", "now_peak_allocated_bytes",
              "now_peak_reserved_bytes")
@@ -394,19 +423,23 @@ def repredict_hf(df: pd.DataFrame) -> pd.DataFrame:
         cols["pred_state_bytes"].append(predicted_state_bytes(t, r["backend"]) if t else float("nan"))
         cols["pred_comm_bytes"].append(t.comm_bytes if t else float("nan"))
         cols["now_peak_allocated_bytes"].append(t.peak_bytes if t and t.activation_bytes is not None else float("nan"))
-        cols["now_peak_reserved_bytes"].append(t.peak_reserved_bytes if t and t.activation_bytes is not None
-                                               else float("nan"))
+        reserved = float("nan")
+        if t and t.activation_bytes is not None:
+            reserved = t.peak_reserved_bytes
+            if t.reserved_source == "simulated" and replays.get(i) is not None:
+                reserved = max(replays[i], t.peak_bytes)
+        cols["now_peak_reserved_bytes"].append(reserved)
     for k, v in cols.items():
         out[k] = v
     return out
 
 
-def hf_section(ok: pd.DataFrame) -> tuple[list[str], bool]:
+def hf_section(ok: pd.DataFrame, every: pd.DataFrame | None = None) -> tuple[list[str], bool]:
     """HF configs, one line per row: state and communication against zerocalc from the recorded tensors
     (exact expected) and from zerocalc's own trace of the config; the measured peaks (allocated less what
     an earlier engine left, reserved) beside what `zerocalc estimate --hf-config` predicts (targets:
     allocated 3%, reserved 8%)."""
-    ok = repredict_hf(ok)
+    ok = repredict_hf(ok, every)
     ok = ok.assign(_own=own_peak_allocated(ok).astype(float), _resv=ok["measured_peak_reserved_bytes"].astype(float),
                    _ckpt=ok["activation_checkpointing"].map(lambda v: bool(_cast(v, bool))))
     state_ok = ok["now_state_bytes"] == ok["measured_state_bytes"].astype(float)
@@ -451,7 +484,7 @@ def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
              ", ".join(f"{k} {v}" for k, v in df["outcome"].value_counts().items())] + df.attrs.get("notes", [])
     hf = hf_rows(df)
     hf_ok = df[hf & (df["outcome"] == "ok")]
-    hf_lines, hf_exact = hf_section(hf_ok) if not hf_ok.empty else ([], True)
+    hf_lines, hf_exact = hf_section(hf_ok, df[hf]) if not hf_ok.empty else ([], True)
     df = df[~hf]
     ok = df[df["outcome"] == "ok"]
     if ok.empty:

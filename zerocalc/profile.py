@@ -9,7 +9,10 @@ What DeepSpeed needs to be exact at every stage is all here:
   module that holds it), and the calls of one forward, nested as they ran, with whether each call's
   output requires grad (else DeepSpeed's backward hook never fires for it): stage 3's fetch trace
   (`zerocalc.stage3_trace`) is walked from them exactly as from the transcribed `arch.calls`;
-- the module buffers; the config's dimensions (for listing, and for the activation formulas).
+- the module buffers; the config's dimensions (for listing, and for the activation formulas);
+- the allocation event stream of a training step (`stream`, `hf.memtrace.step_stream`): what each
+  operator of the model's code allocates and frees, forward, loss and backward, with and without
+  activation checkpointing, which `zerocalc.sequence` plays beside DeepSpeed's side.
 
 The JSON stores repeated layers once: a run of items that differ only in a layer index is written
 as {"repeat": n, "prefix": "model.layers.", "from": i, "items": [...]} with "{i}" in their names
@@ -63,6 +66,7 @@ class Profile:
     calls: CallNode                        # the root module's forward call
     source: dict = field(default_factory=dict, hash=False, compare=False)   # versions, config digest
     activations: dict | None = field(default=None, hash=False, compare=False)  # `hf.memtrace.layer_activations`
+    stream: dict | None = field(default=None, hash=False, compare=False)       # `hf.memtrace.step_stream`
 
     @property
     def num_params(self) -> int:
@@ -166,6 +170,7 @@ def to_json(p: Profile) -> dict:
                               for m in p.modules]),
         "calls": node(p.calls),
         "activations": p.activations,
+        "stream": p.stream,
     }
 
 
@@ -183,7 +188,7 @@ def from_json(d: dict) -> Profile:
 
     return Profile(d["name"], d["model_type"], d.get("dims", {}), params,
                    tuple(Tensor(n, tuple(s), dt) for n, s, dt in _expand(d["buffers"])), modules, node(d["calls"]),
-                   d.get("source", {}), d.get("activations"))
+                   d.get("source", {}), d.get("activations"), d.get("stream"))
 
 
 def save(p: Profile, path: str) -> None:

@@ -562,6 +562,150 @@ class _Llama:
         return grad                                    # accumulated in place
 
 
+_COMPILED: dict = {}
+
+
+def _parse_ref(ref: str) -> tuple:
+    """A stream's handle name ("P:3", "F~-1:5" relative to the segment's layer, "F@-1:5" the last
+    layer's) as (segment, mode: 0 none / 1 relative / 2 absolute layer, layer, allocation index)."""
+    where, j = ref.rsplit(":", 1)
+    if len(where) > 1 and where[1] in "~@":
+        return where[0], 1 if where[1] == "~" else 2, int(where[2:]), int(j)
+    return where, 0, 0, int(j)
+
+
+def _parse_param(ref: str) -> tuple:
+    """A stream's parameter ("#3", "#-1" from the end, "~0:4" the segment's layer's fifth, "@-1:4")."""
+    if ref[0] == "#":
+        return 0, int(ref[1:]), 0
+    where, local = ref.split(":")
+    return 1 if where[0] == "~" else 2, int(where[1:]), int(local)
+
+
+def _compiled(stream: dict, variant: str, name: str) -> list:
+    """A stored segment (`zerocalc.hf.memtrace._compact`) as events with sizes and names parsed, once
+    per segment: ("a", coefficients), ("f", name or (None, d) the d-th allocation back in the same
+    segment), ("g", parameter, name), ("s", coefficients), ("d", coefficients, coefficients), ("w",)."""
+    seg = stream[variant][name]
+    while isinstance(seg, str):                   # stored once: the name of an equal segment
+        variant, name = seg.split(".")
+        seg = stream[variant][name]
+    hit = _COMPILED.get(id(seg))
+    if hit is None or hit[0] is not seg:
+        sizes, out, j = stream["sizes"], [], 0
+        for e in seg:
+            if isinstance(e, int) and e >= 0:
+                out.append(("a", tuple(sizes[e])))
+                j += 1
+            elif isinstance(e, int):
+                out.append(("f", (None, 0, 0, j + e)))
+            elif isinstance(e, str):
+                out.append(("f", _parse_ref(e)))
+            elif e[0] == "g":
+                out.append(("g", _parse_param(e[1]), _parse_ref(e[2])))
+            elif e[0] in ("s", "d"):
+                out.append((e[0], *(tuple(sizes[x]) for x in e[1:])))
+            else:
+                out.append(tuple(e))
+        hit = _COMPILED[id(seg)] = (seg, out)
+    return hit[1]
+
+
+class _TracedStep:
+    """A traced model's forward, loss and backward (`profile.stream`, `zerocalc.hf.memtrace.step_stream`):
+    what its code allocates and frees on fake tensors, with the CUDA kernels' own allocations added
+    where the CPU trace cannot show them, each rule read from the H200 histories of the transcribed
+    families:
+    - a reduction over every dimension but the last (a norm weight's or a bias's gradient summed over
+      the tokens) stages partial sums in a buffer of 8 bytes per input element, up to 132 MiB, freed at
+      once (`_sum_over_tokens`);
+    - SDPA's backward (flash / memory-efficient kernels) takes a workspace of two fp32 tensors of the
+      query's size and the fp32 log-sum-exp, freed at once (`_llama_backward`); its forward keeps the
+      log-sum-exp, not the probabilities, as the CPU kernel does;
+    - cuBLAS takes its workspace at the first matmul of forward (placed after the embedding's output)
+      and of autograd's thread (after the first matmul's output in backward), and keeps it
+      (`CUBLAS_WORKSPACE_BYTES`).
+    The loss is the validator's: the cross-entropy of the logits' fp32 copy. A model deeper than the
+    traced one repeats the middle layers' segments: layer 0, 1 and the last two as traced, every other
+    as layer 1."""
+
+    def __init__(self, t: _Trace, model: ModelSpec, setup: Setup, ds, workspaces: list):
+        st = model.profile.stream
+        self.t, self.ds, self.workspaces = t, ds, workspaces
+        self.stream, self.variant = st, "checkpointed" if setup.activation_checkpointing else "plain"
+        self.k, self.first, self.per_layer = st["layers"], st["first_layer_param"], st["params_per_layer"]
+        self.layers = model.architecture.num_layers
+        self.numels = model.param_numels
+        b, s = setup.micro_batch, setup.seq_len
+        self.x = (1, s, b * s, b * s * s)
+        self.handles = {}
+
+    def _size(self, coefs) -> int:
+        return sum(c * x for c, x in zip(coefs, self.x))
+
+    def _template(self, i: int) -> int:
+        if self.layers <= self.k or i == 0:
+            return i
+        if i >= self.layers - 2:
+            return self.k - (self.layers - i)
+        return 1
+
+    def _layer(self, mode: int, value: int, mine) -> int:
+        if mode == 1:
+            return mine + value
+        return value if value >= 0 else self.layers + value
+
+    def run(self, name: str, layer: int | None = None) -> None:
+        t, key, handles = self.t, name if layer is None else (name, layer), self.handles
+        j = 0
+        for e in _compiled(self.stream, self.variant, name if layer is None else f"{name}{self._template(layer)}"):
+            kind = e[0]
+            if kind == "a":
+                handles[(key, j)] = t.alloc(self._size(e[1]))
+                j += 1
+                if name == "P" and j == 1 and not self.workspaces:   # forward's first matmul
+                    self.workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+            elif kind == "f":
+                where, mode, value, jj = e[1]
+                if where is None:
+                    t.free(handles.pop((key, jj)))
+                else:
+                    t.free(handles.pop((where if mode == 0 else (where, self._layer(mode, value, layer)), jj)))
+            elif kind == "g":
+                (pmode, pvalue, local), (where, mode, value, jj) = e[1], e[2]
+                p = (pvalue if pvalue >= 0 else len(self.numels) + pvalue) if pmode == 0 else \
+                    self.first + self._layer(pmode, pvalue, layer) * self.per_layer + local
+                h = handles.pop((where if mode == 0 else (where, self._layer(mode, value, layer)), jj))
+                self.ds.grad_ready(p, self.numels[p], h)
+            elif kind == "s":
+                t.free(t.alloc(min(8 * self._size(e[1]), REDUCTION_STAGING_BYTES)))
+            elif kind == "d":
+                t.free(t.alloc(8 * self._size(e[1]) + 4 * self._size(e[2])))
+            elif kind == "w" and len(self.workspaces) < 2:
+                self.workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+
+    def forward(self) -> None:
+        self.handles = {}
+        self.run("P")
+        for i in range(self.layers):
+            self.run("F", i)
+        self.run("H")
+
+    def backward(self) -> None:
+        self.run("Hb")
+        for i in reversed(range(self.layers)):
+            self.run("B", i)
+        self.run("E")
+        self.t.free(*self.handles.values())     # none: every tensor of the step is freed by its end
+        self.handles = {}
+
+
+def traced(model: ModelSpec) -> bool:
+    """Whether the model's allocation stream comes from its traced profile (a model no family transcribes)."""
+    return (not model.transcribed and model.profile is not None
+            and getattr(model.profile, "stream", None) is not None)
+
+
 def _flat_offsets(numels) -> list[int]:
     """Each parameter's start in the flat group (stages 1/2 flatten the parameters in order)."""
     return [0, *accumulate(numels[:-1])]
@@ -927,13 +1071,16 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     offload)."""
     arch = model.architecture
     s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
-    return (arch is not None and model.transcribed and setup.seq_len is not None
-            and not arch.attention_bias and not arch.mlp_bias                 # the histories' Llama has none
+    if traced(model):
+        family = setup.attention == {"sdpa": "sdpa", "eager": "eager"}.get(model.profile.stream.get("attention"))
+    else:
+        family = (model.transcribed and arch is not None and not arch.attention_bias and not arch.mlp_bias
+                  and arch.family in ("hf-llama", "seed-gpt")
+                  and (arch.family == "seed-gpt" or setup.attention == "sdpa"))
+    return (arch is not None and family and setup.seq_len is not None
             and (not s3 or setup.gas == 1)
             and (setup.offload_param == "none" or (s3 and offload and setup.dp == 1))
             and (not offload or (setup.gas == 1 and (not s3 or setup.dtype == "bf16")))
-            and arch.family in ("hf-llama", "seed-gpt")
-            and (arch.family == "seed-gpt" or setup.attention == "sdpa")   # seed-gpt's one attention path
             and setup.mixed_precision                                      # stage 3 always overlaps
             and (s3 or not setup.overlap or (setup.stage != Stage.DISABLED and setup.gas == 1 and not offload))
             and setup.grad_accum_dtype in (None, setup.dtype) and not setup.bf16_optimizer
@@ -994,6 +1141,9 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
     s3 = setup.stage == Stage.PARAMETERS
     ds = _Stage3(t, model, setup) if s3 else _Stage(t, model, setup, rank)
     ds.init(params)
+    if traced(model):
+        yield from _traced_steps(t, model, setup, ds, workspaces, steps)
+        return
     n_params = len(model.param_numels)
     final_norm = 2 if arch.family == "seed-gpt" else 1             # LayerNorm weight and bias; RMSNorm weight
     head = 0 if arch.tie_embeddings else 1
@@ -1046,6 +1196,24 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
                 grad = layer.backward(saved[i], grad, lambda k, g=None: ds.grad_ready(first + k, model.param_numels[first + k], g))
             t.free(grad)
             ds.grad_ready(0, model.param_numels[0])                      # the embedding
+            ds.end_backward(boundary=micro == setup.gas - 1)
+        ds.step()
+        yield t, workspaces
+
+
+def _traced_steps(t: _Trace, model: ModelSpec, setup: Setup, ds, workspaces: list, steps: int):
+    """`_pieces`' training steps for a traced model: its stream (`_TracedStep`) beside DeepSpeed's side."""
+    s3 = setup.stage == Stage.PARAMETERS
+    step = _TracedStep(t, model, setup, ds, workspaces)
+    yield t, workspaces
+    for _ in range(steps):
+        for micro in sorted({0, min(1, setup.gas - 1), setup.gas - 1}):
+            if s3:
+                ds.fetch(backward=False)
+            step.forward()
+            if s3:
+                ds.fetch(backward=True)
+            step.backward()
             ds.end_backward(boundary=micro == setup.gas - 1)
         ds.step()
         yield t, workspaces

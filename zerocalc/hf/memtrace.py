@@ -215,3 +215,289 @@ def config_activations(d: dict, num_layers: int, seqs=(32, 64)) -> dict:
     out["head_bytes_per_token"] = a2.get("head_bytes_per_token", 0.0)
     out["traced_layers"] = [n1, n2]
     return out
+
+
+# ---------------------------------------------------------------- the allocation event stream of a training step
+
+MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default")
+SDPA_BACKWARD = ("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+                 "aten._scaled_dot_product_efficient_attention_backward.default",
+                 "aten._scaled_dot_product_flash_attention_backward.default")
+STREAM_LAYERS = 4                    # a shallow copy of this many decoder layers is traced (fewer if the model has fewer)
+# (micro-batch, sequence) traced: sizes solved per event. Not a micro-batch of 1: torch.matmul folds a
+# batch of one into a view where a larger one copies (eager attention's scores, `_matmul_impl`).
+STREAM_SHAPES = ((2, 16), (2, 32), (2, 48), (3, 16))
+STREAM_BASIS = ("1", "s", "B*s", "B*s*s")              # an allocation's bytes: k·(1, s, B·s, B·s²)
+
+
+def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
+    """The raw event stream of one forward, the loss (the validator's: cross-entropy of the logits'
+    fp32 copy) and backward of `model` (fake tensors) at [batch, seq] tokens. Events:
+    ("a", handle, bytes, op), ("f", handle), ("g", param index, handle: the gradient handed to the
+    optimizer, which frees it; a post-accumulate-grad hook, where DeepSpeed's hooks run), ("L", i) the
+    i-th decoder layer's forward begins, ("Lend", i) it returns, ("phase", name), and what a CUDA
+    kernel adds beside its outputs (`zerocalc.sequence` applies the rules): ("sum", input elements) a
+    reduction over every dimension but the last (a bias's or norm weight's gradient summed over the
+    tokens), ("sdpa", q elements, log-sum-exp elements) SDPA's backward, ("mm",) a matmul."""
+    torch, _ = _imports()
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    events, alive, handed = [], {}, set()
+    state = {"phase": "forward", "next": 0}
+
+    def on_free(key):
+        h = alive.pop(key, None)
+        if h and h not in handed:
+            events.append(("f", h))
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = str(func)
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    key = st._cdata
+                    if key in alive:
+                        continue
+                    state["next"] += 1
+                    alive[key] = state["next"]
+                    events.append(("a", state["next"], st.nbytes(), name))
+                    weakref.finalize(st, on_free, key)
+            if name == "aten.sum.dim_IntList":
+                x, dims = args[0], [d % max(args[0].dim(), 1) for d in args[1]]
+                if x.dim() > 1 and x.dim() - 1 not in dims:
+                    events.append(("sum", x.numel()))
+            elif name in SDPA_BACKWARD:
+                q, lse = args[1], args[5] if name.endswith("for_cpu_backward.default") else args[5]
+                events.append(("sdpa", q.numel(), out[0].shape[0] * out[0].shape[1] * out[0].shape[2]))
+            elif name in MATMULS:
+                events.append(("mm",))
+            return out
+
+    params = list(model.parameters())
+    for t in params + list(model.buffers()):
+        alive[t.untyped_storage()._cdata] = 0
+
+    def grad_hook(i):
+        def hook(p):
+            g = p.grad
+            key = g.untyped_storage()._cdata
+            h = alive.get(key)
+            if h:
+                handed.add(h)
+                events.append(("g", i, h))
+            p.grad = None
+        return hook
+
+    hooks = [p.register_post_accumulate_grad_hook(grad_hook(i)) for i, p in enumerate(params)]
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    index = {id(m): i for i, m in enumerate(layers)}
+
+    def pre(m, args):
+        if id(m) in index and state["phase"] == "forward":
+            events.append(("L", index[id(m)]))
+
+    def post(m, args, out):
+        if id(m) in index and state["phase"] == "forward":
+            events.append(("Lend", index[id(m)]))
+
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
+    try:
+        with mode:
+            ids = torch.zeros(batch, seq, dtype=torch.long)
+            labels = torch.zeros(batch * seq, dtype=torch.long)
+        alive[ids.untyped_storage()._cdata] = 0
+        alive[labels.untyped_storage()._cdata] = 0
+        with mode, unpacked_batch(), Recorder():
+            logits = model(input_ids=ids, use_cache=False).logits
+            state["phase"] = "loss"
+            events.append(("phase", "loss"))
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels)
+            del logits
+            state["phase"] = "backward"
+            events.append(("phase", "backward"))
+            loss.backward()
+            del loss
+    finally:
+        h1.remove()
+        h2.remove()
+        for h in hooks:
+            h.remove()
+        if checkpointing:
+            model.gradient_checkpointing_disable()
+    return events
+
+
+def _fit(values: list) -> list:
+    """Integer coefficients k of `STREAM_BASIS` with k·(1, s, B·s, B·s²) = value at each of
+    `STREAM_SHAPES` ((2, 16), (2, 32), (2, 48), (3, 16)); ValueError where none exist. At B = 2 the
+    value is a + b·s + c·s² with a = k0, b = k1 + 2·k2, c = 2·k3; one more sequence at B = 3 adds
+    16·k2 + 256·k3."""
+    from fractions import Fraction
+    v16, v32, v48, v3 = (Fraction(v) for v in values)
+    c = (v48 - 2 * v32 + v16) / (2 * 16 * 16)
+    b = (v32 - v16) / 16 - c * 48
+    a = v16 - 16 * b - 256 * c
+    k3 = c / 2
+    k2 = (v3 - v16 - 256 * k3) / 16
+    k = [a, b - 2 * k2, k2, k3]
+    if any(x.denominator != 1 for x in k):
+        raise ValueError(f"sizes {values} are not k·(1, s, B·s, B·s²) with integer k")
+    while len(k) > 1 and k[-1] == 0:
+        k.pop()
+    return [int(x) for x in k]
+
+
+def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_param: int, per_layer: int):
+    """The raw stream of a k-layer model cut into segments (P: before the first layer; F<i>: layer i's
+    forward; H: after the last layer through the loss; Hb: backward until the last layer's gradients
+    begin; B<i>: layer i's backward, ending at its last gradient; E: the rest) with every handle named
+    by where it was made: (segment, its allocation index there). Returns {segment: [event, ...]} with
+    sizes still as bytes (lists of numbers to fit) and references as strings."""
+    pos_L = {e[1]: n for n, e in enumerate(events) if e[0] == "L"}
+    pos_Lend = {e[1]: n for n, e in enumerate(events) if e[0] == "Lend"}
+    back = next(n for n, e in enumerate(events) if e == ("phase", "backward"))
+    lastg, firstg = {}, {}
+    for n, e in enumerate(events):
+        if e[0] == "g" and e[1] in layer_of_param:
+            lastg[layer_of_param[e[1]]] = n
+            firstg.setdefault(layer_of_param[e[1]], n)
+    head = [n for n, e in enumerate(events) if e[0] == "g" and e[1] not in layer_of_param and n < firstg[k - 1]]
+    if sorted(pos_L) != list(range(k)) or sorted(lastg) != list(range(k)) or not head:
+        raise ValueError("the stream does not cut into layers")
+    bounds = [("P", 0)] + [(f"F{i}", pos_L[i]) for i in range(k)] + [("H", pos_Lend[k - 1] + 1), ("Hb", back)]
+    bounds += [(f"B{k - 1}", head[-1] + 1)] + [(f"B{i}", lastg[i + 1] + 1) for i in range(k - 2, -1, -1)]
+    bounds += [("E", lastg[0] + 1)]
+    seg_at = []
+    for (name, start), (_, end) in zip(bounds, bounds[1:] + [(None, len(events))]):
+        seg_at += [name] * (end - start)
+    where, count, out = {}, {}, {name: [] for name, _ in bounds}
+
+    def layer(name):
+        return int(name[1:]) if name[0] in "FB" and name[1:].isdigit() else None
+
+    def ref(h, seg):
+        name, j = where[h]
+        i, mine = layer(name), layer(seg)
+        if i is None:
+            return f"{name}:{j}"
+        if mine is not None:
+            return f"{name[0]}~{i - mine}:{j}"
+        return f"{name[0]}@{i if i < 2 else i - k}:{j}"
+
+    def param(p, seg):
+        if p in layer_of_param:
+            i, mine = layer_of_param[p], layer(seg)
+            local = p - first_layer_param - i * per_layer
+            return f"~{i - mine}:{local}" if mine is not None else f"@{i if i < 2 else i - k}:{local}"
+        return f"#{p if p < first_layer_param else p - n_params}"
+
+    first_mm = True
+    for n, e in enumerate(events):
+        seg = seg_at[n]
+        if e[0] == "a":
+            j = count.get(seg, 0)
+            count[seg] = j + 1
+            where[e[1]] = (seg, j)
+            out[seg].append(["a", e[2]])
+        elif e[0] == "f":
+            out[seg].append(["f", ref(e[1], seg)])
+        elif e[0] == "g":
+            out[seg].append(["g", param(e[1], seg), ref(e[2], seg)])
+        elif e[0] == "sum":
+            out[seg].append(["s", e[1]])
+        elif e[0] == "sdpa":
+            out[seg].append(["d", e[1], e[2]])
+        elif e[0] == "mm" and n > back and first_mm:
+            first_mm = False
+            out[seg].append(["w"])
+    return out
+
+
+def step_stream(d: dict, attention: str | None = None) -> dict:
+    """The allocation event stream of a training step of the model a config.json describes, as the
+    profile stores it (`zerocalc.profile`, `zerocalc.sequence` plays it): for a shallow copy of
+    `STREAM_LAYERS` decoder layers, without and with activation checkpointing, each event's bytes as
+    integer coefficients of (1, s, B·s, B·s²), solved from `STREAM_SHAPES` (an event whose bytes are
+    not so fails the trace). A deeper model repeats the middle layer's segments
+    (`zerocalc.sequence._traced_segments`)."""
+    from zerocalc.hf.trace import build, hf_config
+    torch, _ = _imports()
+    layers_total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
+    k = min(STREAM_LAYERS, layers_total)
+    cfg = hf_config(_shallow(d, k))
+    if attention:
+        cfg._attn_implementation = attention
+    model, mode = build(cfg)
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    params = list(model.parameters())
+    pid = {id(p): i for i, p in enumerate(params)}
+    layer_params = [[pid[id(p)] for p in m.parameters()] for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    per_layer = len(layer_params[0])
+    first = layer_params[0][0]
+    if any(ps != list(range(first + i * per_layer, first + (i + 1) * per_layer)) for i, ps in enumerate(layer_params)):
+        raise ValueError("decoder layers do not hold equal runs of parameters")
+    layer_of_param = {p: i for i, ps in enumerate(layer_params) for p in ps}
+    out = {"basis": list(STREAM_BASIS), "layers": k, "first_layer_param": first, "params_per_layer": per_layer,
+           "attention": model.config._attn_implementation}
+    for variant, ckpt in (("plain", False), ("checkpointed", True)):
+        runs = [_canonical(record_step(model, mode, b, s, ckpt), k, layer_of_param, len(params), first, per_layer)
+                for b, s in STREAM_SHAPES]
+        shape = [{seg: [[x if isinstance(x, str) else None for x in e] for e in evs] for seg, evs in r.items()}
+                 for r in runs]
+        if any(s != shape[0] for s in shape[1:]):
+            raise ValueError("the stream's events differ between traced shapes")
+        segs = {}
+        for seg, evs in runs[0].items():
+            segs[seg] = []
+            for n, e in enumerate(evs):
+                segs[seg].append([x if isinstance(x, str) else _fit([r[seg][n][m] for r in runs])
+                                  for m, x in enumerate(e)])
+        out[variant] = segs
+    return _compact(out)
+
+
+def _compact(stream: dict) -> dict:
+    """The stream as stored: each distinct size once (`sizes`, a table of coefficient lists); an
+    allocation is its size's index (an int >= 0); a free of a tensor its own segment made is -d, the
+    d-th allocation back (-1 the last); a free of another segment's tensor its name; ["g", param,
+    name], ["s", size], ["d", size, size], ["w"] as `_canonical` makes them, with sizes as indices; a
+    segment equal to one stored before it is that one's name ("plain.F1")."""
+    table, index = [], {}
+
+    def size(coefs):
+        key = tuple(coefs)
+        if key not in index:
+            index[key] = len(table)
+            table.append(list(coefs))
+        return index[key]
+
+    out = {k: v for k, v in stream.items() if k not in ("plain", "checkpointed")}
+    seen = {}
+    for variant in ("plain", "checkpointed"):
+        out[variant] = {}
+        for seg, evs in stream[variant].items():
+            packed, j = [], 0
+            for e in evs:
+                if e[0] == "a":
+                    packed.append(size(e[1]))
+                    j += 1
+                elif e[0] == "f":
+                    where, at = e[1].rsplit(":", 1)
+                    own = where == seg or (where[1:2] == "~" and where[0] == seg[0] and where[2:] == "0")
+                    packed.append(int(at) - j if own else e[1])
+                elif e[0] in ("s", "d"):
+                    packed.append([e[0]] + [size(x) for x in e[1:]])
+                else:
+                    packed.append(e)
+            text = repr(packed)
+            out[variant][seg] = seen.setdefault(text, f"{variant}.{seg}") if text in seen else packed
+            seen.setdefault(text, f"{variant}.{seg}")
+    out["sizes"] = table
+    return out

@@ -16,7 +16,7 @@ import os
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 3        # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 4        # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -151,10 +151,17 @@ def trace(d: dict, name: str = "", activations: bool = True) -> Profile:
             acts = memtrace.config_activations(d, len([m for m in modules if m.layer]))
         except Exception:      # a model whose forward the fake tensors cannot run at these lengths: formulas then
             acts = None
+    stream = None
+    if activations:
+        from zerocalc.hf import memtrace
+        try:
+            stream = memtrace.step_stream(d)
+        except Exception:      # a stream that does not cut into repeated layers or fit the shapes: the ratio then
+            stream = None
     return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
                    tuple(Tensor(n, tuple(p.shape)) for n, p in named), buffers, tuple(modules), roots[0],
                    {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts)
+                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts, stream)
 
 
 def config_digest(d: dict) -> str:
