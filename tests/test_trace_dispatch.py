@@ -17,8 +17,12 @@ token-expert pairs by expert and runs one grouped matmul over them, so no tensor
 routing; the streams are equal with random routing and with every token routed to the same experts.
 The per-expert loop (`experts_implementation="eager"`) is data-dependent and cannot be traced.
 
-Tiny configs (hidden 64, 2 layers, vocabulary 128, B 2, s 16): one to two seconds a family on a loaded
-core; three families (one MoE) run by default, the rest are marked slow. Evidence: docs/hf-validation.md,
+Also equal: with activation checkpointing (`use_reentrant=False`, as the validator and HF Trainer set
+it); and, from the first layer on, a real step given an all-ones attention mask (a tokenizer's, for
+unpadded sequences) against the fake one without.
+
+Tiny configs (hidden 64, 2 layers, vocabulary 128, B 2, s 16): about a second of CPU a family; three
+families (one MoE) run by default, the rest are marked slow. Evidence: docs/hf-validation.md,
 "The fake-tensor trace against real execution".
 """
 import contextlib
@@ -132,10 +136,12 @@ def _entered(stack, *modes):
     return entered()
 
 
-def fake_run(d: dict, batch=B, seq=S):
+def fake_run(d: dict, batch=B, seq=S, prepare=None):
     """`memtrace.record` as zerocalc runs it: the model on fake tensors, zero tokens. Events as at the
     end of backward (what is alive then, the gradients, dies later with the model)."""
     model, mode = trace.build(trace.hf_config(d))
+    if prepare:
+        prepare(model)
     with mode:
         ids = torch.zeros(batch, seq, dtype=torch.long)
     log = OpLog()
@@ -205,9 +211,12 @@ def renumbered(events):
 FAKE_ONLY = "prim.device.default"   # a fake tensor's device, asked of the fake mode; no computation
 
 
-def _compare(model_type, monkeypatch, ids=None, model=None):
+def _compare(model_type, monkeypatch, ids=None, model=None, prepare=None):
     d = tiny(model_type)
-    fake, fake_ops = fake_run(d)
+    fake, fake_ops = fake_run(d, prepare=prepare)
+    if prepare:
+        model = model or real_model(d)
+        prepare(model)
     torch.manual_seed(1)
     ids = torch.randint(3, V, (B, S)) if ids is None else ids
     real, real_ops, check = real_run(model or real_model(d), ids, monkeypatch)
@@ -293,3 +302,53 @@ def test_the_per_expert_loop_cannot_be_traced():
         ids = torch.zeros(B, S, dtype=torch.long)
     with pytest.raises(DynamicOutputShapeException):
         memtrace.record(model, mode, ids)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")     # gradient_checkpointing_enable's new name
+def test_with_activation_checkpointing_too(monkeypatch):
+    """Checkpointed layers as the validator and HF Trainer set them (`use_reentrant=False`): the layers'
+    inputs kept in forward, each layer recomputed in backward; the same on fake and real tensors."""
+    def checkpointed(model):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    events = _compare("qwen2", monkeypatch, prepare=checkpointed)
+    recomputed = [e for e in events if e[0] == "alloc" and e[4] == "backward" and e[3].startswith("model.layers.")]
+    assert recomputed
+
+
+def _from_the_first_layer(events, first):
+    """What is alive when the first decoder layer starts (bytes, in birth order) and the events from
+    there on, handles renamed: the live ones "kept 0, 1, ...", the later ones by birth."""
+    start = next(i for i, e in enumerate(events) if e[0] == "alloc" and e[3].startswith(first))
+    alive = {}
+    for e in events[:start]:
+        if e[0] == "alloc":
+            alive[e[1]] = e[2]
+        elif e[0] == "free":
+            alive.pop(e[1], None)
+    name = {h: f"kept {i}" for i, h in enumerate(alive)}
+    out = []
+    for e in events[start:]:
+        if e[0] == "alloc":
+            name[e[1]] = len(name) - len(alive)
+        out.append((e[0], name[e[1]]) + e[2:] if e[0] in ("alloc", "free") else e)
+    return list(alive.values()), out
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma2"])
+def test_an_all_ones_attention_mask_changes_nothing_the_layers_see(model_type, monkeypatch):
+    """A tokenizer gives an unpadded batch an all-ones attention_mask; zerocalc traces without one.
+    With the mask, transformers checks it (SDPA: then runs causal, as without) or combines it into the
+    eager attention's mask (Gemma-2): temporaries, all dead before the first layer starts. From there
+    on the real step with the mask equals the fake one without: the same tensors alive, the same events."""
+    d = tiny(model_type)
+    fake, _ = fake_run(d)
+    model = real_model(d)
+    torch.manual_seed(1)
+    ids = torch.randint(3, V, (B, S))
+    mask = torch.ones_like(ids)              # an input, like the tokens: not an event
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda **kw: forward(attention_mask=mask, **kw))
+    monkeypatch.setattr(memtrace, "unpacked_batch", contextlib.nullcontext)    # transformers' own check
+    real = list(memtrace.record(model, contextlib.nullcontext(), ids))
+    assert real != fake                      # the mask's own tensors
+    assert _from_the_first_layer(real, "model.layers.0.") == _from_the_first_layer(fake, "model.layers.0.")
