@@ -76,7 +76,7 @@ def test_stage_3_with_partitions_on_the_gpu_converts_the_master_on_the_cpu_at_th
 
 
 def test_the_host_answer_is_kept_per_host_setup_and_equals_the_full_setups():
-    """host_memory reads its setup through `_host_setup` and keeps the answer: for every stage, offload,
+    """host_memory reads its setup through `_host_key` and keeps the answer: for every stage, offload,
     N, dtype and accumulation count the kept answer equals the same body run on the whole setup, micro-batch,
     sequence length and checkpointing included (so a field the body reads and the projection drops fails
     here), and setups that differ only in those share one answer."""
@@ -93,7 +93,7 @@ def test_the_host_answer_is_kept_per_host_setup_and_equals_the_full_setups():
                   for micro, seq, ckpt in ((1, None, False), (4, 512, True))]
         answers = [host.host_memory(model, s) for s in setups]
         assert answers[0] is answers[1]
-        assert answers[0] == host._host_memory.__wrapped__(model, setups[1], BASE, GROWTH)
+        assert answers[0] == host.host_bytes(model, setups[1], BASE, GROWTH)
 
 
 def test_the_node_holds_its_ranks():

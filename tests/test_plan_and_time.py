@@ -284,6 +284,24 @@ def test_min_gpus_agrees_with_estimate():
     assert plan("--max-gpus", str(best["dp"] // 2), "--min-gpus", model="llama-2-70b", code=1)["ranked"] == []
 
 
+def test_without_explain_a_host_overflow_is_rejected_without_its_gpu_side_and_the_same_setups_fit():
+    """`plan` without --explain shows no rejected candidate, so one its host cannot hold is not estimated
+    on the GPU: the candidates that fit, and their estimates, are those of the full enumeration."""
+    from zerocalc import host, plan as P
+    spec = from_architecture(A.Architecture("hf-llama", 32000, 2048, 4, 16, 16, 5632, False))
+    base = Setup(seq_len=2048)
+    one_rank = host.host_memory(spec, Setup(stage=Stage.DISABLED)).peak_bytes
+    args = (spec, gpu("h100"), base, 64, 80 * 2**30, 1, 16, None, int(2.5 * one_rank))  # 1-2 ranks a node
+    full, screened = P.candidates(*args), P.candidates(*args, explain=False)
+    assert [c.setup for c in full] == [c.setup for c in screened]
+    host_only = [(f, s) for f, s in zip(full, screened) if s.estimate is None and f.estimate is not None]
+    assert host_only and all(f.rejected.endswith(s.rejected) and "host memory" in s.rejected for f, s in host_only)
+    fitting = [(f, s) for f, s in zip(full, screened) if f.rejected is None]
+    assert fitting and all(s.rejected is None and s.estimate.device_bytes == f.estimate.device_bytes
+                           for f, s in fitting)
+    assert sum(s.rejected is None for s in screened) == len(fitting)
+
+
 def test_plan_with_nothing_that_fits_exits_1():
     r = CliRunner().invoke(main, ["plan", "--model", "llama-2-70b", "--gpu", "h100", "--gpu-memory", "8GiB",
                                   "--max-gpus", "2", "--seq-len", "4096", "--global-batch", "8"])

@@ -486,7 +486,7 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments,
                  zero_init=zero_init)
     host_memory, host_note = _host_memory(host_memory, hw)
-    cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal, host_memory)
+    cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal, host_memory, explain)
     dropped = []
     if fewest:
         best = plan.fewest_gpus(cands)

@@ -49,6 +49,7 @@ Sources, by term (paths relative to DeepSpeed's package; checked against the H20
 """
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from operator import attrgetter
 from math import ceil
 
 from zerocalc.model import ModelSpec
@@ -141,23 +142,28 @@ def host_memory(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Host
     a = model.architecture
     if a is not None and a.family.startswith("hf-"):
         base += int(k_host.get("transformers_bytes", TRANSFORMERS_BYTES))
-    return _host_memory(model, _host_setup(setup), base, growth)
+    return _kept(model, _host_key(setup), base, growth)
 
 
-def _host_setup(setup: Setup) -> Setup:
-    """The setup with only what the host side reads: not the micro-batch, sequence length, checkpointing
-    or anything else of the device side, and of the accumulation steps only whether there are several
-    at stage 2. `plan`'s candidates that differ in those alone (a dozen per GPU count, stage and offload)
-    share one answer."""
-    gas = min(setup.gas, 2) if setup.stage == Stage.GRADIENTS else 1
-    return Setup(stage=setup.stage, dp=setup.dp, dtype=setup.dtype, optimizer=setup.optimizer, gas=gas,
-                 grad_accum_dtype=setup.grad_accum_dtype, param_persistence_threshold=setup.param_persistence_threshold,
-                 model_persistence_threshold=setup.model_persistence_threshold, sub_group_size=setup.sub_group_size,
-                 offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param, zero_init=setup.zero_init)
+# What the host side reads of a setup: not the micro-batch, sequence length, checkpointing or anything
+# else of the device side, and of the accumulation steps only whether there are several at stage 2.
+# `plan`'s candidates that differ in those alone (a dozen per GPU count, stage and offload) share one
+# answer; the key is a plain tuple because `plan` looks it up about a thousand times.
+HOST_FIELDS = ("stage", "dp", "dtype", "optimizer", "grad_accum_dtype", "param_persistence_threshold",
+               "model_persistence_threshold", "sub_group_size", "offload_optimizer", "offload_param", "zero_init")
+_host_fields = attrgetter(*HOST_FIELDS)
+
+
+def _host_key(setup: Setup) -> tuple:
+    return (*_host_fields(setup), min(setup.gas, 2) if setup.stage == Stage.GRADIENTS else 1)
 
 
 @lru_cache(maxsize=256)
-def _host_memory(model: ModelSpec, setup: Setup, base: int, growth: int) -> HostBytes:
+def _kept(model: ModelSpec, key: tuple, base: int, growth: int) -> HostBytes:
+    return host_bytes(model, Setup(**dict(zip(HOST_FIELDS + ("gas",), key))), base, growth)
+
+
+def host_bytes(model: ModelSpec, setup: Setup, base: int, growth: int) -> HostBytes:
     """`host_memory` with the runtime's bytes resolved: `base` before the model is built (transformers'
     import included where the model is a Hugging Face one), `growth` what initialize and the first step add."""
     a = model.architecture

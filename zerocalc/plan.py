@@ -6,10 +6,11 @@ and the one `--min-gpus` picks) are judged again as `estimate` judges them, its 
 included, so the two agree on every row shown: its GiB, fits and tight."""
 from dataclasses import dataclass, replace
 
+from zerocalc import host
 from zerocalc.estimate import Estimate, estimate
 from zerocalc.hardware import Hardware
 from zerocalc.model import ModelSpec
-from zerocalc.training import Setup, Stage
+from zerocalc.training import Setup, Stage, validate_setup
 
 OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -46,16 +47,22 @@ def rejection(e: Estimate, how: str = "") -> str | None:
         reasons.append(f"needs {e.device_bytes / 2**30:.1f} GiB per GPU ({e.peak.name} peak{how}), has "
                        f"{e.gpu_memory_bytes / 2**30:.1f}")
     if e.fits_host is False:
-        reasons.append(f"needs {e.host_node_bytes / 2**30:.1f} GiB of host memory per node ({e.host_ranks} ranks × "
-                       f"{e.host.peak_bytes / 2**30:.1f} GiB, {e.host.peak_phase} peak), has "
-                       f"{e.host_memory_bytes / 2**30:.1f}")
+        reasons.append(host_rejection(e.host, e.host_ranks, e.host_memory_bytes))
     return "; ".join(reasons) or None
+
+
+def host_rejection(h: host.HostBytes, ranks: int, host_memory_bytes: int) -> str:
+    return (f"needs {h.node_bytes(ranks) / 2**30:.1f} GiB of host memory per node ({ranks} ranks × "
+            f"{h.peak_bytes / 2**30:.1f} GiB, {h.peak_phase} peak), has {host_memory_bytes / 2**30:.1f}")
 
 
 def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int, gpu_memory_bytes: int,
                min_gpus: int = 1, max_gpus: int = 8, cal: dict | None = None,
-               host_memory_bytes: int | None = None) -> list[Candidate]:
-    """host_memory_bytes: the host's memory per node; a node holds min(N, GPUs per node) ranks."""
+               host_memory_bytes: int | None = None, explain: bool = True) -> list[Candidate]:
+    """host_memory_bytes: the host's memory per node; a node holds min(N, GPUs per node) ranks.
+    explain=False: a candidate its host cannot hold is rejected on that alone, its GPU side not
+    estimated (estimate None, the reason the host's only), for a caller that shows no rejected
+    candidate (`zerocalc plan` without --explain); the candidates that fit are the same."""
     out = []
     for n in gpu_counts(min_gpus, max_gpus, hw.gpus_per_node):
         for stage in Stage:
@@ -73,8 +80,15 @@ def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int, g
                             out.append(Candidate(setup, None, f"global batch {global_batch} is not a multiple of "
                                                               f"micro-batch {micro} × {n} GPUs"))
                             continue
+                        ranks = min(n, hw.gpus_per_node)
+                        if not explain and host_memory_bytes is not None:
+                            validate_setup(setup)
+                            h = host.host_memory(model, setup, cal)
+                            if h.node_bytes(ranks) > host_memory_bytes:
+                                out.append(Candidate(setup, None, host_rejection(h, ranks, host_memory_bytes)))
+                                continue
                         e = estimate(model, setup, gpu_memory_bytes, cal, hw, simulate=False, host_memory_bytes=
-                                     host_memory_bytes, ranks_per_node=min(n, hw.gpus_per_node))
+                                     host_memory_bytes, ranks_per_node=ranks)
                         out.append(Candidate(setup, e, rejection(e)))
     return out
 

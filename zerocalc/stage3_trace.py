@@ -144,29 +144,34 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
     reuse = setup.max_reuse_distance
     popleft, get = queue.popleft, marked.get
 
-    # Each module's parameters once, in hook order (a module can list a shared one twice).
+    # Each module's parameters once, in hook order (a module can list a shared one twice); a module
+    # without parameters (an activation, attention's core) only prefetches.
     for step, mod in enumerate([tuple(dict.fromkeys(mod)) for mod in trace]):
         actions = []
-        todo = sorted(p for p in mod if p not in available)
-        if todo:
-            actions.append(("gather", tuple(todo)))
-            available.update(todo)
-            inflight.update(todo)
-            n_available += sum(numel[p] for p in todo)
-        for p in mod:
-            if p in inflight:
-                inflight.discard(p)
-                actions.append(("wait", p))
-        if record:
-            release = [p for p in mod if not pers[p]]
-        else:
-            # Pop this module's own entries off the queue.
-            mine = {p for p in mod if get(p, -1) < step}
-            popped = set()
-            while queue and popped != mine:
-                p, s = popleft()
-                marked[p] = s
-                popped.add(p)
+        release = ()
+        if mod:
+            todo = [p for p in mod if p not in available]
+            if todo:
+                todo.sort()
+                actions.append(("gather", tuple(todo)))
+                available.update(todo)
+                inflight.update(todo)
+                n_available += sum(numel[p] for p in todo)
+            for p in mod:
+                if p in inflight:
+                    inflight.discard(p)
+                    actions.append(("wait", p))
+            if record:
+                release = [p for p in mod if not pers[p]]
+            else:
+                # Pop this module's own entries off the queue.
+                mine = {p for p in mod if get(p, -1) < step}
+                popped = set()
+                while queue and popped != mine:
+                    p, s = popleft()
+                    marked[p] = s
+                    popped.add(p)
+        if not record:
             # Prefetch.
             if prefetch_bucket > 0:
                 budget = min(max_live - n_available, prefetch_bucket)
@@ -179,16 +184,17 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
                         batch.append(p)
                         size += numel[p]
                 if batch:
-                    todo = sorted(batch)
-                    actions.append(("gather", tuple(todo)))
-                    available.update(todo)
-                    inflight.update(todo)
+                    batch.sort()
+                    actions.append(("gather", tuple(batch)))
+                    available.update(batch)
+                    inflight.update(batch)
                     n_available += size
             # Release after the module runs, unless the reuse rule keeps it.
-            release = [p for p in mod if not pers[p] and get(p, -1) <= step + 1]
-            if release and reuse > 0:
-                window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
-                release = [p for p in release if not _occurs_within(occurs[p], step, window)]
+            if mod:
+                release = [p for p in mod if not pers[p] and get(p, -1) <= step + 1]
+                if release and reuse > 0:
+                    window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
+                    release = [p for p in release if not _occurs_within(occurs[p], step, window)]
         for p in sorted(release):
             if p in available:
                 available.discard(p)
