@@ -20,8 +20,9 @@ token-expert pairs by expert and runs one grouped matmul over them, so no tensor
 routing; the streams are equal with random routing and with every token routed to the same experts.
 The per-expert loop (`experts_implementation="eager"`) is data-dependent and cannot be traced.
 
-Also equal: with activation checkpointing (`use_reentrant=False`, as the validator and HF Trainer set
-it); and, from the first layer on, a real step given an all-ones attention mask (a tokenizer's, for
+Also equal: `memtrace.record_step`, the allocation stream the allocator simulation plays (gradients
+handed to the optimizer, layer bounds, the markers the CUDA rules read), without and with activation
+checkpointing (`use_reentrant=False`, as the validator and HF Trainer set it); and, from the first layer on, a real step given an all-ones attention mask (a tokenizer's, for
 unpadded sequences) against the fake one without.
 
 Tiny configs (hidden 64, 2 layers, vocabulary 128, B 2, s 16): about a second of CPU a family; three
@@ -396,3 +397,49 @@ def test_an_all_ones_attention_mask_changes_nothing_the_layers_see(model_type, m
     real = list(memtrace.record(model, contextlib.nullcontext(), ids))
     assert real != fake                      # the mask's own tensors
     assert _from_the_first_layer(real, "model.layers.0.") == _from_the_first_layer(fake, "model.layers.0.")
+
+
+class QuietCheck(PackedCheck):
+    """transformers' own packed-sequence check, its operators out of the recorder's sight (what they
+    allocate, all freed inside it, is asserted by `real_run`); its answers collected."""
+
+    def forward(self, position_ids):
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes():
+            out = self.original(position_ids)
+        self.answers.append(out)
+        return out
+
+
+def _steps(model_type, monkeypatch, variants=(False, True)):
+    """`memtrace.record_step` (the allocation stream the allocator simulation plays: births, deaths,
+    gradients handed to the optimizer, layer bounds, the CUDA-rule markers) on fake tensors and on the
+    real model, without and with activation checkpointing; the real step's tokens are memtrace's zeros
+    (an MoE routes every token to the same experts)."""
+    from transformers import masking_utils
+    d = tiny(model_type)
+    for checkpointing in variants:
+        model, mode = trace.build(trace.hf_config(d))
+        fake = list(memtrace.record_step(model, mode, B, S, checkpointing))
+        check = QuietCheck(masking_utils.find_packed_sequence_indices, OpLog())
+        with monkeypatch.context() as m:
+            m.setattr(memtrace, "unpacked_batch", lambda: transformers_own_check(check))
+            real = list(memtrace.record_step(real_model(d), contextlib.nullcontext(), B, S, checkpointing))
+        assert check.answers and all(a is None for a in check.answers)
+        assert fake == real
+        kinds = {e[0] for e in fake}
+        assert {"a", "f", "g", "L", "Lend", "mm"} <= kinds
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")     # gradient_checkpointing_enable's new name
+@pytest.mark.parametrize("model_type", FAST)
+def test_the_step_stream_is_a_real_steps(model_type, monkeypatch):
+    _steps(model_type, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("model_type", SLOW)
+def test_the_checkpointed_step_stream_is_a_real_steps_for_every_family(model_type, monkeypatch):
+    """Checkpointed only: the plain step is `record`'s forward and backward, compared above."""
+    _steps(model_type, monkeypatch, variants=(True,))
