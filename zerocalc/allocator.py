@@ -119,22 +119,63 @@ def start(cached=(), expandable_segments: bool = False, segment_addresses=()) ->
 
 
 class _Block:
-    __slots__ = ("addr", "size", "free", "pool", "seg_start", "seg_end", "mapped")
+    __slots__ = ("addr", "size", "free", "pool", "fl", "seg_start", "seg_end", "mapped")
 
-    def __init__(self, addr, size, pool, seg_start, seg_end, mapped=True):
-        self.addr, self.size, self.free, self.pool = addr, size, True, pool
+    def __init__(self, addr, size, pool, fl, seg_start, seg_end, mapped=True):
+        self.addr, self.size, self.free, self.pool, self.fl = addr, size, True, pool, fl
         self.seg_start, self.seg_end, self.mapped = seg_start, seg_end, mapped
+
+
+class _FreeBlocks:
+    """One pool's free blocks in (size, address) order, held as the sorted distinct sizes and each
+    size's addresses, sorted: a request's block (the smallest that fits, the lowest address among
+    equal sizes) is a dictionary look-up when one of its own size is free, else a bisection over
+    the sizes. `_Allocator.run` does these operations written out."""
+    __slots__ = ("sizes", "at")
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.at: dict[int, list[int]] = {}
+
+    def add(self, size: int, addr: int) -> None:
+        same = self.at.get(size)
+        if same is None:
+            self.at[size] = [addr]
+            bisect.insort(self.sizes, size)
+        else:
+            bisect.insort(same, addr)
+
+    def remove(self, size: int, addr: int) -> None:
+        same = self.at[size]
+        if len(same) == 1:
+            del self.at[size]
+            del self.sizes[bisect.bisect_left(self.sizes, size)]
+        else:
+            same.remove(addr)
+
+    def fitting(self, size: int):
+        """(size, address) of the free blocks of at least size bytes, in order."""
+        for k in range(bisect.bisect_left(self.sizes, size), len(self.sizes)):
+            for addr in self.at[self.sizes[k]]:
+                yield self.sizes[k], addr
+
+    def __iter__(self):
+        return self.fitting(0)
+
+    def __len__(self) -> int:
+        return sum(len(same) for same in self.at.values())
 
 
 class _Allocator:
     """The simulation's state: blocks by start and by end address (segments are laid end to end at
-    increasing addresses, as fresh cudaMallocs roughly are), and each pool's free blocks sorted by
-    (size, address)."""
+    increasing addresses, as fresh cudaMallocs roughly are), and each pool's free blocks in (size,
+    address) order (`_FreeBlocks`)."""
 
     def __init__(self):
         self.segments: list[Segment] = []
         self.releases: list[tuple[int, int]] = []
-        self.free_blocks: dict[tuple[bool, int], list[tuple[int, int]]] = {}   # (small, stream) -> [(size, addr)]
+        self.free_blocks: dict[tuple[bool, int], _FreeBlocks] = {}   # pool (small, stream) -> its free blocks
+        self.by_stream: dict = {}               # stream -> (large pool's, small pool's) free blocks
         self.starts: dict[int, _Block] = {}
         self.ends: dict[int, _Block] = {}
         self.live: dict = {}                    # handle -> block
@@ -147,8 +188,127 @@ class _Allocator:
         self.fed = 0                            # events run so far
         self.fed_addresses = 0                  # segment addresses taken from `addresses`
 
+    def _pool_lists(self, stream) -> tuple[_FreeBlocks, _FreeBlocks]:
+        """The free blocks of stream's large and small pools, made on first use."""
+        lists = self.by_stream.get(stream)
+        if lists is None:
+            lists = self.by_stream[stream] = tuple(self.free_blocks.setdefault((small, stream), _FreeBlocks())
+                                                   for small in (False, True))
+        return lists
+
+    def _free_list(self, pool) -> _FreeBlocks:
+        return self._pool_lists(pool[1])[bool(pool[0])]
+
     def run(self, events) -> None:
-        """Replay events, numbered on from those run before."""
+        """Replay events, numbered on from those run before: `malloc` and `free` written out in the
+        loop (they run for every event of a simulated job; a subclass's `malloc` is called)."""
+        if type(self) is not _Allocator:
+            return self._run_each(events)
+        starts, ends, live, by_stream = self.starts, self.ends, self.live, self.by_stream
+        bisect_left, insort, Block = bisect.bisect_left, bisect.insort, _Block
+        allocated, peak_allocated = self.allocated, self.peak_allocated
+        try:
+            for i, e in enumerate(events, self.fed):
+                kind = e[0]
+                if kind == "alloc":                     # `malloc`
+                    size = -(-e[2] // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+                    if size < MIN_BLOCK_BYTES:
+                        size = MIN_BLOCK_BYTES
+                    small = size <= SMALL_REQUEST_BYTES
+                    lists = by_stream.get(e[3])
+                    if lists is None:
+                        lists = self._pool_lists(e[3])
+                    fl = lists[small]
+                    at = fl.at
+                    same = at.get(size)
+                    if same is not None:                # a free block of its size: taken whole
+                        b = starts[same.pop(0)]
+                        if not same:
+                            del at[size]
+                            sizes = fl.sizes
+                            del sizes[bisect_left(sizes, size)]
+                    else:
+                        sizes = fl.sizes
+                        k = bisect_left(sizes, size)
+                        if k < len(sizes):
+                            found = sizes[k]
+                            same = at[found]
+                            b = starts[same.pop(0)]
+                            if not same:
+                                del at[found], sizes[k]
+                        else:
+                            b = self._segment(size, e[3], i, fl)
+                        rest = b.size - size
+                        if rest >= MIN_BLOCK_BYTES if small else rest > SMALL_REQUEST_BYTES:   # should_split
+                            cut = b.addr + size
+                            ends[cut + rest] = starts[cut] = Block(cut, rest, b.pool, fl, b.seg_start, b.seg_end)
+                            ends[cut] = b
+                            b.size = size
+                            same = at.get(rest)                                              # fl.add
+                            if same is None:
+                                at[rest] = [cut]
+                                insort(sizes, rest)
+                            else:
+                                insort(same, cut)
+                    b.free = False
+                    live[e[1]] = b
+                    allocated += b.size
+                    if allocated > peak_allocated:
+                        peak_allocated = allocated
+                elif kind == "free":                    # `free`
+                    b = live.pop(e[1], None)
+                    if b is None:
+                        continue
+                    size = b.size
+                    allocated -= size
+                    b.free = True
+                    fl = b.fl
+                    at = fl.at
+                    addr = b.addr
+                    end = addr + size
+                    if end < b.seg_end:
+                        other = starts.get(end)
+                        if other is not None and other.free:     # merged with the free block after it
+                            n = other.size
+                            same = at[n]                                                     # fl.remove
+                            if len(same) == 1:
+                                del at[n], fl.sizes[bisect_left(fl.sizes, n)]
+                            else:
+                                same.remove(end)
+                            del starts[end], ends[end]
+                            size += n
+                            b.size = size
+                            ends[addr + size] = b
+                    if addr > b.seg_start:
+                        other = ends.get(addr)
+                        if other is not None and other.free:     # and with the one before it
+                            n = other.size
+                            same = at[n]
+                            if len(same) == 1:
+                                del at[n], fl.sizes[bisect_left(fl.sizes, n)]
+                            else:
+                                same.remove(other.addr)
+                            del starts[addr], ends[addr]
+                            size += n
+                            addr = other.addr
+                            other.size = size
+                            ends[addr + size] = other
+                    same = at.get(size)                                                      # fl.add
+                    if same is None:
+                        at[size] = [addr]
+                        insort(fl.sizes, size)
+                    else:
+                        insort(same, addr)
+                elif kind == "empty_cache":
+                    self.empty_cache(i)
+                else:
+                    raise ValueError(f"unknown event {kind!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
+        finally:
+            self.allocated, self.peak_allocated = allocated, peak_allocated
+        self.fed += len(events)
+
+    def _run_each(self, events) -> None:
+        """`run` through the methods, one call per event."""
         malloc, free = self.malloc, self.free
         for i, e in enumerate(events, self.fed):
             kind = e[0]
@@ -179,7 +339,7 @@ class _Allocator:
         events only read. Two equal states of one allocator answer the same events the same way."""
         blocks = sorted((a, b.size, b.free, b.pool, b.seg_start, b.seg_end, b.mapped) for a, b in self.starts.items())
         return (blocks, {h: b.addr for h, b in self.live.items()},
-                {pool: tuple(f) for pool, f in self.free_blocks.items() if f},
+                {pool: tuple(f) for pool, f in self.free_blocks.items() if f.sizes},
                 {pool: tuple(u) for pool, u in getattr(self, "unmapped", {}).items() if u},
                 tuple(self.held), tuple(self.holes), self.low_addr, self.next_addr, self.reserved, self.allocated,
                 len(self.segments), len(self.releases), self.fed_addresses)
@@ -187,15 +347,16 @@ class _Allocator:
     def seed(self, addr: int, size: int, stream: int, small: bool, blocks) -> None:
         """A segment cached before the sequence, with its blocks (address, size, allocated)."""
         pool = (bool(small), stream)
+        fl = self._free_list(pool)
         for block_addr, block_size, allocated in blocks:
-            b = _Block(block_addr, block_size, pool, addr, addr + size)
+            b = _Block(block_addr, block_size, pool, fl, addr, addr + size)
             self._add(b)
             if allocated:
                 b.free = False
                 self.live[block_addr] = b
                 self.allocated += block_size
             else:
-                bisect.insort(self.free_blocks.setdefault(pool, []), (block_size, block_addr))
+                fl.add(block_size, block_addr)
         self.reserved += size
         bisect.insort(self.held, (addr, addr + size))
         self.next_addr = max(self.next_addr, addr + size)
@@ -207,7 +368,7 @@ class _Allocator:
             whole = [(size, addr) for size, addr in free
                      if self.starts[addr].seg_start == addr and self.starts[addr].seg_end == addr + size]
             for size, addr in whole:
-                free.remove((size, addr))
+                free.remove(size, addr)
                 self._drop(self.starts[addr])
                 self.held.remove((addr, addr + size))
                 self.reserved -= size
@@ -230,21 +391,25 @@ class _Allocator:
     def _split(self, b, size: int):
         """Cut b after its first size bytes; return the rest (same mapping, not on any list)."""
         self._drop(b)
-        rest = _Block(b.addr + size, b.size - size, b.pool, b.seg_start, b.seg_end, mapped=b.mapped)
+        rest = _Block(b.addr + size, b.size - size, b.pool, b.fl, b.seg_start, b.seg_end, mapped=b.mapped)
         b.size = size
         self._add(b)
         self._add(rest)
         return rest
 
-    def _merge(self, b, listed: list):
-        """b merged with its free neighbours of the same mapping, which come off `listed` (their pool's
-        free list, or its unmapped addresses); return the merged block (on no list)."""
+    def _merge(self, b, unmapped: list | None = None):
+        """b merged with its free neighbours of the same mapping, which come off their lists (their
+        pool's free blocks; its unmapped addresses, given for an unmapped b); return the merged block
+        (on no list)."""
         for other in (self._next(b), self._prev(b)):
             if other is not None and other.free and other.mapped == b.mapped:
-                del listed[bisect.bisect_left(listed, (other.size, other.addr) if other.mapped else other.addr)]
+                if other.mapped:
+                    other.fl.remove(other.size, other.addr)
+                else:
+                    del unmapped[bisect.bisect_left(unmapped, other.addr)]
                 self._drop(other)
                 self._drop(b)
-                b = _Block(min(b.addr, other.addr), b.size + other.size, b.pool, b.seg_start, b.seg_end,
+                b = _Block(min(b.addr, other.addr), b.size + other.size, b.pool, b.fl, b.seg_start, b.seg_end,
                            mapped=b.mapped)
                 self._add(b)
         return b
@@ -253,19 +418,11 @@ class _Allocator:
         """Hand out the front of free block b (off its list) for a request of size bytes."""
         if split:
             rest = self._split(b, size)
-            bisect.insort(self.free_blocks[b.pool], (rest.size, rest.addr))
+            b.fl.add(rest.size, rest.addr)
         b.free = False
         self.live[handle] = b
         self.allocated += b.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
-
-    def _best_fit(self, n_bytes: int, stream: int):
-        """(rounded size, pool, the pool's free list, index of its smallest block that fits — or the
-        list's length)."""
-        size = round_size(n_bytes)
-        pool = (size <= SMALL_REQUEST_BYTES, stream)
-        free = self.free_blocks.setdefault(pool, [])
-        return size, pool, free, bisect.bisect_left(free, (size, -1))
 
     def _overlaps(self, addr: int, size: int) -> bool:
         """Whether [addr, addr + size) meets a segment held now."""
@@ -301,70 +458,42 @@ class _Allocator:
         self.low_addr = min(self.low_addr, addr)
         return addr
 
+    def _segment(self, size: int, stream: int, event: int, fl: _FreeBlocks) -> _Block:
+        """A new segment for a request of size bytes (rounded) that no free block holds: one block,
+        free, on no list."""
+        seg = segment_size(size)
+        addr = self._segment_address(seg)
+        bisect.insort(self.held, (addr, addr + seg))
+        b = _Block(addr, seg, (size <= SMALL_REQUEST_BYTES, stream), fl, addr, addr + seg)
+        self._add(b)
+        self.segments.append(Segment(seg, stream, event))
+        self.reserved += seg
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+        return b
+
     def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
-        """`_best_fit`, then a new segment if none fits, then `_take` with `should_split`: written
-        out in one function, as it runs for every allocation of a simulated job."""
-        size = -(-n_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
-        if size < MIN_BLOCK_BYTES:
-            size = MIN_BLOCK_BYTES
-        small = size <= SMALL_REQUEST_BYTES
-        pool = (small, stream)
-        free = self.free_blocks.get(pool)
-        if free is None:
-            free = self.free_blocks[pool] = []
-        k = bisect.bisect_left(free, (size, -1))
-        if k < len(free):
-            b = self.starts[free.pop(k)[1]]
+        """The smallest free block of the request's pool that holds it (the lowest address among
+        equal sizes), else a new segment; split by `should_split`."""
+        size = round_size(n_bytes)
+        fl = self._pool_lists(stream)[size <= SMALL_REQUEST_BYTES]
+        found = next(fl.fitting(size), None)
+        if found is not None:
+            fl.remove(*found)
+            b = self.starts[found[1]]
         else:
-            seg = segment_size(size)
-            addr = self._segment_address(seg)
-            bisect.insort(self.held, (addr, addr + seg))
-            b = _Block(addr, seg, pool, addr, addr + seg)
-            self._add(b)
-            self.segments.append(Segment(seg, stream, event))
-            self.reserved += seg
-            if self.reserved > self.peak_reserved:
-                self.peak_reserved = self.reserved
-        rest = b.size - size
-        if rest >= MIN_BLOCK_BYTES if small else rest > SMALL_REQUEST_BYTES:    # should_split; `_split`
-            at = b.addr + size
-            cut = _Block(at, rest, pool, b.seg_start, b.seg_end, b.mapped)
-            self.ends[at + rest] = cut
-            self.ends[at] = b
-            self.starts[at] = cut
-            b.size = size
-            bisect.insort(free, (rest, at))
-        b.free = False
-        self.live[handle] = b
-        self.allocated += b.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
+            b = self._segment(size, stream, event, fl)
+        self._take(handle, b, size, should_split(b.size, size))
 
     def free(self, handle) -> None:
-        """The block returns to its pool's free list, merged with its free neighbours in the segment
-        (`_merge`, written out: a live block is mapped, so its neighbours to merge are on the list)."""
+        """The block returns to its pool's free list, merged with its free neighbours in the segment."""
         b = self.live.pop(handle, None)
         if b is None:
             return
         self.allocated -= b.size
         b.free = True
-        free = self.free_blocks[b.pool]
-        starts, ends = self.starts, self.ends
-        addr, end = b.addr, b.addr + b.size
-        nxt = starts.get(end) if end < b.seg_end else None
-        prv = ends.get(addr) if addr > b.seg_start else None
-        if nxt is not None and nxt.free and nxt.mapped:
-            del free[bisect.bisect_left(free, (nxt.size, end))]
-            del starts[end], ends[end]
-            b.size += nxt.size
-            ends[addr + b.size] = b
-        if prv is not None and prv.free and prv.mapped:
-            del free[bisect.bisect_left(free, (prv.size, prv.addr))]
-            del starts[addr], ends[addr]
-            prv.size += b.size
-            ends[prv.addr + prv.size] = prv
-            b = prv
-        bisect.insort(free, (b.size, b.addr))
+        b = self._merge(b)
+        b.fl.add(b.size, b.addr)
 
 
 LARGE_PAGE_BYTES = LARGE_SEGMENT_BYTES   # an expandable segment maps 20 MiB pages in the large pool
@@ -388,13 +517,21 @@ class _ExpandableAllocator(_Allocator):
         return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
     def malloc(self, handle, n_bytes: int, stream: int, event: int) -> None:
-        size, pool, free, k = self._best_fit(n_bytes, stream)
-        if k < len(free):
-            while k + 1 < len(free) and self._grown(self.starts[free[k + 1][1]]) < self._grown(self.starts[free[k][1]]):
-                k += 1
-            b = self.starts[free.pop(k)[1]]
+        size = round_size(n_bytes)
+        fl = self._pool_lists(stream)[size <= SMALL_REQUEST_BYTES]
+        fits = fl.fitting(size)
+        found = next(fits, None)
+        if found is not None:     # the first in (size, address) order after which the next grows no less
+            grown = self._grown(self.starts[found[1]])
+            for other in fits:
+                other_grown = self._grown(self.starts[other[1]])
+                if other_grown >= grown:
+                    break
+                found, grown = other, other_grown
+            fl.remove(*found)
+            b = self.starts[found[1]]
         else:
-            b = self._map_for(pool, size, stream, event)
+            b = self._map_for((size <= SMALL_REQUEST_BYTES, stream), size, stream, event)
         self._take(handle, b, size, b.size - size >= MIN_BLOCK_BYTES)
 
     def _map_for(self, pool, size: int, stream: int, event: int):
@@ -414,8 +551,8 @@ class _ExpandableAllocator(_Allocator):
                 start = c
                 break
         if start is None:   # a new expandable segment: one unmapped block over its whole range
-            start = _Block(self.next_addr, VIRTUAL_BYTES, pool, self.next_addr, self.next_addr + VIRTUAL_BYTES,
-                           mapped=False)
+            start = _Block(self.next_addr, VIRTUAL_BYTES, pool, self._free_list(pool), self.next_addr,
+                           self.next_addr + VIRTUAL_BYTES, mapped=False)
             self.next_addr += VIRTUAL_BYTES
             self._add(start)
             bisect.insort(self.unmapped.setdefault(pool, []), start.addr)
@@ -424,7 +561,7 @@ class _ExpandableAllocator(_Allocator):
             c = self._map(c, min(c.size, size), stream, event)
         while c.size < size:
             c = self._map(self._next(c), min(size - c.size, self._next(c).size), stream, event)
-        self.free_blocks[pool].remove((c.size, c.addr))
+        c.fl.remove(c.size, c.addr)
         return c
 
     def _map(self, b, size: int, stream: int, event: int):
@@ -439,9 +576,8 @@ class _ExpandableAllocator(_Allocator):
         self.segments.append(Segment(mapped, stream, event))
         self.reserved += mapped
         self.peak_reserved = max(self.peak_reserved, self.reserved)
-        free = self.free_blocks.setdefault(b.pool, [])
-        b = self._merge(b, free)
-        bisect.insort(free, (b.size, b.addr))
+        b = self._merge(b)
+        b.fl.add(b.size, b.addr)
         return b
 
     def empty_cache(self, event: int) -> None:
@@ -454,14 +590,14 @@ class _ExpandableAllocator(_Allocator):
                 hi = b.seg_start + (addr + size - b.seg_start) // page * page
                 if lo >= hi:
                     continue
-                free.remove((size, addr))
+                free.remove(size, addr)
                 self._drop(b)
                 for part_lo, part_hi in ((addr, lo), (hi, addr + size)):
                     if part_hi > part_lo:
-                        part = _Block(part_lo, part_hi - part_lo, pool, b.seg_start, b.seg_end)
+                        part = _Block(part_lo, part_hi - part_lo, pool, free, b.seg_start, b.seg_end)
                         self._add(part)
-                        bisect.insort(free, (part.size, part.addr))
-                hole = _Block(lo, hi - lo, pool, b.seg_start, b.seg_end, mapped=False)
+                        free.add(part.size, part.addr)
+                hole = _Block(lo, hi - lo, pool, free, b.seg_start, b.seg_end, mapped=False)
                 self._add(hole)
                 self.reserved -= hole.size
                 self.releases.append((event, hole.size))
