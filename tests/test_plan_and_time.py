@@ -91,7 +91,7 @@ def test_small_steps_are_host_bound():
 def test_every_dispatched_operator_costs_the_host():
     # host-bound: beside 1 s (forward) and 2 s (backward) per layer pass, 0.01 s per operator dispatched.
     # Llama with sdpa dispatches 38 per layer forward and 30 outside the layers, 107 per layer in a
-    # checkpointed backward and 19 outside; eager attention 48 and 40 forward (DISPATCHED_OPS).
+    # checkpointed backward and 19 outside; eager attention 48 and 40 forward (family_steps.json, tests/test_optrace.py).
     a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
     cal = with_time(launch_fwd_s_per_layer=1.0, launch_bwd_s_per_layer=2.0, launch_s_per_op=0.01)
     s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=1, seq_len=128, activation_checkpointing=True)

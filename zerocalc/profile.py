@@ -13,6 +13,8 @@ What DeepSpeed needs to be exact at every stage is all here:
 - the allocation event stream of a training step (`stream`, `hf.memtrace.step_stream`): what each
   operator of the model's code allocates and frees, forward, loss and backward, with and without
   activation checkpointing, which `zerocalc.sequence` plays beside DeepSpeed's side.
+- what a micro-step asks of the host and the GPU (`steps`, `zerocalc.hf.optrace`): operators
+  dispatched and FLOPs per phase, for the layers and outside them, which `zerocalc.timing` reads.
 
 The JSON stores repeated layers once: a run of items that differ only in a layer index is written
 as {"repeat": n, "prefix": "model.layers.", "from": i, "items": [...]} with "{i}" in their names
@@ -67,6 +69,7 @@ class Profile:
     source: dict = field(default_factory=dict, hash=False, compare=False)   # versions, config digest
     activations: dict | None = field(default=None, hash=False, compare=False)  # `hf.memtrace.layer_activations`
     stream: dict | None = field(default=None, hash=False, compare=False)       # `hf.memtrace.step_stream`
+    steps: dict | None = field(default=None, hash=False, compare=False)   # `hf.optrace.config_steps`: operators, FLOPs
 
     @property
     def num_params(self) -> int:
@@ -171,6 +174,7 @@ def to_json(p: Profile) -> dict:
         "calls": node(p.calls),
         "activations": p.activations,
         "stream": p.stream,
+        **({"steps": p.steps} if p.steps else {}),
     }
 
 
@@ -188,7 +192,7 @@ def from_json(d: dict) -> Profile:
 
     return Profile(d["name"], d["model_type"], d.get("dims", {}), params,
                    tuple(Tensor(n, tuple(s), dt) for n, s, dt in _expand(d["buffers"])), modules, node(d["calls"]),
-                   d.get("source", {}), d.get("activations"), d.get("stream"))
+                   d.get("source", {}), d.get("activations"), d.get("stream"), d.get("steps"))
 
 
 def save(p: Profile, path: str) -> None:

@@ -21,6 +21,11 @@ what waits on communication:
   2·L·(layer params − h·f)·T + 4·L·h·s·T: 0.78 of a forward for Llama-2-7B at 2k tokens. Counted on
   torch 2.13 (CPU, FlopCounterMode, both families: tests/test_validate_models.py); on the H200 rows it
   took the checkpointed device-bound steps from 7.4% to 3-4% over their measured time.
+  A model read from its own code (a profile, `zerocalc.hf.optrace`) has F as its code multiplies: the
+  traced matmuls per token and attention's per token per position, forward, backward, and backward
+  with the recomputation as checkpointing stops it; an MoE layer's router and the top-k experts each
+  token is sent to (balanced), not every expert as 2·P'·T would; norms and biases, which 2·P'·T counts
+  (under 1% of a layer), are left to the traffic term.
 - M: the bytes one forward writes outside the matmuls' operands: every layer's activations as if
   nothing were checkpointed (`zerocalc.activations`) and the loss path's 10·V bytes per token (the
   logits, their fp32 copy, the log-probs). Element-wise kernels (norms, GELU/SiLU, softmax, dropout,
@@ -29,8 +34,8 @@ what waits on communication:
   (not the loss path). Without this
   term, small hidden sizes and long eager-attention sequences ran 2–3× slower than FLOPs said.
 - The host side: a cost per layer pass (Python, modules, autograd), one per operator dispatched
-  (o: `DISPATCHED_OPS`, counted per family; each is a trip through PyTorch's dispatcher and most a
-  kernel launch) and, at stage 3, DeepSpeed's fetch/release hooks per module step of the trace
+  (o: traced from the model's code, `zerocalc.hf.optrace`: a profile's own, the transcribed families'
+  in family_steps.json; each is a trip through PyTorch's dispatcher and most a kernel launch) and, at stage 3, DeepSpeed's fetch/release hooks per module step of the trace
   (`zerocalc.stage3_trace`: forward's modules, then backward's, the recomputed layers included). On a
   GPU this fast small steps are host-bound: that is the max. A Llama layer dispatches 38 operators
   forward and 71 backward (sdpa), the seed's GPT layer 25 and 43; with the per-layer cost alone the
@@ -115,7 +120,10 @@ there one configuration's median step differs by 19% between separate jobs (medi
 configurations without offload), and stage-3 steps drift by ±25% within a job: on these hosts ±15% is at the
 measurement's own floor (H200, DeepSpeed 0.19.8, torch 2.11).
 """
+import json
+import os
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from zerocalc import activations, arch, calibration, stage3_trace
 from zerocalc.hardware import Hardware
@@ -162,8 +170,12 @@ def flops_per_micro_step(model, setup) -> tuple[float, float]:
     Recomputation is not one more forward (module docstring): it rebuilds the layers only (the head
     and the loss are not checkpointed), and stops before each layer's last matmul, the MLP's down
     projection, whose saved input is the last tensor the layer saves (torch.utils.checkpoint,
-    non-reentrant, early stop on: checked on torch 2.13 CPU by tests/test_validate_models.py)."""
+    non-reentrant, early stop on: checked on torch 2.13 CPU by tests/test_validate_models.py).
+    A traced model's come from its profile (`traced_flops`)."""
     a = model.architecture
+    p = getattr(model, "profile", None)
+    if p is not None and p.steps:   # (`step_counts` reads them)
+        return traced_flops(step_counts(model, setup), a.num_layers, setup)
     tokens = setup.micro_batch * setup.seq_len
     attention = 4 * a.num_layers * a.hidden_size * setup.seq_len * tokens
     forward = 2 * (model.num_params - lookup_params(a)) * tokens + attention
@@ -171,6 +183,29 @@ def flops_per_micro_step(model, setup) -> tuple[float, float]:
         return forward, 2 * forward
     rebuilt_per_layer = sum(arch.layer_numels(a)) - a.hidden_size * a.ffn_hidden_size   # all but down
     return forward, 2 * forward + 2 * a.num_layers * rebuilt_per_layer * tokens + attention
+
+
+def traced_flops(counts: dict, layers: int, setup) -> tuple[float, float]:
+    """(forward, backward) FLOPs from the traced counts (`zerocalc.hf.optrace`): the matmuls', per token
+    (T = micro-batch × sequence), and attention's, per token per position (T·s). What the code
+    multiplies, so an MoE layer counts the router and its top-k experts for each token (balanced
+    routing), not every expert; norms and biases are element-wise work (the traffic term), not FLOPs."""
+    tokens = setup.micro_batch * setup.seq_len
+    backward = "backward_checkpointed" if setup.activation_checkpointing else "backward"
+    return tuple(_at(counts, phase, "flops_per_token", layers) * tokens
+                 + _at(counts, phase, "attention_flops_per_token_seq", layers) * tokens * setup.seq_len
+                 for phase in ("forward", backward))
+
+
+def model_flops_per_step(model, setup) -> float:
+    """The work MFU divides by, all ranks: 6·P per token; for a model read from its code, the traced
+    forward and backward without the recomputation (an MoE's routed experts, not all of them)."""
+    tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
+    p = getattr(model, "profile", None)
+    if p is not None and p.steps:
+        fwd, bwd = flops_per_micro_step(model, replace(setup, activation_checkpointing=False))
+        return (fwd + bwd) * setup.gas * setup.dp
+    return 6 * model.num_params * tokens
 
 
 def lookup_params(a) -> int:
@@ -218,7 +253,7 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
             by["reduce"] += c.wire_bytes
     gas = setup.gas
     traffic, layers_traffic = activation_traffic_bytes(model, setup, cal)
-    ops_fwd, ops_bwd = dispatched_ops(model.architecture, setup)
+    ops_fwd, ops_bwd = dispatched_ops(model, setup)
     return {
         "gas": gas,
         "forward_at_peak_s": fwd / hw.peak_flops_per_s,
@@ -255,28 +290,44 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
     }
 
 
-# Aten operators one micro-step dispatches, views and metadata-only ones left out: each costs the host
-# a trip through the dispatcher and most a kernel launch (t_op). Per (family, attention): a layer's
-# forward, its backward, its backward when checkpointed (the recomputation, stopped early, included),
-# and outside the layers the forward (embedding, final norm, head; Llama's rotary tables and causal
-# mask: eager attention builds a larger mask) and backward. The loss is the validator's, not the
-# model's, and is left out. Counted with a TorchDispatchMode on torch 2.13 CPU, transformers 5.24;
-# tests/test_validate_models.py counts them again. "flash" dispatches one attention operator as sdpa does.
-DISPATCHED_OPS = {
-    ("seed-gpt", "eager"): (25, 43, 66, 3, 4),      # nn.MultiheadAttention whatever --attention says
-    ("seed-gpt", "sdpa"): (25, 43, 66, 3, 4),
-    ("hf-llama", "eager"): (48, 82, 128, 40, 19),
-    ("hf-llama", "sdpa"): (38, 71, 107, 30, 19),
-    ("hf-gpt2", "eager"): (25, 37, 60, 25, 6),
-    ("hf-gpt2", "sdpa"): (17, 29, 44, 15, 6),
-}
+# What a micro-step dispatches and computes, read from the model's own code (`zerocalc.hf.optrace`): a
+# traced model's profile carries its own (`Profile.steps`); the transcribed families' are traced from the
+# validator's models into family_steps.json (`python -m zerocalc.hf.optrace`). Each per phase (forward,
+# backward, backward under checkpointing with its recomputation) as [n layers' model, each further layer].
+FAMILY_STEPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "family_steps.json")
 
 
-def dispatched_ops(a, setup) -> tuple[int, int]:
-    """(forward, backward) operators one micro-step dispatches (DISPATCHED_OPS), all layers and the rest."""
-    fwd, bwd, bwd_checkpointed, out_fwd, out_bwd = DISPATCHED_OPS[(a.family, "eager" if setup.attention == "eager" else "sdpa")]
-    return (a.num_layers * fwd + out_fwd,
-            a.num_layers * (bwd_checkpointed if setup.activation_checkpointing else bwd) + out_bwd)
+@lru_cache(maxsize=1)
+def family_steps() -> dict:
+    with open(FAMILY_STEPS) as f:
+        return json.load(f)
+
+
+def step_counts(model, setup) -> dict:
+    """The traced counts for this model and attention (flash dispatches one attention operator as SDPA
+    does): its profile's (for a model whose code supports one attention only, Gemma-2's eager, that
+    one), else its family's (a profile traced before the counts were: Llama's)."""
+    attention = "eager" if setup.attention == "eager" else "sdpa"
+    p = getattr(model, "profile", None)
+    if p is not None and p.steps:
+        return p.steps.get(attention) or p.steps.get("sdpa") or p.steps["eager"]
+    family = model.architecture.family if model.architecture.family in ("seed-gpt", "hf-gpt2") else "hf-llama"
+    return family_steps()[f"{family}/{attention}"]
+
+
+def _at(counts: dict, phase: str, key: str, layers: int) -> float:
+    base, per_layer = counts[phase][key]
+    return base + (layers - counts["base_layers"]) * per_layer
+
+
+def dispatched_ops(model, setup) -> tuple[int, int]:
+    """(forward, backward) operators one micro-step dispatches, all layers and the rest (`step_counts`);
+    views and metadata reads left out, the loss the validator's, not the model's. Each costs the host a
+    trip through the dispatcher and most a kernel launch (t_op). A Llama layer with SDPA dispatches 38
+    forward, 71 backward, 107 checkpointed; the seed's GPT layer 25, 43 and 66 (tests/test_optrace.py)."""
+    c, layers = step_counts(model, setup), model.architecture.num_layers
+    backward = "backward_checkpointed" if setup.activation_checkpointing else "backward"
+    return round(_at(c, "forward", "ops", layers)), round(_at(c, backward, "ops", layers))
 
 
 def accuracy_regime(stage: int, dp: int, offloaded: bool) -> str:
@@ -392,6 +443,6 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
         if f["host_adam_elements"] else 0.0
     step = whole_step_s(f, forward, backward, optimizer, reduce)
     tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
-    mfu = 6 * model.num_params * tokens / (step * setup.dp * hw.peak_flops_per_s)
+    mfu = model_flops_per_step(model, setup) / (step * setup.dp * hw.peak_flops_per_s)
     return StepTime(forward, backward, optimizer, comm, exposed, hooks, offload, step, tokens / step, mfu,
                     exposed / step, exposed_wire_s=comm - hidden, gather_calls_s=gather_calls)

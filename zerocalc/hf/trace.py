@@ -16,7 +16,7 @@ import os
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 4        # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 5        # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -102,9 +102,10 @@ def build(cfg):
     return model, mode
 
 
-def trace(d: dict, name: str = "", activations: bool = True) -> Profile:
+def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True) -> Profile:
     """The Profile of a config.json's contents (a dict); activations: also the layers' kept bytes
-    (`memtrace.config_activations`: four forwards of one or two layers)."""
+    (`memtrace.config_activations`: four forwards of one or two layers); steps: the operators and FLOPs
+    of a micro-step (`optrace.config_steps`: eight forwards and backwards of one or two layers)."""
     torch, transformers = _imports()
     from transformers.modeling_layers import GradientCheckpointingLayer
     cfg = hf_config(d)
@@ -158,10 +159,17 @@ def trace(d: dict, name: str = "", activations: bool = True) -> Profile:
             stream = memtrace.step_stream(d)
         except Exception:      # a stream that does not cut into repeated layers or fit the shapes: the ratio then
             stream = None
+    counted = None
+    if steps:
+        from zerocalc.hf import optrace
+        try:
+            counted = optrace.config_steps(d, len([m for m in modules if m.layer]))
+        except Exception:      # as above: the step time then counts as for a Llama layer
+            counted = None
     return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
                    tuple(Tensor(n, tuple(p.shape)) for n, p in named), buffers, tuple(modules), roots[0],
                    {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts, stream)
+                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts, stream, counted)
 
 
 def config_digest(d: dict) -> str:

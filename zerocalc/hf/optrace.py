@@ -1,0 +1,332 @@
+"""What one micro-step asks of the host and the GPU, read from the model's own code: the operators the
+host dispatches and the FLOPs they do, per phase (forward; backward; backward under activation
+checkpointing, its recomputation included), for the layers and for what is outside them.
+
+A forward from the token ids to the logits and a backward from the logits (the loss is the
+validator's, not the model's, and is left out) run on fake tensors (`hf.trace.build`) under a
+dispatch mode that sees every aten operator, as `zerocalc.timing` counts them:
+- an operator is counted unless it only makes a view or reads metadata (`VIEW_OPS`, every `prim.`
+  operator): each counted one is a trip through PyTorch's dispatcher and most a kernel launch;
+- FLOPs: torch's own formulas (`torch.utils.flop_counter.flop_registry`: mm, addmm, bmm, baddbmm and
+  the CUDA attention kernels) and, where it has none, the CPU's SDPA kernel (as the CUDA flash kernel:
+  4·B·H·s_q·s_k·d forward, twice that backward) and `_grouped_mm` (an MoE's experts: 2 FLOPs per
+  multiply-add of the routed rows, so top-k routing is balanced by construction);
+- the bytes written by every other operator (element-wise and reductions: what HBM bandwidth bounds).
+
+Each quantity is a·B·s + c·B·s² (a per token, c per token per position: attention's scores), read
+from one sequence at two lengths; and per layer, from the model cut to its first n and n + 1 layers
+(n covering an MoE stack's leading dense layers, `first_k_dense_replace`): for L layers
+base + (L − n)·per_layer. Operator counts do not depend on the length (checked at both).
+
+MoE: transformers' default experts implementation where it dispatches (`grouped_mm`, CPU and H200
+alike) runs every expert of a layer in one operator per projection: launches do not grow with the
+number of experts. The eager one loops over the experts hit (about ten operators each).
+
+torch is imported lazily: the profile carries the result (`Profile.steps`) and `zerocalc.timing`
+reads it without torch.
+"""
+import os
+from contextlib import contextmanager
+
+from zerocalc.hf.trace import _imports
+
+# Operators that only make a view or read metadata: no kernel (as counted for zerocalc.timing since its
+# per-family counts; tests/test_optrace.py)
+VIEW_OPS = frozenset({
+    "aten.view.default", "aten._unsafe_view.default", "aten.t.default", "aten.transpose.int",
+    "aten.detach.default", "aten.expand.default", "aten.split.Tensor", "aten.slice.Tensor",
+    "aten.unsqueeze.default", "aten.reshape.default", "aten.permute.default", "aten.select.int",
+    "aten.squeeze.dim", "aten.as_strided.default", "aten.alias.default", "aten.split_with_sizes.default",
+    "aten.unbind.int", "aten.empty.memory_format", "aten.lift_fresh.default", "aten._reshape_alias.default"})
+
+PHASES = ("forward", "backward", "backward_checkpointed")
+SEQ = 32                 # tokens per traced sequence
+BATCH = 2                # sequences per trace: nn.MultiheadAttention and GPT-2 take another path for one
+                         # (the seed's layer 6 operators fewer forward, 2 backward; GPT-2's backward 1 fewer)
+FORMAT = 1
+
+
+def _sdpa_flops(q, k, v, backward: bool) -> int:
+    """Scores Q·Kᵀ and values P·V: 2·B·H·s_q·s_k·d each (FlopCounterMode's formula for the CUDA kernels);
+    backward four such products (dQ, dK, dV, dP)."""
+    b, h, s_q, d = q.shape
+    s_k, d_v = k.shape[-2], v.shape[-1]
+    fwd = 2 * b * h * s_q * s_k * d + 2 * b * h * s_q * s_k * d_v
+    return 2 * fwd if backward else fwd
+
+
+def _grouped_mm_flops(a, b) -> int:
+    """torch._grouped_mm: (M, K) × (G, K, N) sends each row through one group's matrix: 2·M·K·N;
+    (K, M) × (M, N) → (G, K, N) (the weights' gradient) 2·K·M·N; 3-D × 3-D as bmm."""
+    if a.dim() == 2 and b.dim() == 3:
+        return 2 * a.shape[0] * a.shape[1] * b.shape[2]
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+
+
+ATTENTION_OPS = ("aten.bmm", "aten.baddbmm")   # besides SDPA's kernels: eager attention's scores and values
+
+
+def flops_of(func, args, kwargs, out) -> tuple[str, int] | None:
+    """(class, FLOPs) of one operator: "attention" (SDPA's kernels; eager attention's batched matmuls,
+    the only bmm in these models, an MoE's experts being `_grouped_mm`) or "matmul"; None for an
+    operator that does no work at the matmul rate."""
+    from torch.utils.flop_counter import flop_registry
+    name = str(func)
+    packet = func._overloadpacket
+    if "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name:
+        if packet in flop_registry:
+            return "attention", int(flop_registry[packet](*args, **kwargs, out_val=out))
+        backward = "backward" in name        # the CPU kernel: as the CUDA flash kernel
+        q, k, v = (args[1], args[2], args[3]) if backward else args[:3]
+        return "attention", _sdpa_flops(q, k, v, backward)
+    if packet in flop_registry:
+        return ("attention" if name.rsplit(".", 1)[0] in ATTENTION_OPS else "matmul"), \
+            int(flop_registry[packet](*args, **kwargs, out_val=out))
+    if name.startswith("aten._grouped_mm"):
+        return "matmul", _grouped_mm_flops(args[0], args[1])
+    return None
+
+
+class _Totals:
+    def __init__(self):
+        self.ops, self.bytes = 0, 0
+        self.flops = {"matmul": 0, "attention": 0}
+
+
+def _counter(totals):
+    torch, _ = _imports()
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            name = str(func)
+            if name in VIEW_OPS or name.startswith("prim."):
+                return out
+            t = totals[0]
+            t.ops += 1
+            f = flops_of(func, args, kwargs, out)
+            if f is not None:
+                t.flops[f[0]] += f[1]
+            else:
+                t.bytes += sum(x.numel() * x.element_size() for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor))
+            return out
+
+    return Counter()
+
+
+def hf_forward(model, ids):
+    return model(input_ids=ids, use_cache=False).logits
+
+
+def hf_checkpointing(model, on: bool) -> None:
+    """Hugging Face's activation checkpointing as the validator turns it on (non-reentrant)."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
+@contextmanager
+def counted_unpacked_batch():
+    """`memtrace.unpacked_batch`, with the operators the skipped check dispatches on a real batch counted:
+    transformers' test for packed sequences (`masking_utils.find_packed_sequence_indices`: diff, cumsum,
+    compare, and a read of the answer on the host) is run on real position ids of the same shape."""
+    torch, _ = _imports()
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+    from transformers import masking_utils
+    original = masking_utils.find_packed_sequence_indices
+
+    def check(position_ids):
+        with _disable_current_modes():      # the ids themselves are not the check's
+            real = torch.arange(position_ids.shape[-1]).expand(tuple(position_ids.shape)).clone()
+        with unset_fake_temporarily():
+            original(real)
+        return None
+
+    masking_utils.find_packed_sequence_indices = check
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+@contextmanager
+def cuda_dispatch():
+    """Where the CPU's operators are not the ones CUDA dispatches for the same call, the CUDA ones:
+    - dropout: `at::dropout` calls the fused `native_dropout` on CUDA (one operator forward, one
+      backward: `is_fused_kernel_acceptable`), on the CPU empty_like, bernoulli_, div_ and mul;
+    - SDPA with dropout: the CPU's flash kernel takes no dropout and falls back to the math path (a
+      dozen operators); CUDA's flash and memory-efficient kernels apply it inside the one operator.
+      Run without it: the same operator count and FLOPs as the CUDA kernel."""
+    torch, _ = _imports()
+    F = torch.nn.functional
+    dropout, sdpa = F.dropout, F.scaled_dot_product_attention
+
+    def fused_dropout(input, p=0.5, training=True, inplace=False):
+        if training and 0 < p < 1 and input.numel() > 0:
+            return torch.native_dropout(input, p, True)[0]
+        return dropout(input, p, training, inplace)
+
+    def sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        return sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
+    F.dropout, F.scaled_dot_product_attention = fused_dropout, sdpa_kernel
+    try:
+        yield
+    finally:
+        F.dropout, F.scaled_dot_product_attention = dropout, sdpa
+
+
+def phase_totals(model, mode, seq: int, checkpointing: bool, forward=hf_forward, set_checkpointing=hf_checkpointing,
+                 batch: int = BATCH) -> dict:
+    """{phase: (ops, flops, bytes)} of one forward (token ids to logits) and one backward from the logits."""
+    torch, _ = _imports()
+    set_checkpointing(model, checkpointing)
+    for p in model.parameters():
+        p.grad = None
+    fwd, bwd = _Totals(), _Totals()
+    current = [fwd]
+    with mode, counted_unpacked_batch(), cuda_dispatch():
+        ids = torch.zeros(batch, seq, dtype=torch.long)
+        with _counter(current):
+            logits = forward(model, ids)
+        grad = torch.ones_like(logits)
+        current[0] = bwd
+        with _counter(current):
+            logits.backward(grad)
+    for p in model.parameters():
+        p.grad = None
+    set_checkpointing(model, False)
+    return {"forward": fwd, ("backward_checkpointed" if checkpointing else "backward"): bwd}
+
+
+def model_totals(model, mode, seq: int = SEQ, batch: int = BATCH, **kw) -> dict:
+    """{phase: {"ops", "flops_per_token", "attention_flops_per_token_seq", "bytes_per_token"}} of one
+    model from one batch: matmul FLOPs and written bytes per token (T = B·s), attention's per token and
+    per position (it grows as B·s²)."""
+    plain = phase_totals(model, mode, seq, False, batch=batch, **kw)
+    ck = phase_totals(model, mode, seq, True, batch=batch, **kw)
+    if ck["forward"].ops != plain["forward"].ops:
+        raise RuntimeError(f"checkpointing changed the forward's operators ({plain['forward'].ops} to {ck['forward'].ops})")
+    tokens = batch * seq
+    return {phase: {"ops": t.ops, "flops_per_token": t.flops["matmul"] / tokens,
+                    "attention_flops_per_token_seq": t.flops["attention"] / (tokens * seq), "bytes_per_token": t.bytes / tokens}
+            for phase, t in (("forward", plain["forward"]), ("backward", plain["backward"]),
+                             ("backward_checkpointed", ck["backward_checkpointed"]))}
+
+
+def stack_counts(build_layers, n: int, num_layers: int, **kw) -> dict:
+    """The profile's `steps` entry for one attention implementation: per phase and quantity
+    (`model_totals`) [base, per_layer], base the model with n layers and per_layer one more;
+    build_layers(k) gives (model, mode) with k layers."""
+    counts = []
+    for k in sorted({n, min(n + 1, num_layers)}):
+        model, mode = build_layers(k)
+        counts.append((k, model_totals(model, mode, **kw)))
+    (n1, c1), (n2, c2) = counts[0], counts[-1]
+    out = {"base_layers": n1}
+    for phase in PHASES:
+        out[phase] = {key: [_round(a), _round(c2[phase][key] - a if n2 > n1 else 0)] for key, a in c1[phase].items()}
+    return out
+
+
+def _round(x):
+    r = round(x, 3)
+    return int(r) if r == int(r) else r
+
+
+def to_model_dtype(model, mode) -> None:
+    """Floating-point buffers in the parameters' dtype, as DeepSpeed's engine converts the module it is
+    given (`module.bfloat16()`): Llama's rotary `inv_freq` then costs a cast per forward, as on the
+    direct path's runs (transformers' zero.Init path keeps it fp32: one operator fewer)."""
+    dtype = next(model.parameters()).dtype
+    with mode:
+        for m in model.modules():
+            for name, b in m._buffers.items():
+                if b is not None and b.is_floating_point() and b.dtype != dtype:
+                    m._buffers[name] = b.to(dtype)
+
+
+def config_steps(d: dict, num_layers: int, attentions=("sdpa", "eager")) -> dict:
+    """`Profile.steps` of a config.json's contents: {"format", "traced_at": [B, s], attention:
+    `stack_counts`} for SDPA (flash dispatches one attention operator as SDPA does) and eager attention,
+    those the model supports (transformers refuses SDPA for Gemma-2), on the model cut to its first n
+    and n + 1 layers (`memtrace._shallow`)."""
+    from zerocalc.hf.memtrace import _shallow
+    from zerocalc.hf.trace import build, hf_config
+    n = min(num_layers, 1 + int(d.get("first_k_dense_replace") or 0))
+    built = {}
+
+    def build_layers(k, attention):
+        if k not in built:
+            model, mode = build(hf_config(_shallow(d, k)))
+            to_model_dtype(model, mode)
+            built[k] = model, mode
+        model, mode = built[k]
+        model.set_attn_implementation(attention)
+        return model, mode
+
+    out = {"format": FORMAT, "traced_at": [BATCH, SEQ]}
+    for attention in attentions:
+        try:
+            build_layers(n, attention)
+        except ValueError:      # an implementation the model does not support (Gemma-2: eager only)
+            continue
+        out[attention] = stack_counts(lambda k, attention=attention: build_layers(k, attention), n, num_layers)
+    return out if any(a in out for a in attentions) else None
+
+
+# ---------------------------------------------------------------- the transcribed families
+
+FAMILY_ATTENTIONS = (("seed-gpt", "eager"), ("seed-gpt", "sdpa"), ("hf-llama", "eager"), ("hf-llama", "sdpa"),
+                     ("hf-gpt2", "eager"), ("hf-gpt2", "sdpa"))
+FAMILY_STEPS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "family_steps.json")
+
+
+def family_steps() -> dict:
+    """`stack_counts` of the transcribed families as the validator builds them (`validate.models`), at
+    the dimensions of their dispatch test: vocabulary 128, width 64, 4 heads (Llama 2 key/value heads),
+    FFN 160, untied. What a layer dispatches does not depend on its widths, but Llama's eager attention
+    repeats grouped key/value heads (two copies forward, their sums backward): with as many key/value
+    heads as heads its layer dispatches 2 operators fewer backward (`config_steps` counts each config's
+    own). Keys "family/attention"; nn.MultiheadAttention is the seed's whatever the attention setting."""
+    torch, _ = _imports()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from validate.models import SeedGPT, build_model    # the validator's own models
+    from zerocalc.arch import Architecture
+
+    def build_layers(family, attention, k):
+        a = Architecture(family, 128, 64, k, 4, 4 if family == "seed-gpt" else 2, 160, False, 64)
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with mode:
+                model = build_model(a.as_dict(), attention=attention).train()
+        finally:
+            torch.set_default_dtype(default)
+        to_model_dtype(model, mode)
+        return model, mode
+
+    def set_checkpointing(model, on):
+        if isinstance(model, SeedGPT):
+            model.checkpointing = on
+        else:
+            hf_checkpointing(model.model, on)
+
+    return {f"{family}/{attention}": stack_counts(lambda k, f=family, a=attention: build_layers(f, a, k), 1, 2,
+                                                  forward=lambda m, ids: m(ids), set_checkpointing=set_checkpointing)
+            for family, attention in FAMILY_ATTENTIONS}
+
+
+if __name__ == "__main__":       # python -m zerocalc.hf.optrace: regenerate zerocalc/family_steps.json
+    import json
+    with open(FAMILY_STEPS, "w") as f:
+        json.dump({"format": FORMAT, "traced_at": [BATCH, SEQ], **family_steps()}, f, indent=1)
+        f.write("\n")
