@@ -173,3 +173,26 @@ def test_the_trace_reproduces_every_hand_count():
         assert c == committed[key]
         family, attention = key.split("/")
         assert _as_hand_counts(c) == HAND_COUNTS[(family, attention)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt_neox", "olmo2",
+                                        "stablelm", "qwen2_moe", "qwen3_moe", "deepseek_v3", "mixtral"])
+def test_every_family_is_counted(model_type):
+    """The counts come out for the families people train: both attentions where the model supports
+    them (Gemma-2: eager only), a layer dispatching operators and doing FLOPs in every phase, the
+    checkpointed backward more than the plain one (the recomputation)."""
+    pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from zerocalc.hf import optrace
+    d = CONFIG_MAPPING[model_type](vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=96, max_position_embeddings=64).to_dict()
+    steps = optrace.config_steps(d, 2)
+    assert "eager" in steps and ("sdpa" in steps or model_type == "gemma2")
+    for attention in ("sdpa", "eager"):
+        if attention not in steps:
+            continue
+        c = steps[attention]
+        for phase in ("forward", "backward", "backward_checkpointed"):
+            assert c[phase]["ops"][1] > 0 and c[phase]["flops_per_token"][1] > 0
+        assert c["backward_checkpointed"]["ops"][1] > c["backward"]["ops"][1]

@@ -412,7 +412,7 @@ def repredict_hf(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.Data
     names = ("now_state_bytes", "now_comm_bytes", "pred_state_bytes", "pred_comm_bytes", "now_peak_allocated_bytes",
              "now_peak_reserved_bytes")
     cols = {k: [] for k in names}
-    for _, r in df.iterrows():
+    for i, r in df.iterrows():
         job = job_from_row(r.to_dict())
         spec, setup = to_zerocalc(job)
         e = estimate(spec, setup) if spec is not None else None
@@ -473,7 +473,70 @@ def hf_section(ok: pd.DataFrame, every: pd.DataFrame | None = None) -> tuple[lis
             e = err[predicted].abs()
             lines.append(f"Peak {name}: {int((e <= target).sum())} of {len(e)} predicted rows within {target:.0%} "
                          f"(mean |err| {e.mean():.1%}, worst {e.max():.1%})")
+    lines += hf_step_section(ok)
     return lines, bool(state_ok.all() and comm_ok.all())
+
+
+def hf_step_times(timed: pd.DataFrame) -> pd.DataFrame:
+    """now_step_s for HF rows timed as training runs: zerocalc's step time from the config alone
+    (`hf_models.traced_spec`, what `zerocalc estimate --hf-config --gpu h200` prints: FLOPs and the
+    operators dispatched read from the model's code, `zerocalc.hf.optrace`), and fallback_step_s, the
+    same profile without those counts (a Llama layer's operators, 2·P'·T FLOPs: the time model before
+    it read them); each on the row's own host speed where probed before every timed step."""
+    from dataclasses import replace
+    from validate import hf_models
+    from zerocalc import calibration, timing
+    from zerocalc.hardware import gpu
+    cal, h200 = calibration.default(), gpu("h200")
+    now, fallback = [], []
+    for _, r in timed.iterrows():
+        job = job_from_row(r.to_dict())
+        spec = hf_models.traced_spec(job)
+        if spec is None or spec.profile is None:
+            now.append(float("nan"))
+            fallback.append(float("nan"))
+            continue
+        e = estimate(spec, to_zerocalc(job)[1], hardware=h200)
+        row_cal = at_row_host(cal, r.to_dict())
+        bare = replace(e.model, profile=replace(spec.profile, steps=None))
+        for out, model in ((now, e.model), (fallback, bare)):
+            t = timing.step_time(model, e.setup, e.collectives, h200, row_cal)
+            out.append(t.step_s if t else float("nan"))
+    return timed.assign(now_step_s=now, fallback_step_s=fallback)
+
+
+def hf_step_section(ok: pd.DataFrame, target: float = 0.15) -> list[str]:
+    """HF configs' step time per configuration (the median over its jobs, as `by_configuration`):
+    measured, predicted from the traced counts and with the fallback, beside what a perfect model
+    would reach on the same jobs (`perfect_model_floor`)."""
+    timed = ok[timed_whole_steps(ok)]
+    if timed.empty:
+        return []
+    timed = with_configuration(hf_step_times(timed.assign(measured_step_s=timed["measured_step_s"].astype(float))))
+    confs = timed.groupby("conf").agg(name=("hf_name", "first"), layers=("num_layers", "first"), path=("path", "first"),
+                                      stage=("stage", "first"), ckpt=("activation_checkpointing", "first"),
+                                      jobs=("measured_step_s", "size"), measured=("measured_step_s", "median"),
+                                      now=("now_step_s", "median"), fallback=("fallback_step_s", "median"))
+    lines = ["", f"HF configs' step time per configuration (median of its jobs' median steps, ms; on each job's host "
+                 f"speed where probed): traced = from the operators and FLOPs read from the model's code, fallback "
+                 f"= as a Llama layer with 2·P'·T FLOPs",
+             f"{'model':>20} {'layers':>6} {'path':>7} {'st':>2} {'ckpt':>4} {'jobs':>4} {'measured':>8} "
+             f"{'traced':>8} {'err':>7} {'fallback':>8} {'err':>7}"]
+    for _, c in confs.sort_values(["name", "path", "stage"]).iterrows():
+        lines.append(f"{c['name']:>20} {c['layers']:>6} {c['path']:>7} {c['stage']:>2} "
+                     f"{'y' if _cast(c['ckpt'], bool) else 'n':>4} {c['jobs']:>4} {1e3 * c['measured']:>8.1f} "
+                     f"{1e3 * c['now']:>8.1f} {c['now'] / c['measured'] - 1:>+7.1%} {1e3 * c['fallback']:>8.1f} "
+                     f"{c['fallback'] / c['measured'] - 1:>+7.1%}")
+    floor = perfect_model_floor(confs, jobs_log_deviation(timed), target)
+    for col, name in (("now", "traced"), ("fallback", "fallback")):
+        conf_err = (confs[col] / confs["measured"] - 1).abs()
+        row_err = (timed[f"{col}_step_s"] / timed["measured_step_s"] - 1).abs()
+        lines.append(f"Step time, {name}: {int((conf_err <= target).sum())} of {len(confs)} configurations within "
+                     f"{target:.0%} (mean |err| {conf_err.mean():.1%}, worst {conf_err.max():.1%}); per job mean |err| "
+                     f"{row_err.mean():.1%} over {len(timed)} jobs")
+    lines.append(f"A perfect model on these jobs: {floor['expected']:.1f} of {len(confs)} expected within {target:.0%} "
+                 f"(5th percentile {floor['p05']})")
+    return lines
 
 
 def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
