@@ -176,6 +176,7 @@ class _Allocator:
         self.releases: list[tuple[int, int]] = []
         self.free_blocks: dict[tuple[bool, int], _FreeBlocks] = {}   # pool (small, stream) -> its free blocks
         self.by_stream: dict = {}               # stream -> (large pool's, small pool's) free blocks
+        self.rounded: dict[int, int] = {}       # request bytes -> `round_size`, of the requests so far
         self.starts: dict[int, _Block] = {}
         self.ends: dict[int, _Block] = {}
         self.live: dict = {}                    # handle -> block
@@ -207,13 +208,14 @@ class _Allocator:
         starts, ends, live, by_stream = self.starts, self.ends, self.live, self.by_stream
         bisect_left, insort, Block = bisect.bisect_left, bisect.insort, _Block
         allocated, peak_allocated = self.allocated, self.peak_allocated
+        rounded = self.rounded
         try:
             for i, e in enumerate(events, self.fed):
                 kind = e[0]
                 if kind == "alloc":                     # `malloc`
-                    size = -(-e[2] // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
-                    if size < MIN_BLOCK_BYTES:
-                        size = MIN_BLOCK_BYTES
+                    size = rounded.get(e[2])
+                    if size is None:
+                        size = rounded[e[2]] = round_size(e[2])
                     small = size <= SMALL_REQUEST_BYTES
                     lists = by_stream.get(e[3])
                     if lists is None:
