@@ -24,3 +24,15 @@ def committed_crossval():
     pytest.importorskip("pandas")
     from validate.fit import cross_validate_time
     return cross_validate_time(COMMITTED)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, setup.cfg), tests that launch DeepSpeed run on one
+    worker, one launch at a time (each launch is 1-8 rank processes: two at once would only fight for the
+    cores), while the other worker takes the single-process tests; the tests that read the committed
+    rows share one worker, so that the session fixture re-predicting them is computed once."""
+    for item in items:
+        if item.get_closest_marker("deepspeed"):
+            item.add_marker(pytest.mark.xdist_group("deepspeed"))
+        elif {"committed_rows", "committed_crossval"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("committed"))

@@ -83,7 +83,10 @@ def test_one_rank(tmp_path):
 
 @pytest.mark.parametrize("nproc", [4, 8])
 def test_four_and_eight_ranks(tmp_path, nproc):
-    """Padding to multiples of 2N (stages 1/2) and N (stage 3) shows at N = 4 and 8."""
+    """Padding to multiples of 2N (stages 1/2) and N (stage 3) shows at N = 4 and 8. N = 4 runs the
+    seven configurations of cpu-exact-n4.json; N = 8 the two that partition differently there (stage 2's
+    flat partition, stage 3's per-parameter partitions with a persistence threshold below the parameter
+    sizes): eight ranks on two cores cost mostly their start-up, whatever the jobs."""
     df = run_validate(tmp_path, "--nproc", str(nproc), "--matrix", f"validate/matrices/cpu-exact-n{nproc}.json")
     assert_exact(df)
 

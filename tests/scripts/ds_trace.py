@@ -10,6 +10,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from validate.models import build_model  # noqa: E402
+from validate.worker import freeze_imports  # noqa: E402
 
 
 def recorded_trace(arch, checkpointing):
@@ -31,6 +32,7 @@ def recorded_trace(arch, checkpointing):
 
 def main(out):
     deepspeed.init_distributed()
+    freeze_imports()   # DeepSpeed's gc.collect() at each engine then walks only the engines' objects
     results = []
     for family in ("seed-gpt", "hf-gpt2", "hf-llama"):
         arch = {"family": family, "vocab_size": 97, "hidden_size": 16, "num_layers": 2, "num_heads": 4,
