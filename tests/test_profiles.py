@@ -193,16 +193,3 @@ def test_a_traced_models_layer_activations_by_hand():
     # the head: the final RMSNorm's fp32 input 4h, rsqrt 4, cast and product 2·2h; and the fp32
     # log-probabilities over the vocabulary (152064)
     assert act.logprobs_bytes == (4 * h + 4 + 2 * 2 * h + 4 * 152064) * 2 * 4096
-
-
-def test_a_traced_models_buffers_keep_their_dtype_under_transformers_zero_init():
-    """transformers builds the model (HfDeepSpeedConfig's zero.Init at stage 3 too) and keeps the rotary
-    inv_freq fp32 (every stage-3 row of data/h200-hf-*.csv); a bare deepspeed.zero.Init would make it
-    16-bit. Qwen2.5-0.5B: head_dim 64, so inv_freq and original_inv_freq hold 32 fp32 elements each:
-    2 · 32 · 4 = 256 bytes, with zero.Init or without."""
-    from zerocalc import states
-    from zerocalc.training import Setup, Stage
-    spec = P.to_model_spec(P.shipped_profile("qwen2.5-0.5b"))
-    for zero_init in (False, True):
-        s = Setup(stage=Stage.PARAMETERS, dtype="bf16", zero_init=zero_init)
-        assert states._module_buffers_bytes(spec, s) == 2 * 32 * 4

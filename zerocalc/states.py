@@ -48,19 +48,7 @@ def _module_buffers_bytes(model: ModelSpec, setup: Setup) -> int:
     # built under zero.Init at stage 3: its tensor constructors make floating-point tensors in the
     # training dtype (`zero_wrapper_for_fp_tensor_constructor`, `partition_parameters.py`; measured on
     # H200: a 254M Llama's two 32-element buffers held 128 bytes, not 256, data/h200-host-d.csv).
-    # A model built by transformers (`from_config` / `from_pretrained`, a traced profile) keeps each
-    # buffer in the dtype it was made in, under transformers' own zero.Init path too (HfDeepSpeedConfig
-    # alive while the model is built: every stage-3 HF row, data/h200-hf-*.csv, and the CPU test of
-    # tests/test_hf_validate.py hold the rotary inv_freq in fp32); scalar buffers (Gemma's embed_scale)
-    # are left out as `profile.to_model_spec` leaves them.
-    profile = getattr(model, "profile", None)
-    if profile is not None:
-        return sum(b.numel * DTYPE_BYTES.get(b.dtype, 4) for b in profile.buffers if b.numel > 2)
     return sum(model.buffer_numels) * buffer_element_bytes(setup)
-
-
-DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
-               "uint8": 1, "int8": 1}
 
 
 def buffer_element_bytes(setup: Setup) -> int:
