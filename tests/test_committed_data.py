@@ -224,3 +224,23 @@ def test_crossval_on_files_without_timed_rows_is_a_usage_error():
     from validate.cli import main
     result = CliRunner().invoke(main, ["crossval", os.path.join(ROOT, "data", "h200-n2.csv")])
     assert result.exit_code == 2 and "0 GPU rows timed as training runs" in result.output
+
+
+def test_hf_rows_peaks_within_3_and_8_percent():
+    """Every H200 row of an HF config (data/h200-hf-*.csv) against what `zerocalc estimate --hf-config`
+    predicts from the config alone (the config traced, its allocation stream simulated through the
+    allocator beside DeepSpeed's side; a later job of a process after the jobs before it): peak
+    allocated within 3% and reserved within 8% on every row. Traces each config once (cached)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from validate.report import hf_rows, repredict_hf
+    df = load(sorted(glob.glob(os.path.join(ROOT, "data", "h200-hf-*.csv"))))
+    hf = df[hf_rows(df)]
+    ok = repredict_hf(hf[hf["outcome"] == "ok"], hf)
+    own = own_peak_allocated(ok).astype(float)
+    resv = ok["measured_peak_reserved_bytes"].astype(float)
+    err_a = ((ok["now_peak_allocated_bytes"] - own) / own).abs()
+    err_r = ((ok["now_peak_reserved_bytes"] - resv) / resv).abs()
+    assert len(ok) >= 52 and err_a.notna().all() and err_r.notna().all()
+    assert (err_a <= 0.03).all(), ok.loc[err_a > 0.03, ["hf_name", "stage", "path"]].to_string()
+    assert (err_r <= 0.08).all(), ok.loc[err_r > 0.08, ["hf_name", "stage", "path"]].to_string()

@@ -137,8 +137,10 @@ def notes(spec: ModelSpec, stages) -> list[str]:
                    "tensors and checkpointing by the formulas)")
         else:
             how = "the Llama formulas at its dimensions"
+        reserved = ("its traced allocation stream through the allocator simulation"
+                    if getattr(p, "stream", None) else "the calibrated ratio")
         out.append(f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); "
-                   f"activations: {how}; reserved: the calibrated ratio")
+                   f"activations: {how}; reserved: {reserved}")
     if p.moe_classes and any(int(s) == 3 for s in stages):
         out.append(f"stage 3: each {', '.join(p.moe_classes)} is one fetch unit, as "
                    f"deepspeed.utils.set_z3_leaf_modules(model, [{', '.join(p.moe_classes)}]) makes it "

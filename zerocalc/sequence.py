@@ -638,7 +638,7 @@ class _TracedStep:
         self.layers = model.architecture.num_layers
         self.numels = model.param_numels
         b, s = setup.micro_batch, setup.seq_len
-        self.x = (1, s, b * s, b * s * s)
+        self.x = (1, s, b * s, b * s * s, b, s * s)         # memtrace.STREAM_BASIS
         self.handles = {}
 
     def _size(self, coefs) -> int:

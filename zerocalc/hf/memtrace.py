@@ -226,8 +226,8 @@ SDPA_BACKWARD = ("aten._scaled_dot_product_flash_attention_for_cpu_backward.defa
 STREAM_LAYERS = 4                    # a shallow copy of this many decoder layers is traced (fewer if the model has fewer)
 # (micro-batch, sequence) traced: sizes solved per event. Not a micro-batch of 1: torch.matmul folds a
 # batch of one into a view where a larger one copies (eager attention's scores, `_matmul_impl`).
-STREAM_SHAPES = ((2, 16), (2, 32), (2, 48), (3, 16))
-STREAM_BASIS = ("1", "s", "B*s", "B*s*s")              # an allocation's bytes: k·(1, s, B·s, B·s²)
+STREAM_SHAPES = ((2, 16), (2, 32), (2, 48), (3, 16), (3, 32), (3, 48))
+STREAM_BASIS = ("1", "s", "B*s", "B*s*s", "B", "s*s")  # an allocation's bytes: k·(1, s, B·s, B·s², B, s²)
 
 
 def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
@@ -244,18 +244,33 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
     from torch.utils._pytree import tree_flatten
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    events, alive, handed = [], {}, set()
-    state = {"phase": "forward", "next": 0}
+    events, alive, handed, taken = [], {}, set(), set()
+    state = {"phase": "forward", "next": 0, "backward_from": 0}
 
     def on_free(key):
         h = alive.pop(key, None)
-        if h and h not in handed:
+        if key in taken:
+            taken.discard(key)
+        elif h and h not in handed:
             events.append(("f", h))
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             name = str(func)
+            if (state["phase"] == "backward" and name == "aten.add.Tensor" and len(args) == 2 and not kwargs
+                    and all(isinstance(a, torch.Tensor) and a.untyped_storage().nbytes() == out.untyped_storage().nbytes()
+                            and alive.get(a.untyped_storage()._cdata, 0) > state["backward_from"] for a in args)):
+                # Two gradients of one tensor summed (autograd's InputBuffer::accumulate: every add of two
+                # backward-made tensors of the sum's size in the models traced): on real tensors in place,
+                # into the first (`can_accumulate_inplace`); a fake tensor is a tensor subclass, so it is
+                # summed out of place here. The sum keeps the first one's storage.
+                first = args[0].untyped_storage()._cdata
+                key = out.untyped_storage()._cdata
+                alive[key] = alive[first]
+                taken.add(first)
+                weakref.finalize(out.untyped_storage(), on_free, key)
+                return out
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     st = t.untyped_storage()
@@ -304,8 +319,11 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
         if id(m) in index and state["phase"] == "forward":
             events.append(("Lend", index[id(m)]))
 
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if checkpointing:     # as the validator enables it (validate.models.build_model)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
     try:
@@ -320,7 +338,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
             events.append(("phase", "loss"))
             loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels)
             del logits
-            state["phase"] = "backward"
+            state["phase"], state["backward_from"] = "backward", state["next"]
             events.append(("phase", "backward"))
             loss.backward()
             del loss
@@ -330,25 +348,30 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
         for h in hooks:
             h.remove()
         if checkpointing:
-            model.gradient_checkpointing_disable()
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                model.gradient_checkpointing_disable()
     return events
 
 
 def _fit(values: list) -> list:
-    """Integer coefficients k of `STREAM_BASIS` with k·(1, s, B·s, B·s²) = value at each of
-    `STREAM_SHAPES` ((2, 16), (2, 32), (2, 48), (3, 16)); ValueError where none exist. At B = 2 the
-    value is a + b·s + c·s² with a = k0, b = k1 + 2·k2, c = 2·k3; one more sequence at B = 3 adds
-    16·k2 + 256·k3."""
+    """Integer coefficients k of `STREAM_BASIS` with k·(1, s, B·s, B·s², B, s²) = value at each of
+    `STREAM_SHAPES` (B = 2 and 3, s = 16, 32, 48); ValueError where none exist. At each B the value is
+    a + b·s + c·s² with a = k0 + B·kB, b = k1 + B·k2, c = ks² + B·k3 (an explicit [1, 1, s, s] mask is
+    the s² term, eager attention's probabilities the B·s² one)."""
     from fractions import Fraction
-    v16, v32, v48, v3 = (Fraction(v) for v in values)
-    c = (v48 - 2 * v32 + v16) / (2 * 16 * 16)
-    b = (v32 - v16) / 16 - c * 48
-    a = v16 - 16 * b - 256 * c
-    k3 = c / 2
-    k2 = (v3 - v16 - 256 * k3) / 16
-    k = [a, b - 2 * k2, k2, k3]
+
+    def quadratic(v16, v32, v48):
+        c = (v48 - 2 * v32 + v16) / (2 * 16 * 16)
+        b = (v32 - v16) / 16 - c * 48
+        return v16 - 16 * b - 256 * c, b, c
+    v = [Fraction(x) for x in values]
+    (a2, b2, c2), (a3, b3, c3) = quadratic(*v[:3]), quadratic(*v[3:])
+    kb, k2, k3 = a3 - a2, b3 - b2, c3 - c2
+    k = [a2 - 2 * kb, b2 - 2 * k2, k2, k3, kb, c2 - 2 * k3]
     if any(x.denominator != 1 for x in k):
-        raise ValueError(f"sizes {values} are not k·(1, s, B·s, B·s²) with integer k")
+        raise ValueError(f"sizes {values} are not k·(1, s, B·s, B·s², B, s²) with integer k")
     while len(k) > 1 and k[-1] == 0:
         k.pop()
     return [int(x) for x in k]
@@ -424,7 +447,7 @@ def step_stream(d: dict, attention: str | None = None) -> dict:
     """The allocation event stream of a training step of the model a config.json describes, as the
     profile stores it (`zerocalc.profile`, `zerocalc.sequence` plays it): for a shallow copy of
     `STREAM_LAYERS` decoder layers, without and with activation checkpointing, each event's bytes as
-    integer coefficients of (1, s, B·s, B·s²), solved from `STREAM_SHAPES` (an event whose bytes are
+    integer coefficients of `STREAM_BASIS`, solved from `STREAM_SHAPES` (an event whose bytes are
     not so fails the trace). A deeper model repeats the middle layer's segments
     (`zerocalc.sequence._traced_segments`)."""
     from zerocalc.hf.trace import build, hf_config

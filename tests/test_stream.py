@@ -1,0 +1,185 @@
+"""A traced model's allocation stream (`zerocalc.hf.memtrace.step_stream`, played by
+`zerocalc.sequence._TracedStep`) against the hand-written Llama sequence (`zerocalc.sequence`) and
+the recorded H200 allocator histories (`data/snapshots/`): the transcription is the oracle."""
+import glob
+import os
+from dataclasses import asdict, replace
+from functools import lru_cache
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from zerocalc import allocator, sequence  # noqa: E402
+from zerocalc import arch as A  # noqa: E402
+from zerocalc.hf import memtrace, trace  # noqa: E402
+from zerocalc.training import Setup  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B, S, H, HEADS, KV_HEADS, F, V = 2, 64, 64, 4, 2, 160, 128
+
+
+def _tiny_llama(layers):
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=H, num_hidden_layers=layers, num_attention_heads=HEADS,
+                                   num_key_value_heads=KV_HEADS, intermediate_size=F, max_position_embeddings=S)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def _segments(layers, checkpointing):
+    """The raw stream of a tiny Llama at B x S, cut into segments (`memtrace._canonical`)."""
+    model, mode = trace.build(_tiny_llama(layers))
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    params = list(model.parameters())
+    pid = {id(p): i for i, p in enumerate(params)}
+    lp = [[pid[id(p)] for p in m.parameters()] for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    events = memtrace.record_step(model, mode, B, S, checkpointing)
+    return memtrace._canonical(events, layers, {p: i for i, ps in enumerate(lp) for p in ps}, len(params),
+                               lp[0][0], len(lp[0]))
+
+
+def _as_sizes(segs, name):
+    """A segment's allocations and frees as ("a", bytes) / ("f", bytes of the freed tensor)."""
+    sizes = {}
+    for seg, evs in segs.items():
+        j = 0
+        for e in evs:
+            if e[0] == "a":
+                sizes[(seg, j)] = e[1]
+                j += 1
+    out = []
+    for e in segs[name]:
+        if e[0] == "a":
+            out.append(("a", e[1]))
+        elif e[0] == "f":
+            where, j = e[1].rsplit(":", 1)
+            if "~" in where:
+                kind, delta = where.split("~")
+                where = f"{kind}{int(name[1:]) + int(delta)}"
+            out.append(("f", sizes[(where, int(j))]))
+    return out
+
+
+def _transcribed(checkpointing):
+    a = A.Architecture("hf-llama", V, H, 4, HEADS, KV_HEADS, F, False, S)
+    t = sequence._Trace()
+    z = sequence._LlamaSizes(a, Setup(seq_len=S, micro_batch=B, dtype="bf16"))
+    x = t.alloc(z.h)
+    start = len(t.events)
+    if checkpointing:
+        sequence._llama_forward_unsaved(t, z, x)
+    else:
+        sequence._llama_forward(t, z, x, keep_input=False)
+    sizes = {e[1]: e[2] for e in t.events if e[0] == "alloc"}
+    return [("a", e[2]) if e[0] == "alloc" else ("f", sizes[e[1]]) for e in t.events[start:]]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_traced_llama_layers_forward_is_the_transcribed_one_and_its_rmsnorms_per_token_scalars(checkpointing):
+    """A middle layer's forward (F1: from its call to the next layer's; the layer's input freed when
+    it returns, as `_llama_forward` frees it) allocates and frees exactly what the transcription does,
+    in its order, plus three fp32 scalars per token in each RMSNorm (4·T bytes each: the mean of
+    squares, it plus eps, the rsqrt, which is kept without checkpointing): 512 B at 2 x 64 tokens. On
+    the GPU they are small-pool blocks (4·T ≤ 1 MiB up to 262,144 tokens); the transcription leaves
+    them out."""
+    scalar = 4 * B * S
+    traced = _as_sizes(_segments(4, checkpointing), "F1")
+    assert [e for e in traced if e[1] != scalar] == _transcribed(checkpointing)
+    # the scalars: two RMSNorms, each makes three and frees two in forward (checkpointed: all three)
+    assert sum(1 for e in traced if e == ("a", scalar)) == 2 * 3
+    assert sum(1 for e in traced if e == ("f", scalar)) == 2 * (3 if checkpointing else 2)
+
+
+def test_sizes_are_solved_as_integer_polynomials():
+    """k·(1, s, B·s, B·s², B, s²) at B = 2, 3 and s = 16, 32, 48: 7 + 3s + 5Bs + 2Bs² + 8B + s² is
+    1511, 5559, 12167, 2111, 7775 and 17023 there, solved back to (7, 3, 5, 2, 8, 1); an fp32 [B, s]
+    tensor to (0, 0, 4); a bool [1, 1, s, s] mask to (0, 0, 0, 0, 0, 1); a size that is no such
+    polynomial fails."""
+    assert [7 + 3 * s + 5 * b * s + 2 * b * s * s + 8 * b + s * s for b, s in memtrace.STREAM_SHAPES] == \
+        [1511, 5559, 12167, 2111, 7775, 17023]
+    assert memtrace._fit([1511, 5559, 12167, 2111, 7775, 17023]) == [7, 3, 5, 2, 8, 1]
+    assert memtrace._fit([4 * b * s for b, s in memtrace.STREAM_SHAPES]) == [0, 0, 4]
+    assert memtrace._fit([s * s for b, s in memtrace.STREAM_SHAPES]) == [0, 0, 0, 0, 0, 1]
+    with pytest.raises(ValueError):
+        memtrace._fit([1, 2, 4, 3, 5, 7])
+
+
+@lru_cache(maxsize=None)
+def _stream(layers_key):
+    return memtrace.step_stream(_tiny_llama(4).to_dict(), "sdpa")
+
+
+@pytest.mark.slow   # traces the stream (8 fake-tensor steps) and a 6-layer model
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpointing):
+    """The 4-layer stream played for 6 layers at another shape (B 2, s 24) is the 6-layer model's own
+    trace: every allocation's bytes, every free, every gradient handed to the optimizer, in order."""
+    stream = _stream(4)
+    model, mode = trace.build(_tiny_llama(6))
+    raw = memtrace.record_step(model, mode, 2, 24, checkpointing)
+    want = [("a", e[2]) if e[0] == "a" else ("f", e[1]) for e in raw if e[0] in "af" and len(e[0]) == 1]
+    want_grads = sorted((e[2], e[1]) for e in raw if e[0] == "g")
+    t, grads = sequence._Trace(), []
+
+    class DS:
+        def grad_ready(self, p, numel, h):
+            grads.append((h, p))
+    spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=6),
+                           param_numels=(1,) * len(list(model.parameters())))
+    step = sequence._TracedStep(t, spec, SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24),
+                                DS(), [1, 2])
+    original = sequence._compiled
+    sequence._compiled = lambda *a: [e for e in original(*a) if e[0] not in "sdw"]   # the CUDA rules aside
+    try:
+        step.forward()
+        step.backward()
+    finally:
+        sequence._compiled = original
+    got = [("a", e[2]) if e[0] == "alloc" else ("f", e[1]) for e in t.events]
+    assert got == want and sorted(grads) == want_grads
+
+
+def _history_rows():
+    pd = pytest.importorskip("pandas")
+    return pd.concat([pd.read_csv(p) for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv"))])
+
+
+LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, and what they reserved (GiB)
+    ("t4-warmup/hf-llama-h768-l12-s2-bf16-n1-b1x2048-gas1-0d2548528e", 3.455),
+    ("t4-warmup/hf-llama-h2048-l22-s2-bf16-n2-b2x1024-gas1-a948bae5f0", 18.561),
+    ("t4-warmup/hf-llama-h2048-l22-s2-bf16-n1-b8x2048-gas1-0729e40f46", 28.691),
+    ("t4-warmup/hf-llama-h2048-l22-s3-bf16-n2-b2x1024-gas1-5cba866319", 20.037),
+    ("t6-overlap/hf-llama-h2048-l22-s2-bf16-n2-b2x1024-gas1-6e214b72b6", 18.363),
+    ("t6-overlap/hf-llama-h2048-l22-s1-bf16-n2-b4x1024-gas1-e2b1e2817c", 21.660),
+]
+
+
+@lru_cache(maxsize=None)
+def _llama_stream(arch):
+    _, cfg, _ = __import__("validate.models", fromlist=["_hf_config"])._hf_config(asdict(arch), "sdpa")
+    return memtrace.step_stream(cfg.to_dict(), "sdpa")
+
+
+@pytest.mark.slow   # traces two Llamas and replays full-size jobs
+@pytest.mark.parametrize("name, recorded_gib", LLAMA_HISTORIES)
+def test_the_traced_llama_reproduces_the_recorded_histories(name, recorded_gib):
+    """The Llama histories the transcription reproduces to 0.1% (`tests/test_sequence.py`), generated
+    from the traced stream of the same model in place of the transcribed layer: the same to 0.1%."""
+    from validate import snapshot
+    from validate.jobs import to_zerocalc
+    from validate.rows import job_from_row
+    rows = _history_rows()
+    job = job_from_row(rows[rows["key"] == name.split("/")[1]].iloc[-1].to_dict())
+    job["arch"] = {k: (False if v is None and k.endswith("_bias") else v) for k, v in job["arch"].items()}
+    spec, s = to_zerocalc(job)
+    traced = replace(spec, profile=SimpleNamespace(stream=_llama_stream(spec.architecture)), transcribed=False)
+    assert sequence.traced(traced) and sequence.generated(traced, s)
+    snap = snapshot.load(os.path.join(ROOT, "data", "snapshots", name + ".json.gz"))
+    history = snap["device_traces"][0]
+    recorded = allocator.replay(snapshot.allocator_events(history),
+                                segment_addresses=snapshot.segment_addresses(history)).peak_reserved_bytes
+    assert recorded / 2**30 == pytest.approx(recorded_gib, abs=0.001)
+    generated = allocator.replay(sequence.events(traced, s, steps=2)).peak_reserved_bytes
+    assert abs(generated / recorded - 1) <= 0.001
