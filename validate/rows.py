@@ -311,12 +311,14 @@ def _cast(value, kind):
 
 
 def job_from_row(row: dict) -> dict:
-    """The job a CSV row measured, to predict it again with the current zerocalc. Columns a row lacks
-    (written before a Setup field existed) take the field's default."""
+    """The job a CSV row measured, to predict it again with the current zerocalc. Columns a row lacks or
+    leaves empty (written before a Setup or Architecture field existed, or read beside newer files)
+    take the field's default."""
     from dataclasses import fields
     from zerocalc.arch import Architecture
     from zerocalc.training import Setup
-    arch = {f.name: _cast(row[f.name], _field_kind(f)) if f.name in row else f.default for f in fields(Architecture)}
+    arch = {f.name: _cast(row.get(f.name), _field_kind(f)) for f in fields(Architecture)}
+    arch = {f.name: f.default if arch[f.name] is None else arch[f.name] for f in fields(Architecture)}
     job = {"key": row["key"], "nproc": int(row["nproc"]), "stage": int(row["stage"]), "optimizer": row["optimizer"],
            "arch": arch}
     for f in fields(Setup):
