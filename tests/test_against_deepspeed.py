@@ -6,6 +6,7 @@ This is the test that keeps every formula honest. It takes a few minutes on two 
 starting DeepSpeed on every rank of each launch (and, once per machine, building DeepSpeedCPUAdam for
 the offload jobs); the jobs run only the steps the bytes need (VALIDATE_FEW_STEPS: no timing on CPU)."""
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -27,15 +28,52 @@ pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_validate(tmp_path, *args):
-    out = tmp_path / "rows.csv"
+def validate_run(out, *args) -> str:
+    """`python -m validate run --backend cpu ARGS --out OUT`, bytes-only steps; what it logged."""
     proc = subprocess.run([sys.executable, "-m", "validate", "run", "--backend", "cpu", *args, "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200,
                           env=dict(os.environ, VALIDATE_FEW_STEPS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
+def read_ok(out):
     df = pd.read_csv(out)
     assert (df["outcome"] == "ok").all(), df.loc[df["outcome"] != "ok", ["key", "error"]].to_string()
     return df
+
+
+def run_validate(tmp_path, *args):
+    out = tmp_path / "rows.csv"
+    validate_run(out, *args)
+    return read_ok(out)
+
+
+# The contract command's shape flags, and its model as `validate run` builds it from them (max_positions:
+# the longest sequence + 1; the rest at the matrix defaults). The contract test checks the two give the same jobs.
+CONTRACT = ["--nproc", "2", "--stages", "0,1,2,3", "--dtype", "bf16", "--hidden-size", "48", "--num-layers", "2",
+            "--num-heads", "4", "--vocab-size", "997", "--seq-len", "16", "--micro-batch", "2"]
+CONTRACT_ARCH = {"family": "seed-gpt", "vocab_size": 997, "hidden_size": 48, "num_layers": 2, "num_heads": 4,
+                 "max_positions": 17}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One 2-rank launch for the 33 configurations of cpu-exact.json and the contract command's four:
+    a launch's start-up (every rank importing torch, DeepSpeed and torch.compile's machinery) is most
+    of its cost on two cores. Returns the rows file, and DeepSpeed's shared-memory buffers in /dev/shm
+    before and after the launch."""
+    folder = tmp_path_factory.mktemp("two_ranks")
+    with open(os.path.join(ROOT, "validate", "matrices", "cpu-exact.json")) as f:
+        spec = json.load(f)
+    spec["jobs"] += [{"arch": CONTRACT_ARCH, "stage": s, "dtype": "bf16", "seq_len": 16, "micro_batch": 2}
+                     for s in (0, 1, 2, 3)]
+    matrix, out = folder / "matrix.json", folder / "rows.csv"
+    matrix.write_text(json.dumps(spec))
+    shm = lambda: set(glob.glob("/dev/shm/deepspeed_*"))  # noqa: E731
+    before = shm()
+    validate_run(out, "--nproc", "2", "--matrix", str(matrix))
+    return out, before, shm()
 
 
 def assert_exact(df):
@@ -50,27 +88,32 @@ def assert_exact(df):
     assert (now["measured_scalar_bytes"] <= 13).all()   # grad norm (4 or 8) + overflow buf (4) + nan flag (1)
 
 
-def test_contract_command_all_stages_bf16(tmp_path):
-    """The issue's contract: stages 0-3, bf16, 2 ranks, a model given by its shape. The launch leaves no
-    shared-memory buffers behind (DeepSpeed's CPU all-reduce does not unlink its own)."""
-    shm = lambda: set(glob.glob("/dev/shm/deepspeed_*"))  # noqa: E731
-    before = shm()
-    df = run_validate(tmp_path, "--nproc", "2", "--stages", "0,1,2,3", "--dtype", "bf16", "--hidden-size", "48",
-                      "--num-layers", "2", "--num-heads", "4", "--vocab-size", "997", "--seq-len", "16",
-                      "--micro-batch", "2")
-    assert sorted(df["stage"]) == [0, 1, 2, 3]
+def test_contract_command_all_stages_bf16(two_ranks, tmp_path):
+    """The issue's contract: stages 0-3, bf16, 2 ranks, a model given by its shape. Its four jobs ran in
+    the module's 2-rank launch: the command, run on a copy of those rows, finds all four of its jobs
+    there (a job's key hashes every field of it) and launches nothing. The launch left no shared-memory
+    buffers behind (DeepSpeed's CPU all-reduce does not unlink its own)."""
+    out, shm_before, shm_after = two_ranks
+    mine = tmp_path / "rows.csv"
+    shutil.copy(out, mine)
+    log = validate_run(mine, *CONTRACT)
+    assert "4 of 4 jobs already in" in log and "running the other 0" in log, log[-2000:]
+    df = read_ok(mine)
+    df = df[df["hidden_size"] == 48]
+    assert sorted(df["stage"]) == [0, 1, 2, 3] and (df["dtype"] == "bf16").all() and (df["nproc"] == 2).all()
     for col in ("stage", "dtype", "nproc", "outcome", "predicted_state_bytes", "measured_state_bytes",
                 "predicted_comm_bytes", "measured_comm_bytes"):
         assert col in df.columns
     assert_exact(df)
-    assert shm() <= before
+    assert shm_after <= shm_before
 
 
-def test_matrix_two_ranks(tmp_path):
+def test_matrix_two_ranks(two_ranks):
     """Odd sizes (padding), fp32 and bf16, GAS 1 and 2, bucket sizes, the stage-3 knobs, BF16_Optimizer,
     SGD with momentum, zero.Init, CPU offload of optimizer and parameters (on the CPU backend the
     device is the host: offloaded and device bytes are checked as one total), GPT-2 and Llama."""
-    df = run_validate(tmp_path, "--nproc", "2", "--matrix", "validate/matrices/cpu-exact.json")
+    df = read_ok(two_ranks[0])
+    df = df[df["hidden_size"] != 48]      # the contract's four are checked above
     assert len(df) == 33
     assert_exact(df)
 
