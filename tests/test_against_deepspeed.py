@@ -3,8 +3,9 @@ tensor and every logged collective must equal zerocalc's prediction to the byte.
 is the scalars of <= 8 bytes (grad norm, overflow flag), reported apart by the validator.
 
 This is the test that keeps every formula honest. It takes a few minutes on two cores, most of it
-starting DeepSpeed on every rank of each launch (and, once per machine, building DeepSpeedCPUAdam for
-the offload jobs); the jobs run only the steps the bytes need (VALIDATE_FEW_STEPS: no timing on CPU)."""
+starting DeepSpeed on every rank of each launch (and, once per machine, building DeepSpeed's CPU ops:
+its shared-memory all-reduce, FusedAdam and CPUAdam), so each rank count is one launch of many
+configurations; the jobs run only the steps the bytes need (VALIDATE_FEW_STEPS: no timing on CPU)."""
 import glob
 import json
 import os
