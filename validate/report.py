@@ -47,10 +47,14 @@ def timed_whole_steps(df: pd.DataFrame) -> pd.Series:
 
 def concurrent(df: pd.DataFrame) -> pd.Series:
     """Rows measured beside other jobs on the same GPU and host (`protocol` "concurrent", written from
-    VALIDATE_PROTOCOL: the host-memory rows): their step times are not the job's own."""
-    if "protocol" not in df:
-        return pd.Series(False, index=df.index)
-    return df["protocol"].fillna("").astype(str) == "concurrent"
+    VALIDATE_PROTOCOL: the host-memory rows; an HF matrix's `shared_gpu` > 1): their step times are not
+    the job's own."""
+    out = pd.Series(False, index=df.index)
+    if "protocol" in df:
+        out |= df["protocol"].fillna("").astype(str) == "concurrent"
+    if "shared_gpu" in df:
+        out |= pd.to_numeric(df["shared_gpu"], errors="coerce").fillna(1) > 1
+    return out
 
 
 def step_range(df: pd.DataFrame) -> pd.DataFrame:
