@@ -43,7 +43,7 @@ def supported_models() -> str:
     for r in resolve.listing():
         by_type.setdefault(r["model_type"], []).append(r["name"] + ("*" if r["source"] == "transcribed" else ""))
     lines = ["; ".join(f"**{t}** {' '.join(names)}" for t, names in sorted(by_type.items())) + "."]
-    lines += ["", "\\* its allocation sequence is simulated; the others are read from the model's own code. "
+    lines += ["", "\\* transcribed by hand; the others are read from the model's own code. "
                   "`zerocalc models` prints P, layers and experts. "
                   "`--hf-config` takes any config.json or model directory (other model_types: "
                   "`pip install '.[trace]'`, [models](docs/models.md))."]
