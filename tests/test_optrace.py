@@ -185,8 +185,12 @@ def test_every_family_is_counted(model_type):
     pytest.importorskip("transformers")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from zerocalc.hf import optrace
+    kv_heads = 4 if model_type == "deepseek_v3" else 2      # MLA's SDPA call wants as many key heads as heads
+    # DeepSeek-V3's first 3 layers are dense by default: a 2-layer config would have no MoE layer to count.
+    extra = {"first_k_dense_replace": 0} if model_type == "deepseek_v3" else {}
     d = CONFIG_MAPPING[model_type](vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=96, max_position_embeddings=64).to_dict()
+                                   num_key_value_heads=kv_heads, intermediate_size=96, max_position_embeddings=64,
+                                   pad_token_id=0, bos_token_id=1, eos_token_id=2, **extra).to_dict()
     steps = optrace.config_steps(d, 2)
     assert "eager" in steps and ("sdpa" in steps or model_type == "gemma2")
     for attention in ("sdpa", "eager"):

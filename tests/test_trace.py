@@ -29,7 +29,8 @@ def _check(model_type):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     cfg = CONFIG_MAPPING[model_type](**SMALL)
     real = AutoModelForCausalLM.from_config(cfg)
-    p = T.trace(cfg.to_dict(), steps=False)      # the tensors and calls (the step counts: tests/test_optrace.py)
+    p = T.trace(cfg.to_dict(), activations=False, steps=False)   # the tensors and calls only (the activations
+    # and allocation stream: tests/test_memtrace.py, test_stream.py; the step counts: test_optrace.py)
     assert [(t.name, t.shape) for t in p.params] == [(n, tuple(x.shape)) for n, x in real.named_parameters()]
     index = {id(x): i for i, (_, x) in enumerate(real.named_parameters())}
     own = {name: tuple(sorted(index[id(x)] for _, x in m.named_parameters(recurse=False)))
@@ -55,7 +56,7 @@ def test_tied_weights_are_listed_once_and_owned_by_both_modules():
     """GPT-2 ties lm_head.weight to transformer.wte.weight: one tensor, the embedding's name, and the
     head's call fetches it (the transcribed trace's leaf(0))."""
     cfg = transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=4, n_positions=16)
-    p = T.trace(cfg.to_dict())
+    p = T.trace(cfg.to_dict(), activations=False, steps=False)
     assert p.params[0].name == "transformer.wte.weight" and "lm_head.weight" not in [t.name for t in p.params]
     head = next(m for m in p.modules if m.name == "lm_head")
     assert head.params == (0,)
@@ -80,7 +81,7 @@ def test_a_biased_llama_traced_equals_the_transcribed(attention_bias, mlp_bias):
     d = transformers.LlamaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
                                  attention_bias=attention_bias, mlp_bias=mlp_bias).to_dict()
-    spec = P.to_model_spec(T.trace(d))
+    spec = P.to_model_spec(T.trace(d, activations=False, steps=False))
     want = from_architecture(A.Architecture("hf-llama", 96, 32, 2, 4, 2, 48, False, 64, attention_bias, mlp_bias))
     assert spec.transcribed
     assert (spec.param_numels, spec.trace, spec.backward_trace, spec.checkpointed_backward_trace, spec.buffer_numels) == \
