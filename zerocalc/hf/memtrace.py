@@ -13,6 +13,18 @@ from contextlib import contextmanager
 from zerocalc.hf.trace import _imports
 
 
+def _new_storages(out, alive: dict):
+    """(key, storage) of each storage an operator's output holds that `alive` does not know yet; the
+    caller enters it in `alive` before the next is looked at, so a storage two outputs share comes once."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            if st._cdata not in alive:
+                yield st._cdata, st
+
+
 @contextmanager
 def unpacked_batch():
     """Transformers checks the position ids for packed sequences, a data-dependent test it cannot make
@@ -36,7 +48,6 @@ def record(model, mode, input_ids, loss_fn=None):
     parameters and buffers existing before the call are not events."""
     torch, _ = _imports()
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
 
     events, alive, state = [], {}, {"phase": "forward", "module": "", "next": 0}
     stack = []
@@ -49,16 +60,11 @@ def record(model, mode, input_ids, loss_fn=None):
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    key = st._cdata
-                    if key in alive:
-                        continue
-                    state["next"] += 1
-                    alive[key] = state["next"]
-                    events.append(("alloc", state["next"], st.nbytes(), state["module"], state["phase"], str(func)))
-                    weakref.finalize(st, on_free, key)
+            for key, st in _new_storages(out, alive):
+                state["next"] += 1
+                alive[key] = state["next"]
+                events.append(("alloc", state["next"], st.nbytes(), state["module"], state["phase"], str(func)))
+                weakref.finalize(st, on_free, key)
             return out
 
     for t in list(model.parameters()) + list(model.buffers()) + [input_ids]:
@@ -99,7 +105,6 @@ def layers_kept_bytes(model, mode, batch: int, seq: int, with_head: bool = False
     layer's output (the next module's input, not the layers')."""
     torch, _ = _imports()
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     alive, state = {}, {"bytes": 0, "first": None, "last": None, "out": 0, "serial": 0}
@@ -112,15 +117,12 @@ def layers_kept_bytes(model, mode, batch: int, seq: int, with_head: bool = False
     class Counter(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    if st._cdata not in alive:
-                        alive[st._cdata] = st.nbytes()
-                        state["serial"] += 1
-                        born[st._cdata] = state["serial"]
-                        state["bytes"] += st.nbytes()
-                        weakref.finalize(st, on_free, st._cdata)
+            for key, st in _new_storages(out, alive):
+                alive[key] = st.nbytes()
+                state["serial"] += 1
+                born[key] = state["serial"]
+                state["bytes"] += st.nbytes()
+                weakref.finalize(st, on_free, key)
             return out
 
     for t in list(model.parameters()) + list(model.buffers()):
@@ -241,7 +243,6 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
     tokens), ("sdpa", q elements, log-sum-exp elements) SDPA's backward, ("mm",) a matmul."""
     torch, _ = _imports()
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     events, alive, handed, taken = [], {}, set(), set()
@@ -271,16 +272,11 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
                 taken.add(first)
                 weakref.finalize(out.untyped_storage(), on_free, key)
                 return out
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    key = st._cdata
-                    if key in alive:
-                        continue
-                    state["next"] += 1
-                    alive[key] = state["next"]
-                    events.append(("a", state["next"], st.nbytes(), name))
-                    weakref.finalize(st, on_free, key)
+            for key, st in _new_storages(out, alive):
+                state["next"] += 1
+                alive[key] = state["next"]
+                events.append(("a", state["next"], st.nbytes(), name))
+                weakref.finalize(st, on_free, key)
             if name == "aten.sum.dim_IntList":
                 x, dims = args[0], [d % max(args[0].dim(), 1) for d in args[1]]
                 if x.dim() > 1 and x.dim() - 1 not in dims:
