@@ -133,19 +133,25 @@ def earlier_jobs(df: pd.DataFrame) -> dict:
     return out
 
 
-def process_replays(every: pd.DataFrame, earlier: dict) -> dict:
-    """For each later job of a validator process whose earlier jobs are known (`earlier_jobs`), its
-    reserved peak simulated after them, by index; None where a job of the process is not generated.
-    One replay per process (`sequence.process_peaks_reserved_bytes`), not one per row."""
-    chains = {}   # (file, first job's key) -> the process's rows in order, as far as any row reaches
+def process_chains(every: pd.DataFrame, earlier: dict) -> list[list[dict]]:
+    """Each validator process's rows in order, as far as any of its rows reaches (`earlier_jobs`
+    gives each later job the jobs before it), one list per (file, first job's key)."""
+    chains = {}
     for i, prior in earlier.items():
         if prior:
             chain = (every.loc[i].get("source"), prior[0]["key"])
             rows_ = prior + [every.loc[i].to_dict()]
             if len(rows_) > len(chains.get(chain, [])):
                 chains[chain] = rows_
+    return list(chains.values())
+
+
+def process_replays(every: pd.DataFrame, earlier: dict) -> dict:
+    """For each later job of a validator process whose earlier jobs are known (`earlier_jobs`), its
+    reserved peak simulated after them, by index; None where a job of the process is not generated.
+    One replay per process (`sequence.process_peaks_reserved_bytes`), not one per row."""
     peaks = {}
-    for rows_ in chains.values():
+    for rows_ in process_chains(every, earlier):
         jobs = [to_zerocalc(job_from_row(r)) for r in rows_]
         for r, peak in zip(rows_, sequence.process_peaks_reserved_bytes(jobs)):
             peaks[(r.get("source"), r["key"])] = peak
@@ -382,15 +388,8 @@ def hf_process_replays(every: pd.DataFrame, earlier: dict) -> dict:
     (`hf_models.traced_spec`): a later job's reserved peak simulated after the jobs run before it in
     its process, by index; None where a job of the process is not traced or not generated."""
     from validate import hf_models
-    chains = {}
-    for i, prior in earlier.items():
-        if prior:
-            chain = (every.loc[i].get("source"), prior[0]["key"])
-            rows_ = prior + [every.loc[i].to_dict()]
-            if len(rows_) > len(chains.get(chain, [])):
-                chains[chain] = rows_
     peaks = {}
-    for rows_ in chains.values():
+    for rows_ in process_chains(every, earlier):
         jobs = []
         for r in rows_:
             job = job_from_row(r)
