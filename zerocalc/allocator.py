@@ -38,7 +38,7 @@ data/snapshots/, `tests/test_allocator.py`): replaying their allocations and fre
 addresses gives the same segments, in the same order, size and stream, as the history records.
 """
 import bisect
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MIN_BLOCK_BYTES = 512
 SMALL_REQUEST_BYTES = 1 << 20        # kSmallSize: the largest request of the small pool
@@ -68,15 +68,13 @@ def should_split(block_bytes: int, rounded_bytes: int) -> bool:
     return remaining >= MIN_BLOCK_BYTES if small else remaining > SMALL_REQUEST_BYTES
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):     # NamedTuples: cheaper than dataclasses to make at import
     size_bytes: int
     stream: int
     event: int          # index of the allocation that made it
 
 
-@dataclass(frozen=True)
-class Replay:
+class Replay(NamedTuple):
     segments: tuple[Segment, ...]
     releases: tuple[tuple[int, int], ...]   # (event index, bytes) of each segment `empty_cache` returned
     peak_reserved_bytes: int      # max_memory_reserved less what was reserved before the sequence
