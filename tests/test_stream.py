@@ -128,7 +128,8 @@ def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpoint
             grads.append((h, p))
     spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=6),
                            param_numels=(1,) * len(list(model.parameters())))
-    step = sequence._TracedStep(t, spec, SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24),
+    step = sequence._TracedStep(t, spec, SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24,
+                                                         attention="sdpa"),
                                 DS(), [1, 2])
     original = sequence._compiled
     sequence._compiled = lambda *a: [e for e in original(*a) if e[0] not in "sdw"]   # the CUDA rules aside

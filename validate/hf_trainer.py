@@ -8,7 +8,11 @@ exist before the model, so at stage 3 `from_config` builds under zero.Init (HfDe
 is the model's own (labels given, shifted inside); gradient clipping at max_grad_norm 1.0 ("auto");
 the docs' WarmupLR with warmup_steps 1 (DeepSpeed 0.19.8 refuses 0, which transformers < 5.24 passes);
 Trainer's logging every step. The ds_config gets the comms logger added (measurement only: it is off
-but for one step). Step times are whole optimizer steps, synchronized at both ends; no per-phase split."""
+but for one step). Step times are whole optimizer steps, synchronized at both ends; no per-phase split.
+With VALIDATE_SNAPSHOT_DIR set, rank 0's allocator history is recorded as the direct path records it
+(`worker._memory_history`): VALIDATE_SNAPSHOT_SCOPE=warmup from before the model is built to the end
+of the warm-up steps, =step over the comm-logged step."""
+import contextlib
 import shutil
 import statistics
 import tempfile
@@ -17,7 +21,7 @@ import time
 import torch
 
 from validate import hf_models, measure
-from validate.worker import WARMUP_STEPS, TIMED_STEPS
+from validate.worker import TIMED_STEPS, WARMUP_STEPS, _memory_history
 
 COMMS_LOGGER = {"enabled": True, "prof_all": True, "verbose": False, "debug": True}
 
@@ -43,8 +47,9 @@ def _callback_class():
         """Peaks per phase (init; the warm-up steps as first_step; the rest as step), one comm-logged
         steady-state step with the resident state read after it, then whole steps timed."""
 
-        def __init__(self, rec, cuda):
-            self.rec, self.cuda, self.trainer = rec, cuda, None
+        def __init__(self, rec, cuda, key="", history=None):
+            self.rec, self.cuda, self.trainer, self.key = rec, cuda, None, key
+            self.history = history or contextlib.ExitStack()     # the warm-up's, open; closed here
             self.comm = self.state = None
             self.step_s, self.losses, self._t0 = [], [], None
 
@@ -58,6 +63,7 @@ def _callback_class():
             if state.global_step == WARMUP_STEPS:
                 comms_logger.reset_data()
                 comms_logger.enabled = True
+                self.history.enter_context(_memory_history(self.key, self.cuda, "step"))
             self.rec.mark()
             self._t0 = time.perf_counter()
 
@@ -68,6 +74,8 @@ def _callback_class():
             seconds = time.perf_counter() - self._t0
             done = state.global_step - 1           # the step that just ended, from 0
             self.rec.phase("step", record=done >= WARMUP_STEPS)
+            if done in (WARMUP_STEPS - 1, WARMUP_STEPS):
+                self.history.close()                 # the warm-up's history, then the comm-logged step's
             if done == WARMUP_STEPS:
                 comms_logger.enabled = False
                 self.comm = measure.comm_summary(dist.log_summary(return_dict=True))
@@ -107,6 +115,8 @@ def run_job(job: dict, device) -> dict:
     torch.manual_seed(job.get("seed", 0))
     ds = {**hf_models.load_ds_config(job["ds_config"]), "comms_logger": COMMS_LOGGER}
     out_dir = tempfile.mkdtemp(prefix="zerocalc-trainer-")
+    history = contextlib.ExitStack()
+    history.enter_context(_memory_history(job["key"], cuda, "warmup"))
     try:
         args = training_arguments(job, ds, out_dir, cuda)     # before the model: zero.Init at stage 3
         model = hf_models.build(job["hf"]["config"], job["dtype"], False, job["attention"])
@@ -114,7 +124,7 @@ def run_job(job: dict, device) -> dict:
         recorder = hf_models.SpecRecorder(model)
         n = (WARMUP_STEPS + 1 + job.get("timed_steps", TIMED_STEPS)) * job["micro_batch"] * job["gas"]
         data = RandomTokens(job["arch"]["vocab_size"], job["seq_len"], n, 1234 + dist.get_rank())
-        cb = _callback_class()(rec, cuda)
+        cb = _callback_class()(rec, cuda, job["key"], history)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[cb])
         cb.trainer = trainer
         trainer.train()
@@ -131,5 +141,6 @@ def run_job(job: dict, device) -> dict:
         engine.destroy()
         return result
     finally:
+        history.close()
         unset_hf_deepspeed_config()
         shutil.rmtree(out_dir, ignore_errors=True)

@@ -72,6 +72,13 @@ def layer_units_per_token(arch, setup: Setup, coef: dict) -> float:
     return units
 
 
+def traced_activations(model: ModelSpec, setup: Setup) -> dict | None:
+    """The profile's traced activations under the setup's attention (`profile.traced_under`)."""
+    from zerocalc.profile import traced_under
+    p = model.profile
+    return traced_under(p, setup.attention)[0] if p is not None and getattr(p, "activations", None) else None
+
+
 def traced_layers_bytes(model: ModelSpec, setup: Setup) -> float | None:
     """The layers' kept bytes read from the model's code (`zerocalc.hf.memtrace.layer_activations`:
     a·T + c·B·s², traced in bf16 with SDPA as the model's config chooses), for a model no family
@@ -79,7 +86,7 @@ def traced_layers_bytes(model: ModelSpec, setup: Setup) -> float | None:
     whose fake-tensor routing is not a real batch's: there the formulas count the top-k experts' widths
     (balanced routing, `profile.architecture`)."""
     p = model.profile
-    acts = getattr(p, "activations", None) if p is not None else None
+    acts = traced_activations(model, setup)
     if model.transcribed or not acts or setup.param_bytes != 2 or p.moe_classes:
         return None
     b, s = setup.micro_batch, setup.seq_len
@@ -99,7 +106,7 @@ def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activa
         layer = traced / arch.num_layers
         # The head's kept tensors (final norm, soft-capping's tanh over the vocabulary): kept, like the
         # log-probabilities, until the loss path's backward, gone before the last layer's.
-        head = int(model.profile.activations.get("head_bytes_per_token", 0) * tokens)
+        head = int(traced_activations(model, setup).get("head_bytes_per_token", 0) * tokens)
     if setup.activation_checkpointing:
         kept_layers = arch.num_layers * b * tokens * coef.get("checkpoint_h", 1.0) * arch.hidden_size
         recompute = layer

@@ -33,13 +33,23 @@ def stage0_allreduce_buckets(param_numels: tuple[int, ...]) -> tuple[int, ...]:
     the H200 comms logs of five stage-0 models of 1.1-3.0B (`data/h200-*.csv`, measured_comm_detail)
     show exactly these sizes (e.g. 2.8B seed-gpt
     h2560: 375,347,200 to 1,049,021,440 bytes, bf16, in six calls)."""
-    buckets, filled = [], 0
+    return tuple(sum(bucket) for bucket in stage0_allreduce_bucket_tensors(param_numels))
+
+
+def stage0_allreduce_bucket_tensors(param_numels: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Each of `stage0_allreduce_buckets`' buckets as its gradients' elements. A bucket of one tensor
+    (a parameter over MEMORY_OPT_ALLREDUCE_SIZE elements alone, or a last one left over) is reduced
+    in place: `allreduce_bucket` flattens it with `_flatten_dense_tensors`, which returns a single
+    tensor as a view (the H200 history of Gemma-2-2B at stage 0, `data/snapshots/hf-diag/`: its
+    590M-element embedding's bucket allocates nothing, the two others one flat copy each)."""
+    buckets, bucket, filled = [], [], 0
     for n in param_numels:
+        bucket.append(n)
         filled += n
         if filled > MEMORY_OPT_ALLREDUCE_SIZE:
-            buckets.append(filled)
-            filled = 0
-    return tuple(buckets + ([filled] if filled else []))
+            buckets.append(tuple(bucket))
+            bucket, filled = [], 0
+    return tuple(buckets + ([tuple(bucket)] if bucket else []))
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,9 @@ class Profile:
     activations: dict | None = field(default=None, hash=False, compare=False)  # `hf.memtrace.layer_activations`
     stream: dict | None = field(default=None, hash=False, compare=False)       # `hf.memtrace.step_stream`
     steps: dict | None = field(default=None, hash=False, compare=False)   # `hf.optrace.config_steps`: operators, FLOPs
+    # {attention: {"activations", "stream"}}: traced under an attention other than the config's own
+    # (SDPA where the config picks eager: `hf.trace.trace`)
+    attentions: dict | None = field(default=None, hash=False, compare=False)
 
     @property
     def num_params(self) -> int:
@@ -175,6 +178,7 @@ def to_json(p: Profile) -> dict:
         "activations": p.activations,
         "stream": p.stream,
         **({"steps": p.steps} if p.steps else {}),
+        **({"attentions": p.attentions} if p.attentions else {}),
     }
 
 
@@ -192,7 +196,19 @@ def from_json(d: dict) -> Profile:
 
     return Profile(d["name"], d["model_type"], d.get("dims", {}), params,
                    tuple(Tensor(n, tuple(s), dt) for n, s, dt in _expand(d["buffers"])), modules, node(d["calls"]),
-                   d.get("source", {}), d.get("activations"), d.get("stream"), d.get("steps"))
+                   d.get("source", {}), d.get("activations"), d.get("stream"), d.get("steps"), d.get("attentions"))
+
+
+def traced_under(p: Profile, attention: str) -> tuple[dict | None, dict | None]:
+    """(activations, stream) of the profile under `attention`: the config's own attention's, or one
+    traced beside it (`attentions`); for an attention not traced, the own activations (as before) and
+    no stream (its allocations are then not simulated)."""
+    stream = getattr(p, "stream", None)
+    own = (stream or {}).get("attention")
+    other = (getattr(p, "attentions", None) or {}).get(attention) if attention != own else None
+    if other:
+        return other.get("activations"), other.get("stream")
+    return getattr(p, "activations", None), (stream if stream is not None and attention == own else None)
 
 
 def save(p: Profile, path: str) -> None:

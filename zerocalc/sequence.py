@@ -37,9 +37,10 @@ from math import ceil
 from zerocalc import stage3_trace
 from zerocalc import allocator
 from zerocalc.allocator import Replay, replay
-from zerocalc.comm import stage0_allreduce_buckets
+from zerocalc.comm import stage0_allreduce_bucket_tensors
 from zerocalc.model import ModelSpec
 from zerocalc.partition import max_grads_in_partition, partition, persistent_mask, sub_groups
+from zerocalc.profile import traced_under
 from zerocalc.training import Setup, Stage
 
 
@@ -631,7 +632,7 @@ class _TracedStep:
     as layer 1."""
 
     def __init__(self, t: _Trace, model: ModelSpec, setup: Setup, ds, workspaces: list):
-        st = model.profile.stream
+        st = traced_under(model.profile, setup.attention)[1]
         self.t, self.ds, self.workspaces = t, ds, workspaces
         self.stream, self.variant = st, "checkpointed" if setup.activation_checkpointing else "plain"
         self.k, self.first, self.per_layer = st["layers"], st["first_layer_param"], st["params_per_layer"]
@@ -844,14 +845,16 @@ class _Stage:
         if self.setup.stage != Stage.GRADIENTS and not boundary:
             return
         if self.setup.stage == Stage.DISABLED:
-            # allreduce_bucket flattens each bucket (`comm.stage0_allreduce_buckets`) in turn, and casts
-            # it to communication_data_type where that differs.
+            # allreduce_bucket flattens each bucket (`comm.stage0_allreduce_bucket_tensors`) in turn (a
+            # bucket of one tensor is a view of it), and casts it to communication_data_type where that differs.
             c = self.setup.comm_bytes
-            for bucket in stage0_allreduce_buckets(self.model.param_numels):
-                flat = t.alloc(b * bucket)
+            for tensors in stage0_allreduce_bucket_tensors(self.model.param_numels):
+                bucket = sum(tensors)
+                flat = t.alloc(b * bucket) if len(tensors) > 1 else None
                 if c != b:
                     t.free(t.alloc(c * bucket))       # the cast, released first (a local of allreduce_bucket)
-                t.free(flat)
+                if flat is not None:
+                    t.free(flat)
             return
         if not self.in_hooks:
             # ZeRO-1 moves the gradients into buckets now, in parameter order (stage_1_and_2.py:971).
@@ -873,7 +876,7 @@ class _Stage:
             numels = self.model.param_numels
             copies = [t.alloc(4 * n) for n in numels]
             flat = t.alloc(4 * self.part.num_params)
-            t.free(*copies)
+            t.free(*reversed(copies))                 # the list comprehension's items, last first
             t.free(*(self.grads.pop(i) for i in sorted(self.grads)))
             t.free(flat)
             return
@@ -1015,11 +1018,16 @@ class _Stage3:
 
     def _reduce(self) -> None:
         """reduce_scatter_coalesced flattens the bucket's gradients, each padded to a multiple of N,
-        on the reduction stream; the rank's slices are copied into the flat gradient partitions. With
-        optimizer offload, partition_grads then takes each slice to the host while the flatten lives:
-        a device copy of it, its norm in fp64 chunks (_constant_buffered_norm2), an fp32 cast."""
+        on the reduction stream (a bucket of one gradient that needs no padding is reduced as a view of
+        it: coalesced_collectives.py:102; the H200 history of Qwen3-0.6B through HF Trainer,
+        `data/snapshots/hf-diag/`, whose h²-element buckets hold one weight each); the rank's slices
+        are copied into the flat gradient partitions. With optimizer offload, partition_grads then
+        takes each slice to the host while the flatten lives: a device copy of it, its norm in fp64
+        chunks (_constant_buffered_norm2), an fp32 cast."""
         t, b, r = self.t, self.b, self.REDUCE_STREAM
-        flat = t.alloc(b * sum(self.shards[i] * self.n for i in self.bucket_params), stream=r)
+        one = self.bucket_params[0] if len(self.bucket_params) == 1 else None
+        flat = None if one is not None and self.model.param_numels[one] % self.n == 0 else \
+            t.alloc(b * sum(self.shards[i] * self.n for i in self.bucket_params), stream=r)
         if self.offload:
             for i in sorted(self.bucket_params):       # __reduce_and_partition_ipg_grads sorts by ds_id
                 s = self.shards[i]
@@ -1028,7 +1036,8 @@ class _Stage3:
                     t.free(t.alloc(8 * min(self.NORM_CHUNK, s - start), stream=r))
                 t.free(t.alloc(4 * s, stream=r))
                 t.free(copy)
-        t.free(flat)
+        if flat is not None:
+            t.free(flat)
         self.bucket_fill, self.bucket_params = 0, []
 
     def end_backward(self, boundary: bool = True) -> None:
@@ -1073,7 +1082,7 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     arch = model.architecture
     s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
     if traced(model):
-        family = setup.attention == {"sdpa": "sdpa", "eager": "eager"}.get(model.profile.stream.get("attention"))
+        family = traced_under(model.profile, setup.attention)[1] is not None
     else:
         family = (model.transcribed and arch is not None and not arch.attention_bias and not arch.mlp_bias
                   and arch.family in ("hf-llama", "seed-gpt")

@@ -43,6 +43,32 @@ def unpacked_batch():
         masking_utils.find_packed_sequence_indices = original
 
 
+@contextmanager
+def dispatching(model, attention: str | None):
+    """The model's attention modules calling `attention`'s function (they look it up in
+    `ALL_ATTENTION_FUNCTIONS` by `config._attn_implementation` at every call), where the model was
+    built with another: how a model whose class does not offer SDPA (Gemma-2, for its soft-capping) is
+    traced as transformers 5.17 ran it when asked for SDPA, the keyword arguments SDPA has no use for
+    (the soft-cap) ignored (the H200 rows of Gemma-2 with `attention` sdpa, `data/h200-hf-time-a.csv`:
+    25.28 GiB allocated, 1.06 GiB less than with eager; later transformers refuse SDPA for it)."""
+    own = model.config._attn_implementation
+    if not attention or attention == own:
+        yield
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    function = ALL_ATTENTION_FUNCTIONS[attention]
+
+    def lenient(*args, softcap=None, **kwargs):
+        return function(*args, **kwargs)
+    ALL_ATTENTION_FUNCTIONS[attention] = lenient
+    model.config._attn_implementation = attention
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = own
+        del ALL_ATTENTION_FUNCTIONS[attention]
+
+
 def record(model, mode, input_ids, loss_fn=None):
     """(events, names): events are ("alloc", handle, bytes, module, phase) and ("free", handle, phase);
     parameters and buffers existing before the call are not events."""
@@ -197,18 +223,20 @@ def _shallow(d: dict, layers: int) -> dict:
     return d
 
 
-def config_activations(d: dict, num_layers: int, seqs=(32, 64)) -> dict:
+def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str | None = None) -> dict:
     """`layer_activations` of the whole stack from two shallow copies of the model (its first n and
     n + 1 layers, n covering the leading dense layers of an MoE stack, `first_k_dense_replace`): the
     first n layers as traced, each further layer as the (n + 1)-th. Decoder layers after the leading
     ones are alike in what they keep (the kept bytes do not depend on a layer's position), so this
-    equals tracing the whole stack at a fraction of the time."""
+    equals tracing the whole stack at a fraction of the time. `attention`: traced under that one
+    (`dispatching`), else the config's own."""
     from zerocalc.hf.trace import build, hf_config
     n = min(num_layers, 1 + int(d.get("first_k_dense_replace") or 0))
     shallow = []
     for layers in sorted({n, min(n + 1, num_layers)}):
         model, mode = build(hf_config(_shallow(d, layers)))
-        shallow.append((layers, layer_activations(model, mode, seqs)))
+        with dispatching(model, attention):
+            shallow.append((layers, layer_activations(model, mode, seqs)))
     (n1, a1), (n2, a2) = shallow[0], shallow[-1]
     out = dict(a1)
     for key in ("bytes_per_token", "bytes_per_sequence_squared"):
@@ -260,12 +288,17 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
             out = func(*args, **(kwargs or {}))
             name = str(func)
             if (state["phase"] == "backward" and name == "aten.add.Tensor" and len(args) == 2 and not kwargs
+                    and not args[0]._is_view()
                     and all(isinstance(a, torch.Tensor) and a.untyped_storage().nbytes() == out.untyped_storage().nbytes()
                             and alive.get(a.untyped_storage()._cdata, 0) > state["backward_from"] for a in args)):
                 # Two gradients of one tensor summed (autograd's InputBuffer::accumulate: every add of two
-                # backward-made tensors of the sum's size in the models traced): on real tensors in place,
-                # into the first (`can_accumulate_inplace`); a fake tensor is a tensor subclass, so it is
-                # summed out of place here. The sum keeps the first one's storage.
+                # backward-made tensors of the sum's size in the models traced): on CUDA in place, into
+                # the first (`can_accumulate_inplace`), unless the first is a view: a view keeps its base,
+                # a second reference to the storage, so the sum is a new tensor (the H200 history of
+                # Gemma-2-2B, `data/snapshots/hf-diag/`: two [B, s, h] sums a layer and the tied
+                # embedding's two gradients, the head's a view through the weight's transpose, each
+                # allocated anew). A fake tensor is a tensor subclass, so it is summed out of place here;
+                # an in-place sum keeps the first one's storage.
                 first = args[0].untyped_storage()._cdata
                 key = out.untyped_storage()._cdata
                 alive[key] = alive[first]
@@ -445,15 +478,18 @@ def step_stream(d: dict, attention: str | None = None) -> dict:
     `STREAM_LAYERS` decoder layers, without and with activation checkpointing, each event's bytes as
     integer coefficients of `STREAM_BASIS`, solved from `STREAM_SHAPES` (an event whose bytes are
     not so fails the trace). A deeper model repeats the middle layer's segments
-    (`zerocalc.sequence._traced_segments`)."""
+    (`zerocalc.sequence._traced_segments`). `attention`: traced under that one (`dispatching`), else
+    the config's own."""
     from zerocalc.hf.trace import build, hf_config
-    torch, _ = _imports()
     layers_total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
     k = min(STREAM_LAYERS, layers_total)
-    cfg = hf_config(_shallow(d, k))
-    if attention:
-        cfg._attn_implementation = attention
-    model, mode = build(cfg)
+    model, mode = build(hf_config(_shallow(d, k)))
+    with dispatching(model, attention):
+        return _step_stream(model, mode, k)
+
+
+def _step_stream(model, mode, k: int) -> dict:
+    """`step_stream` of a built k-layer model."""
     from transformers.modeling_layers import GradientCheckpointingLayer
     params = list(model.parameters())
     pid = {id(p): i for i, p in enumerate(params)}

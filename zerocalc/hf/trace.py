@@ -16,7 +16,7 @@ import os
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 6        # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 7        # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -159,6 +159,16 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
             stream = memtrace.step_stream(d)
         except Exception:      # a stream that does not cut into repeated layers or fit the shapes: the ratio then
             stream = None
+    attentions = None
+    if stream is not None and stream.get("attention") != "sdpa":
+        # SDPA (zerocalc's and the validator's default) where the config picks another attention: its
+        # activations and stream as the attention modules dispatch it (`memtrace.dispatching`)
+        try:
+            n = len([m for m in modules if m.layer])
+            attentions = {"sdpa": {"activations": memtrace.config_activations(d, n, attention="sdpa"),
+                                   "stream": memtrace.step_stream(d, "sdpa")}}
+        except Exception:      # as above: that attention is then not simulated
+            attentions = None
     counted = None
     if steps:
         from zerocalc.hf import optrace
@@ -169,7 +179,8 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
     return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
                    tuple(Tensor(n, tuple(p.shape)) for n, p in named), buffers, tuple(modules), roots[0],
                    {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts, stream, counted)
+                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts, stream, counted,
+                   attentions)
 
 
 def config_digest(d: dict) -> str:
