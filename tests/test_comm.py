@@ -63,3 +63,14 @@ def test_stage_3_parameter_offload_at_n1_fetches_by_copy_not_collective():
                                              offload_param="cpu")).collectives
     assert not any(c.op == "all_gather_into_tensor" for c in off)
     assert [c.as_dict() for c in off] == [c.as_dict() for c in optimizer_only]   # measured: 2,828,910,600 B both
+
+
+def test_stage0_buckets_keep_their_tensors_and_one_alone_is_reduced_in_place():
+    """`allreduce_no_retain` closes a bucket once it holds more than 500M elements: 600M alone (over the
+    limit by itself), then 100M + 450M (550M > 500M), then the 10M left over, alone. The sizes are the
+    sums; a bucket of one tensor is flattened as a view of it (no copy), which the sequence reads from
+    the tensors."""
+    from zerocalc.comm import stage0_allreduce_bucket_tensors, stage0_allreduce_buckets
+    numels = (600_000_000, 100_000_000, 450_000_000, 10_000_000)
+    assert stage0_allreduce_bucket_tensors(numels) == ((600_000_000,), (100_000_000, 450_000_000), (10_000_000,))
+    assert stage0_allreduce_buckets(numels) == (600_000_000, 550_000_000, 10_000_000)

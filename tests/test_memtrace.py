@@ -111,3 +111,52 @@ def test_the_heads_kept_bytes_by_hand():
                                   num_key_value_heads=2, head_dim=16, intermediate_size=160, max_position_embeddings=128,
                                   final_logit_softcapping=30.0).to_dict()
     assert memtrace.config_activations(d, 2)["head_bytes_per_token"] == 4 * h + 4 + 4 * h + 2 * h + 2 * v + 4 * h / tokens
+
+
+def test_a_tied_embeddings_two_gradients_are_summed_into_a_new_tensor():
+    """A tied Llama (vocabulary 100, hidden 64: 12,800 bytes a bf16 [V, h] gradient, a size no other
+    tensor of the step has): in backward three
+    vocabulary-sized tensors are made, the head's weight gradient (the output projection's, arriving
+    through the weight's transpose: a view), the embedding's, and their sum, new because the first is a
+    view (its base also holds the storage, so `InputBuffer` cannot add in place); both inputs die and
+    the sum is handed on once. Untied, each weight's one gradient is handed on as it is: two made."""
+    vocab = 100
+    vh = vocab * H * 2
+    for tied, made in ((True, 3), (False, 2)):
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=H, num_hidden_layers=1, num_attention_heads=HEADS,
+                                       num_key_value_heads=KV_HEADS, intermediate_size=F, max_position_embeddings=S,
+                                       tie_word_embeddings=tied)
+        cfg._attn_implementation = "sdpa"
+        model, mode = trace.build(cfg)
+        events = memtrace.record_step(model, mode, B, S)
+        back = events[events.index(("phase", "backward")):]
+        made_vh = [e[1] for e in back if e[0] == "a" and e[2] == vh]
+        assert len(made_vh) == made, tied
+        handed = {e[1]: e[2] for e in back if e[0] == "g" and e[2] in made_vh}   # parameter -> handle
+        freed = {e[1] for e in back if e[0] == "f"}
+        if tied:    # the embedding (parameter 0, the head's weight too) gets the sum; its two inputs die
+            assert handed == {0: made_vh[2]} and set(made_vh[:2]) <= freed
+        else:       # the head (the last parameter) first, then the embedding
+            assert handed == {len(list(model.parameters())) - 1: made_vh[0], 0: made_vh[1]}
+
+
+def test_a_model_without_sdpa_is_traced_under_sdpa_as_its_modules_dispatch_it():
+    """Gemma-2's class refuses SDPA here (its soft-capping); transformers 5.17 ran it when asked, the
+    soft-cap ignored, and the H200 rows so measured kept no attention probabilities. Traced under
+    SDPA (`memtrace.dispatching`) its layers keep nothing that grows as s² per sequence, where the
+    eager trace keeps the probabilities; the model's own attention is restored after."""
+    import json
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "zerocalc", "hf", "configs", "gemma-2-2b.json")) as f:
+        d = json.load(f)
+    d.update(vocab_size=V, hidden_size=H, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=16,
+             query_pre_attn_scalar=16, intermediate_size=F, num_hidden_layers=1)
+    eager = memtrace.config_activations(d, 1)
+    sdpa = memtrace.config_activations(d, 1, attention="sdpa")
+    assert eager["bytes_per_sequence_squared"] > 0 and sdpa["bytes_per_sequence_squared"] == 0
+    assert sdpa["bytes_per_token"] < eager["bytes_per_token"] + eager["bytes_per_sequence_squared"] * 64
+    model, mode = trace.build(trace.hf_config(d))
+    with memtrace.dispatching(model, "sdpa"):
+        assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == "eager"

@@ -430,3 +430,20 @@ def test_stopping_at_the_steady_state_gives_the_whole_replay(stage):
             pieces.append((t.events[done:], last))
             done, last = len(t.events), t.last_handle
         assert sequence.replay_steps(iter(pieces)) == allocator.replay(sequence.events(model, s, steps=5))
+
+
+@pytest.mark.parametrize("numel, flattens", [(1000, 0), (1001, 3)])
+def test_stage3_reduces_a_bucket_of_one_gradient_as_a_view(numel, flattens):
+    """Three gradients of `numel` elements with reduce_bucket_size 1000 at N = 2: each arrives to find
+    the bucket full (1000 + numel > 1000), so each bucket holds one. reduce_scatter_coalesced reduces
+    one tensor that needs no padding as a view of it (1000 % 2 == 0: no flatten); 1001 elements are
+    padded to 1002, so each of the three buckets is flattened on the reduction stream: 2·1002 bytes."""
+    from zerocalc.model import ModelSpec
+    model = ModelSpec("three", (numel,) * 3, ((0,), (1,), (2,)))
+    t = sequence._Trace()
+    ds = sequence._Stage3(t, model, setup(3, dp=2, reduce_bucket_size=1000))
+    for i in (2, 1, 0):
+        ds.grad_ready(i, numel)
+    ds.end_backward()
+    on_reduce = [e[2] for e in t.events if e[0] == "alloc" and e[3] == sequence._Stage3.REDUCE_STREAM]
+    assert on_reduce == [2 * 1002] * flattens
