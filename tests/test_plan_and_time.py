@@ -510,3 +510,33 @@ def test_every_row_plan_shows_is_what_estimate_says_of_it():
         e = json.loads(CliRunner().invoke(main, args).output)["estimates"][0]
         assert (e["device_bytes"], e["fits"], e["fits_worst_case"]) == \
             (best["device_bytes"], best["fits"], best["fits_worst_case"])
+
+
+# Llama-2-7B's parameter tensors by hand: the embedding, 32 layers of q, k, v, o, gate, up, down and two
+# RMSNorms (9 each), the final norm and the head: 1 + 288 + 1 + 1.
+LLAMA_7B_TENSORS = 291
+
+
+def test_the_optimizer_step_costs_per_parameter_tensor():
+    a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
+    spec = from_architecture(a)
+    assert len(spec.param_numels) == LLAMA_7B_TENSORS
+    s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype="bf16")
+    t = estimate(spec, s, cal=with_time(optimizer_s_per_tensor=PER_CLASS(1e-4)), hardware=gpu("h100")).time
+    # stage 0: t0 + every element + every tensor: 0.01 + 1e-12·P + 1e-4·291
+    assert t.optimizer_s == pytest.approx(0.01 + 1e-12 * spec.num_params + 1e-4 * 291)
+
+
+def test_hf_trainer_adds_its_loop_per_micro_step_and_its_zero_grad_per_tensor():
+    a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
+    spec = from_architecture(a)
+    cal = with_time(trainer_s_per_micro_step=0.005, trainer_zero_grad_s_per_tensor=4e-6)
+    bare = Setup(stage=Stage.GRADIENTS, dp=1, micro_batch=1, seq_len=1024, gas=3, dtype="bf16")
+    engine = estimate(spec, bare, cal=cal, hardware=gpu("h100")).time
+    trainer = estimate(spec, Setup(**{**bare.__dict__, "hf_trainer": True}), cal=cal, hardware=gpu("h100")).time
+    # 3 micro-steps of its loop, 5 ms each, and one zero_grad over 291 tensors at 4 us: 15 ms + 1.164 ms
+    assert engine.trainer_s == 0
+    assert trainer.trainer_s == pytest.approx(3 * 0.005 + 291 * 4e-6)
+    assert trainer.step_s - engine.step_s == pytest.approx(0.016164)
+    assert (trainer.forward_s, trainer.backward_s, trainer.optimizer_s) == (engine.forward_s, engine.backward_s,
+                                                                           engine.optimizer_s)

@@ -42,7 +42,7 @@ import pandas as pd
 from validate.jobs import to_zerocalc
 from validate.report import (configuration, earlier_jobs, expandable_rows, hf_rows, load, predicted_reserved, process_replays,
                              started_clean, timed_whole_steps, with_configuration)
-from validate.rows import at_row_host, job_from_row, measured_host_launch_s
+from validate.rows import at_row_host, is_hf_row, job_from_row, measured_host_launch_s
 from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
 from zerocalc.timing import STEP_CLASSES, accuracy_regime, features, phase_times, whole_step_s
@@ -67,6 +67,17 @@ def held_out(row: dict) -> bool:
 
 def held_out_rows(df: pd.DataFrame) -> pd.Series:
     return pd.Series([held_out(r.to_dict()) for _, r in df.iterrows()], index=df.index, dtype=bool)
+
+
+def hf_timed_rows(paths) -> pd.DataFrame:
+    """The HF configs' rows timed as training runs (alone on the GPU and host): the time fit takes them
+    beside the transcribed families' (as `zerocalc estimate --hf-config` predicts them, from the traced
+    config), split by the same folds; the memory constants do not (their activations are traced)."""
+    df = load(paths)
+    df = df[(df["outcome"] == "ok") & df["measured_peak_allocated_bytes"].notna() & hf_rows(df)].copy()
+    df = df[timed_whole_steps(df)]
+    df["held_out"] = held_out_rows(df)
+    return df
 
 
 def gpu_rows(paths) -> pd.DataFrame:
@@ -97,14 +108,49 @@ def _llama_activation_rows(df, cal):
 
 
 def time_features(df, cal=None):
-    """`timing.features` of each row, on the row's own host speed where it was probed per step."""
+    """`timing.features` of each row, on the row's own host speed where it was probed per step; an HF
+    config's row as zerocalc traces its config (`hf_models.traced_spec`, what `--hf-config` predicts)."""
+    from validate import hf_models
     from zerocalc.hardware import gpu
     cal = cal or calibration.default()
     rows = []
     for _, r in df.iterrows():
-        spec, setup = to_zerocalc(job_from_row(r.to_dict()))
+        job = job_from_row(r.to_dict())
+        spec, setup = to_zerocalc(job)
+        if is_hf_row(r.to_dict()):
+            spec = hf_models.traced_spec(job)
         rows.append(features(spec, setup, estimate(spec, setup).collectives, gpu("h200"), at_row_host(cal, r.to_dict())))
     return rows
+
+
+# HF Trainer's calls per step that are the engine's work, not the Trainer's own (hf_trainer.TrainerClock)
+ENGINE_CALLS = ("loss", "backward", "step")
+
+
+def trainer_host_constants(rows: pd.DataFrame, cal: dict) -> dict:
+    """HF Trainer's own host work (`timing.trainer_host_s`), measured on the Trainer rows that probed each
+    call Trainer makes in their timed steps (`measured_trainer_host_s`, `hf_trainer.TrainerClock`), at
+    the fitted hosts' speed (each row's per-step launch probes, `timing.host_scale`): per micro-step,
+    the step less the engine's calls (its forward with the loss, backward, step) and less zero_grad,
+    which is per parameter tensor (`trainer_zero_grad_s_per_tensor`); each the median over the row's
+    steps, then over the rows. {} without such rows."""
+    from zerocalc.timing import host_scale
+    k = cal["time"]
+    loop, zero_grad = [], []
+    for _, r in rows.iterrows():
+        text = r.get("measured_trainer_host_s")
+        if not isinstance(text, str) or not text.startswith("{"):
+            continue
+        calls = json.loads(text)
+        launch, fitted = measured_host_launch_s(r.to_dict()), k.get("host_launch_s_fitted")
+        h = host_scale(launch / fitted, k) if launch and fitted else 1.0
+        own = [w - sum(calls[c][i] for c in ENGINE_CALLS + ("zero_grad",)) for i, w in enumerate(calls["whole"])]
+        loop.append(float(np.median(own)) / int(r["gas"]) / h)
+        zero_grad.append(float(np.median(calls["zero_grad"])) / int(r["param_tensors"]) / h)
+    if not loop:
+        return {}
+    return {"trainer_s_per_micro_step": float(f"{np.median(loop):.4g}"),
+            "trainer_zero_grad_s_per_tensor": float(f"{np.median(zero_grad):.4g}"), "trainer_rows": len(loop)}
 
 
 def typical_host_launch_s(rows: pd.DataFrame) -> float:
@@ -128,8 +174,10 @@ _START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer"
           "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5, "grad_move_s": 3e-5,
           "host_link_bytes_per_s": 25e9, "host_adam_elements_per_s": 1e9, "host_pageable_bytes_per_s": 10e9,
           "host_launch_share": 0.9,
-          "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.02),
-          "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11)}
+          "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.005),
+          "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11),
+          "optimizer_s_per_tensor": dict.fromkeys(STEP_CLASSES, 5e-5)}
+_PER_CLASS = ("step_overhead_s", "optimizer_s_per_element", "optimizer_s_per_tensor")
 
 
 def _unpack(z, efficiency_max: float = 1.0) -> dict:
@@ -139,8 +187,8 @@ def _unpack(z, efficiency_max: float = 1.0) -> dict:
     for name in _SHARES:
         k[name] = float(1 / (1 + np.exp(-np.clip(z[_SCALARS.index(name)], -30, 60))))   # never 0
     n, m = len(_SCALARS), len(STEP_CLASSES)
-    k["step_overhead_s"] = {c: float(np.exp(z[n + i])) for i, c in enumerate(STEP_CLASSES)}
-    k["optimizer_s_per_element"] = {c: float(np.exp(z[n + m + i])) for i, c in enumerate(STEP_CLASSES)}
+    for j, name in enumerate(_PER_CLASS):
+        k[name] = {c: float(np.exp(np.clip(z[n + j * m + i], -60, 60))) for i, c in enumerate(STEP_CLASSES)}
     return k
 
 
@@ -149,8 +197,8 @@ def _pack(k: dict, efficiency_max: float = 1.0) -> np.ndarray:
     z[_SCALARS.index("efficiency")] = np.log(k["efficiency"] / (efficiency_max - k["efficiency"]))
     for name in _SHARES:
         z[_SCALARS.index(name)] = np.log(k[name] / (1 - k[name]))
-    z += [np.log(k["step_overhead_s"][c]) for c in STEP_CLASSES]
-    z += [np.log(k["optimizer_s_per_element"][c]) for c in STEP_CLASSES]
+    for name in _PER_CLASS:
+        z += [np.log(k[name][c]) for c in STEP_CLASSES]
     return np.array(z, dtype=float)
 
 
@@ -189,17 +237,20 @@ def _levenberg_marquardt(residuals, z, iterations=100):
     return z
 
 
-def fit_time(train: pd.DataFrame, cal: dict | None = None) -> dict:
+def fit_time(train: pd.DataFrame, cal: dict | None = None, fixed: dict | None = None) -> dict:
     """Least squares on log(predicted / measured) of the forward, backward and optimizer-step times
-    and (four times weighted) of the whole step, over the training rows."""
+    and (four times weighted) of the whole step, over the training rows (a Trainer row's whole step
+    only: its phases are not split that way); `fixed`: constants measured, not fitted (the Trainer's)."""
     measured = train[["measured_forward_s", "measured_backward_s", "measured_step_phase_s",
-                      "measured_step_s"]].to_numpy(float)
+                      "measured_step_s"]].to_numpy(float, copy=True)
+    trainer = (train["path"] == "trainer").to_numpy() if "path" in train else np.zeros(len(train), bool)
+    measured[trainer, :3] = np.nan
     ceiling = matmul_ceiling(train)
-    k = fit_constants(time_features(train, cal), measured, ceiling)
+    k = fit_constants(time_features(train, cal), measured, ceiling, fixed)
     rounded = {name: (round(v, 4) if name in _SHARES or name == "efficiency" else float(f"{v:.4g}")) for name, v in k.items()
                if not isinstance(v, dict)}
     rounded.update({name: {c: float(f"{x:.4g}") for c, x in k[name].items()}
-                    for name in ("step_overhead_s", "optimizer_s_per_element")})
+                    for name in _PER_CLASS})
     return rounded | {"efficiency_max": round(ceiling, 4), "rows": int(len(train))}
 
 
@@ -208,7 +259,9 @@ def fit_time_section(train: pd.DataFrame, cal: dict) -> dict:
     median launch cost (`typical_host_launch_s`), which it records as host_launch_s_fitted."""
     launch_s = float(f"{typical_host_launch_s(train):.4g}")
     at = {**cal, "time": {k: v for k, v in cal["time"].items() if k != "host_launch_s"} | {"host_launch_s_fitted": launch_s}}
-    return fit_time(train, at) | {"host_launch_s_fitted": launch_s}
+    trainer = trainer_host_constants(train, at)
+    fixed = {k: v for k, v in trainer.items() if k != "trainer_rows"}
+    return fit_time(train, at, fixed) | trainer | {"host_launch_s_fitted": launch_s}
 
 
 def matmul_ceiling(rows: pd.DataFrame) -> float:
@@ -224,18 +277,21 @@ def matmul_ceiling(rows: pd.DataFrame) -> float:
     return float(min(1.0, tflops.median() * 1e12 / gpu("h200").peak_flops_per_s))
 
 
-def fit_constants(feats: list[dict], measured: np.ndarray, efficiency_max: float = 1.0) -> dict:
+def fit_constants(feats: list[dict], measured: np.ndarray, efficiency_max: float = 1.0, fixed: dict | None = None) -> dict:
     """The time constants minimizing the weighted log ratios of `_predict(feats)` to `measured` (rows ×
-    forward, backward, optimizer step, whole step), the efficiency at most `efficiency_max`."""
+    forward, backward, optimizer step, whole step; NaN: not measured, left out), the efficiency at most
+    `efficiency_max`; `fixed` constants held as given."""
+    fixed = fixed or {}
     # The whole step (median of 5-10 unsynchronized steps) is what is judged; the phases (3 steps with
     # a synchronize at each boundary) only split it.
     weights = np.array([1.0, 1.0, 1.0, 4.0])
 
     def residuals(z):
-        return (np.log(_predict(feats, _unpack(z, efficiency_max)) / measured) * weights).ravel()
+        r = np.log(_predict(feats, {**fixed, **_unpack(z, efficiency_max)}) / measured) * weights
+        return np.nan_to_num(r, nan=0.0).ravel()
 
     start = {**_START, "efficiency": min(_START["efficiency"], efficiency_max / 2)}
-    return _unpack(_levenberg_marquardt(residuals, _pack(start, efficiency_max)), efficiency_max)
+    return {**fixed, **_unpack(_levenberg_marquardt(residuals, _pack(start, efficiency_max)), efficiency_max)}
 
 
 def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
@@ -302,7 +358,7 @@ def cross_validation_report(timed: pd.DataFrame, sections: list[dict]) -> str:
     for name in _SCALARS:
         values = [s[name] for s in sections]
         lines.append(f"  {name:28s} {min(values):10.4g} - {max(values):<10.4g} spread {_spread(values)}")
-    for name in ("step_overhead_s", "optimizer_s_per_element"):
+    for name in _PER_CLASS:
         for c in STEP_CLASSES:
             values = [s[name][c] for s in sections]
             lines.append(f"  {name + '.' + c:28s} {min(values):10.4g} - {max(values):<10.4g} spread {_spread(values)}")
@@ -403,9 +459,12 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"configurations run with both allocators: {min(factors):.3f}-{max(factors):.3f}), worst measured "
                      f"ratio {a['reserved_over_allocated_worst']:.3f}")
     timed = train[timed_whole_steps(train)]
+    hf = hf_timed_rows(paths)
     if len(timed) >= 14:
-        cal["time"] = fit_time_section(timed, cal)
+        cal["time"] = fit_time_section(pd.concat([timed, hf[~hf["held_out"]]]), cal)
         cal["time"]["accuracy"] = time_accuracy(df[timed_whole_steps(df)], cal)
+        if len(hf):
+            cal["time"]["accuracy_hf"] = time_accuracy(hf, cal)
         t = cal["time"]
         lines.append(f"time: host launch cost {t['host_launch_s_fitted'] * 1e6:.2f} us (the rows' median: the "
                      f"host-side constants below are at it; {t['host_launch_share']:.0%} of them follows a row's own "
@@ -421,7 +480,19 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"{t['host_adam_elements_per_s'] / 1e9:.2f}e9 elements/s, pageable upload "
                      f"{t['host_pageable_bytes_per_s'] / 1e9:.1f} GB/s ({int(timed['offload_optimizer'].ne('none').sum())} offload rows); optimizer step " + ", ".join(
                          f"{c} {t['step_overhead_s'][c] * 1e3:.1f} ms + {t['optimizer_s_per_element'][c] * 1e12:.1f} ps/element"
-                         for c in t["step_overhead_s"]) + f" ({len(timed)} rows)")
+                         f" + {t['optimizer_s_per_tensor'][c] * 1e6:.1f} us/tensor"
+                         for c in t["step_overhead_s"]) + f" ({len(timed)} rows of the transcribed families, "
+                     f"{int((~hf['held_out']).sum())} of HF configs)")
+        if "trainer_s_per_micro_step" in t:
+            lines.append(f"time: HF Trainer's own loop {t['trainer_s_per_micro_step'] * 1e3:.2f} ms per micro-step, its "
+                         f"zero_grad {t['trainer_zero_grad_s_per_tensor'] * 1e6:.2f} us per parameter tensor (measured on "
+                         f"{t['trainer_rows']} Trainer rows' probes, not fitted)")
+        for name in ("accuracy", "accuracy_hf"):
+            if name in t:
+                a = t[name]
+                lines.append(f"time {name}: {a['within_15pct']} of {a['rows']} rows within 15% (mean |err| "
+                             f"{a['mean_abs_error']:.1%}), {a['configurations_within_15pct']} of {a['configurations']} "
+                             "configurations")
     cal["device"] = {"context_bytes": int(df["measured_device_overhead_bytes"].median()),
                      "gpu": str(df["gpu"].iloc[0])}
     lines.append(f"device.context_bytes: {cal['device']['context_bytes'] / 2**30:.2f} GiB (median of {len(df)} rows)")

@@ -8,10 +8,19 @@ exist before the model, so at stage 3 `from_config` builds under zero.Init (HfDe
 is the model's own (labels given, shifted inside); gradient clipping at max_grad_norm 1.0 ("auto");
 the docs' WarmupLR with warmup_steps 1 (DeepSpeed 0.19.8 refuses 0, which transformers < 5.24 passes);
 Trainer's logging every step. The ds_config gets the comms logger added (measurement only: it is off
-but for one step). Step times are whole optimizer steps, synchronized at both ends; no per-phase split.
+but for one step). Step times are whole optimizer steps, synchronized at both ends.
 With VALIDATE_SNAPSHOT_DIR set, rank 0's allocator history is recorded as the direct path records it
 (`worker._memory_history`): VALIDATE_SNAPSHOT_SCOPE=warmup from before the model is built to the end
-of the warm-up steps, =step over the comm-logged step."""
+of the warm-up steps, =step over the comm-logged step.
+
+Where a Trainer step's time goes (`TrainerClock`): after the comm-logged step, PHASE_STEPS steps
+synchronize before and after each call the Trainer makes into the model and the engine (its loss
+path, `compute_loss`: the forward and the model's own loss; the engine's backward and step; the
+gradient norm it reads back; the scheduler; zero_grad), so each part's device time is its own; the
+timed steps then record the same calls' host time, unsynchronized, beside the whole step. What is
+left of a step outside those calls is the Trainer's own loop (inputs to the device, `model.train()`,
+the loss's NaN check, FLOPs and token counting, callbacks); what runs between a step's end and the
+next one's start (logging, the next batch) is kept apart, as `between`."""
 import contextlib
 import shutil
 import statistics
@@ -21,7 +30,7 @@ import time
 import torch
 
 from validate import hf_models, measure
-from validate.worker import TIMED_STEPS, WARMUP_STEPS, _memory_history
+from validate.worker import PHASE_STEPS, TIMED_STEPS, WARMUP_STEPS, _memory_history
 
 COMMS_LOGGER = {"enabled": True, "prof_all": True, "verbose": False, "debug": True}
 
@@ -40,30 +49,97 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+class TrainerClock:
+    """Seconds spent in each call the Trainer makes per step (`wrap`), per step: with `sync` on, a
+    synchronize before and after each call (its device time too); off, host time only."""
+
+    def __init__(self, cuda):
+        self.cuda, self.sync, self.now, self.depth = cuda, False, None, 0
+        self.phased, self.timed = [], []
+
+    def start(self, sync: bool):
+        self.sync, self.now = sync, {}
+        (self.phased if sync else self.timed).append(self.now)
+
+    def stop(self):
+        self.now = None
+
+    def add(self, label: str, seconds: float):
+        if self.now is not None:
+            self.now[label] = self.now.get(label, 0.0) + seconds
+
+    def wrap(self, obj, name: str, label: str):
+        """Time obj.name under `label` from now on (an instance attribute shadowing the method)."""
+        inner = getattr(obj, name)
+
+        def timed(*a, **kw):
+            if self.now is None or self.depth:   # a call inside a timed one (engine.step's zero_grad) is its
+                return inner(*a, **kw)           # caller's
+            if self.sync:
+                measure.synchronize(self.cuda)
+            t0 = time.perf_counter()
+            self.depth += 1
+            try:
+                out = inner(*a, **kw)
+            finally:
+                self.depth -= 1
+            if self.sync:
+                measure.synchronize(self.cuda)
+            self.add(label, time.perf_counter() - t0)
+            return out
+        setattr(obj, name, timed)
+
+    @staticmethod
+    def by_label(steps: list[dict]) -> dict:
+        """{label: [seconds per step]} over steps (None where a step has no such time: the last has no
+        `between`; a step without the call, 0)."""
+        labels = sorted({k for s in steps for k in s})
+        return {k: [round(s[k], 6) if k in s else (None if k == "between" else 0.0) for s in steps] for k in labels}
+
+
 def _callback_class():
     from transformers import TrainerCallback
 
     class Measure(TrainerCallback):
         """Peaks per phase (init; the warm-up steps as first_step; the rest as step), one comm-logged
-        steady-state step with the resident state read after it, then whole steps timed."""
+        steady-state step with the resident state read after it, PHASE_STEPS steps with every call
+        Trainer makes synchronized (`TrainerClock`), then whole steps timed, each after a launch probe,
+        with the same calls' host time."""
 
-        def __init__(self, rec, cuda, key="", history=None):
-            self.rec, self.cuda, self.trainer, self.key = rec, cuda, None, key
+        def __init__(self, rec, cuda, device, key="", history=None):
+            self.rec, self.cuda, self.device, self.trainer, self.key = rec, cuda, device, None, key
             self.history = history or contextlib.ExitStack()     # the warm-up's, open; closed here
             self.comm = self.state = None
             self.step_s, self.losses, self._t0 = [], [], None
+            self.clock, self.host_issue_s, self._t_end = TrainerClock(cuda), [], None
 
         def on_train_begin(self, args, state, control, **kw):
             from deepspeed.comm.comm import comms_logger
             comms_logger.enabled = False
             self.rec.phase("init")
+            t, engine, clock = self.trainer, self.trainer.model_wrapped, self.clock
+            for obj, name, label in ((t, "compute_loss", "loss"), (engine, "backward", "backward"),
+                                     (engine, "step", "step"), (t, "_clip_grad_norm", "grad_norm"),
+                                     (t, "_get_grad_norm", "grad_norm"), (engine, "zero_grad", "zero_grad"),
+                                     (t, "_maybe_log_save_evaluate", "log")):
+                clock.wrap(obj, name, label)
+            if t.lr_scheduler is not None:
+                clock.wrap(t.lr_scheduler, "step", "scheduler")
 
         def on_step_begin(self, args, state, control, **kw):
             from deepspeed.comm.comm import comms_logger
-            if state.global_step == WARMUP_STEPS:
+            step = state.global_step               # the step beginning, from 0
+            if self._t_end is not None:            # logging and the next batch, after the last step
+                self.clock.add("between", time.perf_counter() - self._t_end)
+            self.clock.stop()
+            if step == WARMUP_STEPS:
                 comms_logger.reset_data()
                 comms_logger.enabled = True
                 self.history.enter_context(_memory_history(self.key, self.cuda, "step"))
+            elif step > WARMUP_STEPS + PHASE_STEPS:
+                self.host_issue_s.append(measure.host_issue_s(self.device))
+            if step > WARMUP_STEPS:
+                self.clock.start(sync=step <= WARMUP_STEPS + PHASE_STEPS)
             self.rec.mark()
             self._t0 = time.perf_counter()
 
@@ -80,8 +156,11 @@ def _callback_class():
                 comms_logger.enabled = False
                 self.comm = measure.comm_summary(dist.log_summary(return_dict=True))
                 self.state = measure.resident_state(self.trainer.model_wrapped)
-            elif done > WARMUP_STEPS:
+            elif done > WARMUP_STEPS + PHASE_STEPS:
                 self.step_s.append(seconds)
+            if self.clock.now is not None:
+                self.clock.add("whole", seconds)
+            self._t_end = time.perf_counter()
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
@@ -90,11 +169,16 @@ def _callback_class():
     return Measure
 
 
+def steps(job: dict) -> int:
+    """Optimizer steps of a Trainer job: the warm-up, the comm-logged one, the phased, the timed."""
+    return WARMUP_STEPS + 1 + PHASE_STEPS + job.get("timed_steps", TIMED_STEPS)
+
+
 def training_arguments(job: dict, ds: dict, output_dir: str, cuda: bool):
     from transformers import TrainingArguments
     return TrainingArguments(
         output_dir=output_dir, deepspeed=ds, per_device_train_batch_size=job["micro_batch"],
-        gradient_accumulation_steps=job["gas"], max_steps=WARMUP_STEPS + 1 + job.get("timed_steps", TIMED_STEPS),
+        gradient_accumulation_steps=job["gas"], max_steps=steps(job),
         warmup_steps=1, learning_rate=1e-4, bf16=job["dtype"] == "bf16", fp16=job["dtype"] == "fp16",
         gradient_checkpointing=job["activation_checkpointing"],
         gradient_checkpointing_kwargs={"use_reentrant": False}, logging_steps=1, save_strategy="no",
@@ -122,9 +206,9 @@ def run_job(job: dict, device) -> dict:
         model = hf_models.build(job["hf"]["config"], job["dtype"], False, job["attention"])
         leaves = hf_models.set_moe_leaves(model) if job["stage"] == 3 else []
         recorder = hf_models.SpecRecorder(model)
-        n = (WARMUP_STEPS + 1 + job.get("timed_steps", TIMED_STEPS)) * job["micro_batch"] * job["gas"]
+        n = steps(job) * job["micro_batch"] * job["gas"]
         data = RandomTokens(job["arch"]["vocab_size"], job["seq_len"], n, 1234 + dist.get_rank())
-        cb = _callback_class()(rec, cuda, job["key"], history)
+        cb = _callback_class()(rec, cuda, device, job["key"], history)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[cb])
         cb.trainer = trainer
         trainer.train()
@@ -134,6 +218,9 @@ def run_job(job: dict, device) -> dict:
             trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
         result = {"outcome": "ok", "losses": cb.losses, "comm": cb.comm, "state": cb.state,
                   "step_s": statistics.median(cb.step_s), "step_times_s": cb.step_s,
+                  "trainer_phased_s": TrainerClock.by_label(cb.clock.phased),
+                  "trainer_host_s": TrainerClock.by_label(cb.clock.timed),
+                  "host_issue_s": cb.host_issue_s if cuda else [],
                   "probe": measure.probe_machine(device), "memory": rec.summary(),
                   "param_tensors": len(params), "sharded_param_tensors": sum(hasattr(p, "ds_tensor") for p in params),
                   "hf_spec": recorder.spec(), "z3_leaf_modules": leaves,

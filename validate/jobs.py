@@ -11,7 +11,7 @@ from zerocalc.model import from_architecture
 from zerocalc.states import buffer_element_bytes
 from zerocalc.training import OPTIMIZERS, Setup, Stage
 
-SETUP_FIELDS = tuple(f.name for f in fields(Setup) if f.name not in ("extra", "optimizer", "stage", "dp"))
+SETUP_FIELDS = tuple(f.name for f in fields(Setup) if f.name not in ("extra", "optimizer", "stage", "dp", "hf_trainer"))
 ARCH_FIELDS = tuple(f.name for f in fields(_arch.Architecture))
 DS_OPTIMIZER = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD"}
 
@@ -73,7 +73,8 @@ def to_zerocalc(job: dict):
     (`hf_models.model_spec`): None before that."""
     if job.get("hf"):
         kwargs = {k: job[k] for k in SETUP_FIELDS if k in job}
-        setup = Setup(stage=Stage(job["stage"]), dp=job["nproc"], optimizer=OPTIMIZERS[job["optimizer"]], **kwargs)
+        setup = Setup(stage=Stage(job["stage"]), dp=job["nproc"], optimizer=OPTIMIZERS[job["optimizer"]],
+                      hf_trainer=job.get("path") == "trainer", **kwargs)   # the path says it, not a field of the job
         return hf_models.model_spec(job, buffer_element_bytes(setup)), setup
     spec = from_architecture(_arch.Architecture(**job["arch"]))
     kwargs = {k: job[k] for k in SETUP_FIELDS if k in job}

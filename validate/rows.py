@@ -42,7 +42,8 @@ COLUMNS = CONFIG_COLUMNS + PREDICTED_COLUMNS + MEASURED_COLUMNS + ENV_COLUMNS
 # An HF config's rows (validate/hf_models.py) carry what was built and how it ran; other rows leave
 # these columns out (append_row adds a column when a row first has it).
 HF_COLUMNS = ("path", "hf_name", "hf_model_type", "hf_num_experts", "hf_experts_per_token", "hf_config",
-              "ds_config", "hf_resolved_ds_config", "z3_leaf_modules", "timed_steps", "shared_gpu", "hf_spec")
+              "ds_config", "hf_resolved_ds_config", "z3_leaf_modules", "timed_steps", "shared_gpu", "hf_spec",
+              "measured_trainer_phased_s", "measured_trainer_host_s")
 
 
 def _hf_config_columns(job):
@@ -187,6 +188,9 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
         "param_tensors": ok[0].get("param_tensors", ""),
         "sharded_param_tensors": ok[0].get("sharded_param_tensors", ""),
     })
+    for name in ("trainer_phased_s", "trainer_host_s"):   # a Trainer job's calls per step (hf_trainer.TrainerClock)
+        if ok[0].get(name):
+            row[f"measured_{name}"] = json.dumps(ok[0][name], sort_keys=True)
     row.update(host_columns([r["host_memory"] for r in ok if r.get("host_memory")]))
     mem = [r["memory"] for r in ok if r.get("memory")]
     if mem:

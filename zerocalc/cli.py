@@ -134,6 +134,8 @@ def _setups(opts, ds, stages, hidden_size):
     fields = dict(ds.fields) if ds else {}
     if ds is not None and ds.from_trainer and opts.get("zero_init") is None:
         fields["zero_init"] = True   # HF Trainer builds stage-3 models under deepspeed.zero.Init
+    if ds is not None and ds.from_trainer:
+        fields["hf_trainer"] = True  # and runs each step through its own loop (timing: the Trainer's host work)
     for key in ("dtype", "optimizer", "grad_accum_dtype", "communication_data_type", "reduce_bucket_size",
                 "overlap_comm", "contiguous_gradients", "prefetch_bucket_size", "max_live_parameters",
                 "param_persistence_threshold", "max_reuse_distance", "sub_group_size", "offload_optimizer",

@@ -6,8 +6,10 @@ what waits on communication:
                 + g_fwd·t_gather + W_fwd / (ε·link)
     backward  = max(F_bwd / (η·peak) + μ·(2·M + ck·M_layers) / hbm, L·(t_launch_bwd + ck·t_launch_fwd) + o_bwd·t_op + m_bwd·t_hook)
                 + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stage 2)
-    step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + W_step / (ε·link)
+    step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + t_tensor[stage]·n_tensors
+                + W_step / (ε·link)
     step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + n_tensors·t_grad_move (stage 1) + step  (+ offload)
+                (+ GAS·t_trainer + n_tensors·t_zero_grad through HF Trainer)
                 with overlap_comm at stages 1/2, W_reduce / (ε·link) becomes
                 max(0, W_reduce / (ε·link) - passes·backward) + t0[stage]
 
@@ -108,11 +110,32 @@ what waits on communication:
   the launch cost does not explain the spread: stage 3 at N = 2 and offload, re-timed in
   `data/h200-t8-retime-*.csv`, differed from their earlier jobs by up to 54% at an ordinary launch
   cost.
+- The optimizer step's host work per parameter tensor (t_tensor[stage class]): DeepSpeed walks the
+  parameters in Python around the fused update (stage 0's bf16 optimizer moves each gradient into its
+  fp32 copy and each updated weight back; stages 1-3 clear each gradient and point each weight at its
+  new values), so a model of few large tensors steps faster per element than one of many small ones.
+  Measured on H200 (the optimizer step between synchronizes, `measured_step_phase_s`): Phi-3 (6
+  layers, 39 tensors, 0.88e9 elements) stepped in 24 ms at stage 0 where Qwen2.5-0.5B (290 tensors,
+  0.49e9 elements) took 48-63 ms; with a cost per element only the fit put its constant time in t0
+  and over-predicted the few-tensor models' steps by 24-34% (Phi-3, Mixtral, Gemma-2).
+- HF Trainer (`Setup.hf_trainer`, a ds_config with "auto" values): the same engine step, plus the
+  Trainer's own loop on the host: per micro-step t_trainer (the batch to the device, `model.train()`,
+  the loss's NaN check, which waits for the device, FLOP and token counting, callbacks), and per
+  optimizer step its `model.zero_grad()`, which walks the parameters again after the engine's own
+  (t_zero_grad per tensor). Both run with the device idle (after the NaN check's wait, or before the
+  step's first kernel), so they add to the step. Measured, not fitted, by the validator's probes of
+  each call Trainer makes (`validate.hf_trainer.TrainerClock`, `validate.fit.trainer_host_constants`):
+  on Qwen2.5-0.5B at stage 2, 5.1 ms of loop and 1.05 ms of zero_grad in 190-200-ms steps
+  (`data/README.md`). The gradient norm Trainer reads back (0.1 ms: DeepSpeed clips inside its step)
+  and the scheduler (DeepSpeed's, stepped inside its step) are in the loop's share; the loss path (the
+  model's own shifted cross-entropy) is counted as the validator's, which the trace holds (forward
+  with the loss: 40-42 ms synchronized through Trainer, 38-48 ms bare). Logging and the next batch
+  run between steps (1.4 ms), outside the step as it is timed and predicted.
 η is fitted no higher than the rate of a large bf16 matmul on the same GPU, measured beside every job
 (0.80 of an H200's peak, `validate.fit.matmul_ceiling`): with no ceiling, the fit traded it against μ
 (0.75-1.0 against 5.8-7.9 over the cross-validation folds of `python -m validate crossval`).
-The constants η, μ, t_launch_*, t_op, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·], φ and
-the three host rates are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`;
+The constants η, μ, t_launch_*, t_op, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·],
+t_tensor[·], φ and the three host rates are fitted on H200 runs (t_trainer and t_zero_grad measured: above) (`python -m validate fit`, `zerocalc/calibration/h200.json`;
 the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another GPU they are
 assumed to carry over, which is a guess until it is measured. They are fitted on, and judged
 against, whole steps timed as training runs them (no synchronize between phases; `data/README.md`);
@@ -151,6 +174,7 @@ class StepTime:
     # host and waiting for it), which a faster link would not shorten. Both are in step_s already.
     exposed_wire_s: float = 0.0
     gather_calls_s: float = 0.0
+    trainer_s: float = 0.0   # HF Trainer's own loop per optimizer step (host, device idle); in step_s
 
     @property
     def wire_share(self) -> float:
@@ -280,6 +304,11 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         # step, unless overlap_comm puts it on ZeRO-2's path (stage_1_and_2.py:2290)
         "grad_hooks": len(model.param_numels) if setup.stage == Stage.GRADIENTS or stage12_overlap else 0,
         "grad_moves": len(model.param_numels) if setup.stage == Stage.OPTIMIZER_STATES and not stage12_overlap else 0,
+        # the optimizer step walks every parameter tensor in Python (module docstring)
+        "param_tensors": len(model.param_numels),
+        # HF Trainer's loop: per micro-step, and its zero_grad over the parameters per optimizer step
+        "trainer_micro_steps": gas if setup.hf_trainer else 0,
+        "trainer_tensors": len(model.param_numels) if setup.hf_trainer else 0,
         # overlap_comm at stages 1/2: the backward passes its reduction can hide behind (stage 2 reduces
         # in every micro-step, stage 1 in the boundary's); 0 without it
         "overlap_passes": (gas if setup.stage == Stage.GRADIENTS else 1) if stage12_overlap else 0,
@@ -374,8 +403,9 @@ def offload_features(setup, elements: int, hw: Hardware) -> dict:
 
 
 def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
-    """(forward, backward per micro-step, optimizer step, exposed reduce) in seconds from `features`
-    and the time constants `k` (the calibration's "time" section)."""
+    """(forward, backward per micro-step, optimizer step, what else waits once per step: the exposed
+    reduce, stage 1's gradient moves, HF Trainer's loop) in seconds from `features` and the time
+    constants `k` (the calibration's "time" section)."""
     eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
     h = host_scale(f["host_launch_ratio"], k)   # the host-side constants below are the fitted hosts'; h × on this host
     t_op = k.get("launch_s_per_op", 0.0)
@@ -390,7 +420,8 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
                         + f["modules_bwd"] * k["module_hook_s"])) \
         + h * (f["gathers_bwd"] * k["gather_call_s"] + f["grad_hooks"] * k["grad_hook_s"]) \
         + f["gather_bwd_at_link_s"] / eff
-    optimizer = k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"]
+    optimizer = k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"] \
+        + h * k.get("optimizer_s_per_tensor", {}).get(f["step_class"], 0.0) * f["param_tensors"]
     t0 = h * k["step_overhead_s"][f["step_class"]]
     if f["host_fetch_bytes"]:
         fetch = f["host_fetch_bytes"] / k["host_link_bytes_per_s"]
@@ -406,7 +437,16 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
         # issuing the step while the device finishes, and the step's host time is spent again with the
         # device idle.
         reduce = max(0.0, reduce - f["overlap_passes"] * backward) + t0
-    return forward, backward, step, reduce + h * f["grad_moves"] * k["grad_move_s"]
+    return forward, backward, step, reduce + h * f["grad_moves"] * k["grad_move_s"] + trainer_host_s(f, k)
+
+
+def trainer_host_s(f: dict, k: dict) -> float:
+    """HF Trainer's own host work per optimizer step, with the device idle (module docstring): its loop
+    per micro-step and its zero_grad per parameter tensor, on this host (`host_scale`); 0 for a bare
+    engine step."""
+    h = host_scale(f["host_launch_ratio"], k)
+    return h * (f["trainer_micro_steps"] * k.get("trainer_s_per_micro_step", 0.0)
+                + f["trainer_tensors"] * k.get("trainer_zero_grad_s_per_tensor", 0.0))
 
 
 def host_step_s(f: dict, k: dict) -> float:
@@ -445,4 +485,5 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
     tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
     mfu = model_flops_per_step(model, setup) / (step * setup.dp * hw.peak_flops_per_s)
     return StepTime(forward, backward, optimizer, comm, exposed, hooks, offload, step, tokens / step, mfu,
-                    exposed / step, exposed_wire_s=comm - hidden, gather_calls_s=gather_calls)
+                    exposed / step, exposed_wire_s=comm - hidden, gather_calls_s=gather_calls,
+                    trainer_s=trainer_host_s(f, k))

@@ -64,6 +64,8 @@ class Setup:
     attention: str = "sdpa"
     expandable_segments: bool = False            # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (torch's
                                                  # caching allocator, not DeepSpeed): changes reserved only
+    hf_trainer: bool = False                     # trained through HF Trainer, its loop around the engine
+                                                 # (a ds_config with "auto" values): changes the step time only
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
