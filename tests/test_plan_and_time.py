@@ -540,3 +540,27 @@ def test_hf_trainer_adds_its_loop_per_micro_step_and_its_zero_grad_per_tensor():
     assert trainer.step_s - engine.step_s == pytest.approx(0.016164)
     assert (trainer.forward_s, trainer.backward_s, trainer.optimizer_s) == (engine.forward_s, engine.backward_s,
                                                                            engine.optimizer_s)
+
+
+def test_a_ds_config_with_trainer_auto_values_is_timed_as_a_trainer_step(tmp_path):
+    """The same ZeRO settings with and without HF Trainer's "auto" values: only the Trainer's one has
+    trainer_s, its loop per micro-step (GAS 3) and its zero_grad over Llama-2-7B's 291 tensors."""
+    from zerocalc import calibration
+    zero = {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 200000000.0, "contiguous_gradients": True}
+    auto = {"zero_optimization": zero, "bf16": {"enabled": "auto"}, "gradient_clipping": "auto",
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+    plain = {"zero_optimization": zero, "bf16": {"enabled": True}}
+    rows = {}
+    for name, cfg in (("auto", auto), ("plain", plain)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
+        out = CliRunner().invoke(main, ["estimate", "--model", "llama-2-7b", "--dp", "1", "--micro-batch", "2", "--gas",
+                                        "3", "--seq-len", "1024", "--gpu", "h200", "--dtype", "bf16", "--ds-config",
+                                        str(tmp_path / f"{name}.json"), "--format", "csv"])
+        assert out.exit_code == 0, out.output
+        header, row = out.output.strip().splitlines()[:2]
+        rows[name] = dict(zip(header.split(","), row.split(",")))
+    k = calibration.default()["time"]
+    assert float(rows["plain"]["trainer_s"]) == 0
+    assert float(rows["auto"]["trainer_s"]) == pytest.approx(3 * k["trainer_s_per_micro_step"]
+                                                             + 291 * k["trainer_zero_grad_s_per_tensor"])
+    assert float(rows["auto"]["step_s"]) - float(rows["plain"]["step_s"]) == pytest.approx(float(rows["auto"]["trainer_s"]))
