@@ -9,7 +9,7 @@ moment; `peak_bytes` (the largest) predicts `torch.cuda.max_memory_allocated()`.
 from dataclasses import dataclass
 
 from zerocalc import activations, stage3_trace
-from zerocalc.comm import stage0_allreduce_buckets
+from zerocalc.comm import stage0_allreduce_bucket_tensors
 from zerocalc.model import ModelSpec
 from zerocalc.partition import max_grads_in_partition, partition
 from zerocalc.states import StateBytes
@@ -89,9 +89,11 @@ def _stage0(model, setup, st, act):
     p, b = model.num_params, setup.param_bytes
     resident, grads = st.resident_bytes, setup.grad_accum_bytes * p
     # At the end of backward the gradient all-reduce flattens one bucket at a time into a copy
-    # (`allreduce_bucket`), and casts it to communication_data_type where that differs: the largest bucket.
-    bucket = max(stage0_allreduce_buckets(model.param_numels))
-    flatten = b * bucket + (setup.comm_bytes * bucket if setup.comm_bytes != b else 0)
+    # (`allreduce_bucket`; a bucket of one tensor is a view of it), and casts it to
+    # communication_data_type where that differs: the largest such transient.
+    cast = setup.comm_bytes if setup.comm_bytes != b else 0
+    flatten = max((b if len(tensors) > 1 else 0) * sum(tensors) + cast * sum(tensors)
+                  for tensors in stage0_allreduce_bucket_tensors(model.param_numels))
     # FP16_Optimizer's step: an fp32 copy of each gradient, then a flat fp32 copy of all of them.
     step_copies = 8 * p if setup.mixed_precision else 0
     # FP16_Optimizer makes Adam state at init with a dummy step on fp32 zero gradients (4P, measured);
