@@ -3,6 +3,8 @@ config is built for real on the CPU and on fake tensors; the traced parameter te
 `parameters()` order, tied once) and each module's own tensors equal the real model's, and the
 recorded forward calls use every parameter. Tiny configs (hidden 32, 2 layers, 96 tokens of
 vocabulary): about a second per model type on a loaded core, so all but four are marked slow."""
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -64,6 +66,9 @@ def test_tied_weights_are_listed_once_and_owned_by_both_modules():
 
 def test_the_cache_is_keyed_by_the_config(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    # the tensors and calls are what the cache must keep apart; the stream and step counts (seconds
+    # each) are traced by the tests that check them
+    monkeypatch.setattr(T, "trace", functools.partial(T.trace, activations=False, steps=False))
     d = transformers.LlamaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                  intermediate_size=48).to_dict()
     a = T.cached_trace(d)
@@ -99,7 +104,10 @@ def test_a_cached_profile_is_read_without_importing_torch(tmp_path):
     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", os.getcwd())
     code = ("import json, sys; from zerocalc.hf import trace; d = json.loads(sys.argv[1]); "
             "p = trace.cached_trace(d); print(p.num_params, 'torch' in sys.modules)")
-    subprocess.run([sys.executable, "-c", code, json.dumps(d)], env=env, check=True, capture_output=True)
+    cached = tmp_path / "zerocalc" / "profiles" / (T.cache_key(d) + ".json")
+    cached.parent.mkdir(parents=True)
+    traced = T.trace(d, activations=False, steps=False)
+    P.save(traced, str(cached))                                        # as cached_trace writes it
     out = subprocess.run([sys.executable, "-c", code, json.dumps(d)], env=env, check=True, capture_output=True,
                          text=True).stdout.split()
-    assert out[1] == "False"
+    assert out == [str(traced.num_params), "False"]

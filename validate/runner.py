@@ -187,6 +187,7 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
         port = _free_port()
         lifeline.write_owner(tmp, port)
         cmd = launch_command(backend, nproc, jobs_path, tmp, include, port)
+        log(f"launching {len(pending)} jobs on {nproc} ranks, master port {port}")
         by_key = {j["key"]: j for j in pending}
         finished, last_progress = set(), [time.time()]
 
