@@ -161,3 +161,20 @@ def test_run_refuses_a_config_it_cannot_build(tmp_path):
         assert res.exit_code == 2, res.output
         assert "Traceback" not in res.output and str(bad) in res.output
         assert not (tmp_path / "rows.csv").exists()
+
+
+def test_hf_step_section_of_configurations_timed_once():
+    """A file where no configuration was timed in two jobs has no scatter between jobs to judge a
+    perfect model by: the section gives each configuration's error and leaves that line out (it
+    raised on an empty sample)."""
+    pytest.importorskip("pandas")
+    from validate.report import configuration, hf_step_section, load, timed_whole_steps
+    df = load([os.path.join(ROOT, "data", "h200-hf-time-b.csv")])
+    df = df[timed_whole_steps(df)]
+    once = df[~df.apply(lambda r: configuration(r.to_dict()), axis=1).duplicated()]
+    assert 1 < len(once) < len(df)
+    lines = hf_step_section(once)
+    assert sum(line.startswith("Step time, traced:") for line in lines) == 1
+    assert "per job mean |err|" in lines[-1] and f"over {len(once)} jobs" in lines[-1]
+    assert not any("perfect model" in line for line in lines)
+    assert any("perfect model" in line for line in hf_step_section(df))

@@ -530,15 +530,17 @@ def hf_step_section(ok: pd.DataFrame, target: float = 0.15) -> list[str]:
                      f"{'y' if _cast(c['ckpt'], bool) else 'n':>4} {c['jobs']:>4} {1e3 * c['measured']:>8.1f} "
                      f"{1e3 * c['now']:>8.1f} {c['now'] / c['measured'] - 1:>+7.1%} {1e3 * c['fallback']:>8.1f} "
                      f"{c['fallback'] / c['measured'] - 1:>+7.1%}")
-    floor = perfect_model_floor(confs, jobs_log_deviation(timed), target)
+    pool = jobs_log_deviation(timed)
     for col, name in (("now", "traced"), ("fallback", "fallback")):
         conf_err = (confs[col] / confs["measured"] - 1).abs()
         row_err = (timed[f"{col}_step_s"] / timed["measured_step_s"] - 1).abs()
         lines.append(f"Step time, {name}: {int((conf_err <= target).sum())} of {len(confs)} configurations within "
                      f"{target:.0%} (mean |err| {conf_err.mean():.1%}, worst {conf_err.max():.1%}); per job mean |err| "
                      f"{row_err.mean():.1%} over {len(timed)} jobs")
-    lines.append(f"A perfect model on these jobs: {floor['expected']:.1f} of {len(confs)} expected within {target:.0%} "
-                 f"(5th percentile {floor['p05']})")
+    if len(pool) >= 2:      # the scatter between jobs needs a configuration timed in two jobs or more
+        floor = perfect_model_floor(confs, pool, target)
+        lines.append(f"A perfect model on these jobs: {floor['expected']:.1f} of {len(confs)} expected within "
+                     f"{target:.0%} (5th percentile {floor['p05']})")
     return lines
 
 
