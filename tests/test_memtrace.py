@@ -1,5 +1,5 @@
 """The allocation stream recorded on fake tensors (`zerocalc.hf.memtrace`) against the transcribed
-Llama layer (`zerocalc.sequence._llama_forward`, written from the H200 allocator histories)."""
+Llama layer (`tests/transcribed_sequence.py`: `_llama_forward`, written from the H200 allocator histories)."""
 from collections import Counter
 
 import pytest
@@ -11,6 +11,8 @@ from zerocalc import arch as A  # noqa: E402
 from zerocalc import sequence  # noqa: E402
 from zerocalc.hf import memtrace, trace  # noqa: E402
 from zerocalc.training import Setup  # noqa: E402
+
+import transcribed_sequence  # noqa: E402  (tests/: the hand-written layers, the oracle)
 
 B, S, H, LAYERS, HEADS, KV_HEADS, F, V = 2, 64, 64, 2, 4, 2, 160, 128
 
@@ -37,8 +39,8 @@ def _traced_layer_kept():
 def _transcribed_layer_kept():
     a = A.Architecture("hf-llama", V, H, LAYERS, HEADS, KV_HEADS, F, False, S)
     t = sequence._Trace()
-    z = sequence._LlamaSizes(a, Setup(seq_len=S, micro_batch=B, dtype="bf16"))
-    out, kept = sequence._llama_forward(t, z, t.alloc(z.h), keep_input=False)
+    z = transcribed_sequence._LlamaSizes(a, Setup(seq_len=S, micro_batch=B, dtype="bf16"))
+    out, kept = transcribed_sequence._llama_forward(t, z, t.alloc(z.h), keep_input=False)
     size = {e[1]: e[2] for e in t.events if e[0] == "alloc"}
     return Counter(size[h] for h in list(kept.values()) + [out])
 

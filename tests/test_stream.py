@@ -1,5 +1,5 @@
 """A traced model's allocation stream (`zerocalc.hf.memtrace.step_stream`, played by
-`zerocalc.sequence._TracedStep`) against the hand-written Llama sequence (`zerocalc.sequence`) and
+`zerocalc.sequence._TracedStep`) against the hand-written Llama sequence (`tests/transcribed_sequence.py`) and
 the recorded H200 allocator histories (`data/snapshots/`): the transcription is the oracle."""
 import glob
 import os
@@ -15,7 +15,9 @@ transformers = pytest.importorskip("transformers")
 from zerocalc import allocator, sequence  # noqa: E402
 from zerocalc import arch as A  # noqa: E402
 from zerocalc.hf import memtrace, trace  # noqa: E402
-from zerocalc.training import Setup  # noqa: E402
+from zerocalc.training import Setup, Stage  # noqa: E402
+
+import transcribed_sequence  # noqa: E402  (tests/: the hand-written layers, the oracle)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, S, H, HEADS, KV_HEADS, F, V = 2, 64, 64, 4, 2, 160, 128
@@ -65,13 +67,13 @@ def _as_sizes(segs, name):
 def _transcribed(checkpointing):
     a = A.Architecture("hf-llama", V, H, 4, HEADS, KV_HEADS, F, False, S)
     t = sequence._Trace()
-    z = sequence._LlamaSizes(a, Setup(seq_len=S, micro_batch=B, dtype="bf16"))
+    z = transcribed_sequence._LlamaSizes(a, Setup(seq_len=S, micro_batch=B, dtype="bf16"))
     x = t.alloc(z.h)
     start = len(t.events)
     if checkpointing:
-        sequence._llama_forward_unsaved(t, z, x)
+        transcribed_sequence._llama_forward_unsaved(t, z, x)
     else:
-        sequence._llama_forward(t, z, x, keep_input=False)
+        transcribed_sequence._llama_forward(t, z, x, keep_input=False)
     sizes = {e[1]: e[2] for e in t.events if e[0] == "alloc"}
     return [("a", e[2]) if e[0] == "alloc" else ("f", sizes[e[1]]) for e in t.events[start:]]
 
@@ -129,10 +131,10 @@ def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpoint
     spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=6),
                            param_numels=(1,) * len(list(model.parameters())))
     step = sequence._TracedStep(t, spec, SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24,
-                                                         attention="sdpa"),
+                                                         attention="sdpa", stage=Stage.GRADIENTS),
                                 DS(), [1, 2])
     original = sequence._compiled
-    sequence._compiled = lambda *a: [e for e in original(*a) if e[0] not in "sdw"]   # the CUDA rules aside
+    sequence._compiled = lambda *a: [e for e in original(*a) if e[0] not in "sdwt"]   # the CUDA rules aside
     try:
         step.forward()
         step.backward()

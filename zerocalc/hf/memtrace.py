@@ -260,21 +260,24 @@ STREAM_SHAPES = ((2, 16), (2, 32), (2, 48), (3, 16), (3, 32), (3, 48))
 STREAM_BASIS = ("1", "s", "B*s", "B*s*s", "B", "s*s")  # an allocation's bytes: k·(1, s, B·s, B·s², B, s²)
 
 
-def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
+def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, forward=None,
+                set_checkpointing=None, is_layer=None):
     """The raw event stream of one forward, the loss (the validator's: cross-entropy of the logits'
     fp32 copy) and backward of `model` (fake tensors) at [batch, seq] tokens. Events:
     ("a", handle, bytes, op), ("f", handle), ("g", param index, handle: the gradient handed to the
     optimizer, which frees it; a post-accumulate-grad hook, where DeepSpeed's hooks run), ("L", i) the
     i-th decoder layer's forward begins, ("Lend", i) it returns, ("phase", name), and what a CUDA
     kernel adds beside its outputs (`zerocalc.sequence` applies the rules): ("sum", input elements) a
-    reduction over every dimension but the last (a bias's or norm weight's gradient summed over the
-    tokens), ("sdpa", q elements, log-sum-exp elements) SDPA's backward, ("mm",) a matmul."""
+    reduction over every dimension but the last of a contiguous input (a bias's or norm weight's
+    gradient summed over the tokens), ("sdpa", q elements, log-sum-exp elements) SDPA's backward, ("mm",) a matmul.
+    A model that is not a Hugging Face causal LM (the validator's seed-gpt) gives `forward(model, ids)`
+    (its logits), `set_checkpointing(model, on)` and `is_layer(module)` (its decoder layers)."""
     torch, _ = _imports()
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     events, alive, handed, taken = [], {}, set(), set()
-    state = {"phase": "forward", "next": 0, "backward_from": 0}
+    state = {"phase": "forward", "next": 0, "backward_from": 0, "linear": 0}
 
     def on_free(key):
         h = alive.pop(key, None)
@@ -282,6 +285,14 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
             taken.discard(key)
         elif h and h not in handed:
             events.append(("f", h))
+
+    def into_first(first, out):
+        """The op's output keeps `first`'s storage: an operation that real tensors run in place."""
+        first = first.untyped_storage()._cdata
+        key = out.untyped_storage()._cdata
+        alive[key] = alive[first]
+        taken.add(first)
+        weakref.finalize(out.untyped_storage(), on_free, key)
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -299,27 +310,57 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
                 # embedding's two gradients, the head's a view through the weight's transpose, each
                 # allocated anew). A fake tensor is a tensor subclass, so it is summed out of place here;
                 # an in-place sum keeps the first one's storage.
-                first = args[0].untyped_storage()._cdata
-                key = out.untyped_storage()._cdata
-                alive[key] = alive[first]
-                taken.add(first)
-                weakref.finalize(out.untyped_storage(), on_free, key)
+                into_first(args[0], out)
                 return out
+            if state["linear"] and name == "aten.add.Tensor" and alive.get(args[0].untyped_storage()._cdata):
+                # F.linear's bias added to a matmul's output (a 3-d input that is not contiguous, as
+                # nn.MultiheadAttention's projections get): `at::native::linear` adds it in place
+                # (`output.add_(bias)`) but for a tensor subclass, which a fake tensor is.
+                into_first(args[0], out)
+                return out
+            fp32 = {}
+            if name == "aten.native_layer_norm.default":
+                # LayerNorm's saved mean and rstd: fp32 on CUDA for a bf16/fp16 input (the kernel's
+                # accumulate type; the seed GPT's H200 histories), the input's dtype on the CPU.
+                fp32 = {t.untyped_storage()._cdata: 4 * t.numel() for t in out[1:] if t.element_size() < 4}
             for key, st in _new_storages(out, alive):
                 state["next"] += 1
                 alive[key] = state["next"]
-                events.append(("a", state["next"], st.nbytes(), name))
+                events.append(("a", state["next"], fp32.get(key, st.nbytes()), name))
                 weakref.finalize(st, on_free, key)
             if name == "aten.sum.dim_IntList":
+                # staged only for a contiguous input: the seed GPT's H200 histories stage none for the
+                # key projection's bias, whose gradient nn.MultiheadAttention hands over transposed
                 x, dims = args[0], [d % max(args[0].dim(), 1) for d in args[1]]
-                if x.dim() > 1 and x.dim() - 1 not in dims:
+                if x.dim() > 1 and x.dim() - 1 not in dims and x.is_contiguous():
                     events.append(("sum", x.numel()))
             elif name in SDPA_BACKWARD:
                 q, lse = args[1], args[5] if name.endswith("for_cpu_backward.default") else args[5]
                 events.append(("sdpa", q.numel(), out[0].shape[0] * out[0].shape[1] * out[0].shape[2]))
+            elif name == "aten._softmax_backward_data.default":
+                events.append(("softmax", out.untyped_storage().nbytes()))
             elif name in MATMULS:
                 events.append(("mm",))
             return out
+
+    @contextmanager
+    def in_linear():
+        """Counts the F.linear calls in progress (`Recorder` sees only their aten operators): the
+        module's function wrapped, as nn.Linear and nn.MultiheadAttention look it up at each call."""
+        functional = torch.nn.functional
+        linear = functional.linear
+
+        def counted(*args, **kwargs):
+            state["linear"] += 1
+            try:
+                return linear(*args, **kwargs)
+            finally:
+                state["linear"] -= 1
+        functional.linear = counted
+        try:
+            yield
+        finally:
+            functional.linear = linear
 
     params = list(model.parameters())
     for t in params + list(model.buffers()):
@@ -337,7 +378,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
         return hook
 
     hooks = [p.register_post_accumulate_grad_hook(grad_hook(i)) for i, p in enumerate(params)]
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    layers = [m for m in model.modules() if (is_layer or (lambda m: isinstance(m, GradientCheckpointingLayer)))(m)]
     index = {id(m): i for i, m in enumerate(layers)}
 
     def pre(m, args):
@@ -348,11 +389,20 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
         if id(m) in index and state["phase"] == "forward":
             events.append(("Lend", index[id(m)]))
 
-    if checkpointing:     # as the validator enables it (validate.models.build_model)
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if set_checkpointing is None:     # as the validator enables it (validate.models.build_model)
+        def set_checkpointing(model, on):
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                if on:
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                else:
+                    model.gradient_checkpointing_disable()
+    if forward is None:
+        def forward(model, ids):
+            return model(input_ids=ids, use_cache=False).logits
+    if checkpointing:
+        set_checkpointing(model, True)
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
     try:
@@ -361,8 +411,8 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
             labels = torch.zeros(batch * seq, dtype=torch.long)
         alive[ids.untyped_storage()._cdata] = 0
         alive[labels.untyped_storage()._cdata] = 0
-        with mode, unpacked_batch(), Recorder():
-            logits = model(input_ids=ids, use_cache=False).logits
+        with mode, unpacked_batch(), in_linear(), Recorder():
+            logits = forward(model, ids)
             state["phase"] = "loss"
             events.append(("phase", "loss"))
             loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels)
@@ -377,10 +427,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False):
         for h in hooks:
             h.remove()
         if checkpointing:
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                model.gradient_checkpointing_disable()
+            set_checkpointing(model, False)
     return events
 
 
@@ -466,10 +513,50 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
             out[seg].append(["s", e[1]])
         elif e[0] == "sdpa":
             out[seg].append(["d", e[1], e[2]])
+        elif e[0] == "softmax":
+            out[seg].append(["t", e[1]])
         elif e[0] == "mm" and n > back and first_mm:
             first_mm = False
             out[seg].append(["w"])
     return out
+
+
+def _layer_params(model, is_layer=None):
+    """(the parameters, each decoder layer's parameter indices), checked to be equal consecutive runs."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    params = list(model.parameters())
+    pid = {id(p): i for i, p in enumerate(params)}
+    is_layer = is_layer or (lambda m: isinstance(m, GradientCheckpointingLayer))
+    layer_params = [[pid[id(p)] for p in m.parameters()] for m in model.modules() if is_layer(m)]
+    per_layer, first = len(layer_params[0]), layer_params[0][0]
+    if any(ps != list(range(first + i * per_layer, first + (i + 1) * per_layer)) for i, ps in enumerate(layer_params)):
+        raise ValueError("decoder layers do not hold equal runs of parameters")
+    return params, layer_params
+
+
+def segments_at(model, mode, k: int, checkpointing: bool, batch: int, seq: int, **kw) -> dict:
+    """`_canonical`'s segments of one step of a k-layer model at [batch, seq] (sizes in bytes)."""
+    params, layer_params = _layer_params(model, kw.get("is_layer"))
+    per_layer, first = len(layer_params[0]), layer_params[0][0]
+    layer_of_param = {p: i for i, ps in enumerate(layer_params) for p in ps}
+    return _canonical(record_step(model, mode, batch, seq, checkpointing, **kw), k, layer_of_param, len(params),
+                      first, per_layer)
+
+
+def _fitted_segments(model, mode, k: int, checkpointing: bool, **kw) -> dict:
+    """One variant of a k-layer model's stream (`_canonical`'s segments) with each event's bytes
+    solved as coefficients of `STREAM_BASIS` over `STREAM_SHAPES`; `record_step`'s keywords."""
+    runs = [segments_at(model, mode, k, checkpointing, b, s, **kw) for b, s in STREAM_SHAPES]
+    shape = _structure(runs[0])
+    if any(_structure(r) != shape for r in runs[1:]):
+        raise ValueError("the stream's events differ between traced shapes")
+    return {seg: [[x if isinstance(x, str) else _fit([r[seg][n][m] for r in runs]) for m, x in enumerate(e)]
+                  for n, e in enumerate(evs)] for seg, evs in runs[0].items()}
+
+
+def _structure(segs: dict) -> dict:
+    """A stream's segments with every number (a size) blanked: what must not change between traces."""
+    return {seg: [[x if isinstance(x, str) else None for x in e] for e in evs] for seg, evs in segs.items()}
 
 
 def step_stream(d: dict, attention: str | None = None) -> dict:
@@ -490,31 +577,11 @@ def step_stream(d: dict, attention: str | None = None) -> dict:
 
 def _step_stream(model, mode, k: int) -> dict:
     """`step_stream` of a built k-layer model."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-    params = list(model.parameters())
-    pid = {id(p): i for i, p in enumerate(params)}
-    layer_params = [[pid[id(p)] for p in m.parameters()] for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    per_layer = len(layer_params[0])
-    first = layer_params[0][0]
-    if any(ps != list(range(first + i * per_layer, first + (i + 1) * per_layer)) for i, ps in enumerate(layer_params)):
-        raise ValueError("decoder layers do not hold equal runs of parameters")
-    layer_of_param = {p: i for i, ps in enumerate(layer_params) for p in ps}
-    out = {"basis": list(STREAM_BASIS), "layers": k, "first_layer_param": first, "params_per_layer": per_layer,
-           "attention": model.config._attn_implementation}
+    params, layer_params = _layer_params(model)
+    out = {"basis": list(STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
+           "params_per_layer": len(layer_params[0]), "attention": model.config._attn_implementation}
     for variant, ckpt in (("plain", False), ("checkpointed", True)):
-        runs = [_canonical(record_step(model, mode, b, s, ckpt), k, layer_of_param, len(params), first, per_layer)
-                for b, s in STREAM_SHAPES]
-        shape = [{seg: [[x if isinstance(x, str) else None for x in e] for e in evs] for seg, evs in r.items()}
-                 for r in runs]
-        if any(s != shape[0] for s in shape[1:]):
-            raise ValueError("the stream's events differ between traced shapes")
-        segs = {}
-        for seg, evs in runs[0].items():
-            segs[seg] = []
-            for n, e in enumerate(evs):
-                segs[seg].append([x if isinstance(x, str) else _fit([r[seg][n][m] for r in runs])
-                                  for m, x in enumerate(e)])
-        out[variant] = segs
+        out[variant] = _fitted_segments(model, mode, k, ckpt)
     return _compact(out)
 
 
@@ -533,9 +600,10 @@ def _compact(stream: dict) -> dict:
             table.append(list(coefs))
         return index[key]
 
-    out = {k: v for k, v in stream.items() if k not in ("plain", "checkpointed")}
+    variants = [k for k, v in stream.items() if isinstance(v, dict)]   # plain, checkpointed, ...
+    out = {k: v for k, v in stream.items() if k not in variants}
     seen = {}
-    for variant in ("plain", "checkpointed"):
+    for variant in variants:
         out[variant] = {}
         for seg, evs in stream[variant].items():
             packed, j = [], 0
@@ -547,7 +615,7 @@ def _compact(stream: dict) -> dict:
                     where, at = e[1].rsplit(":", 1)
                     own = where == seg or (where[1:2] == "~" and where[0] == seg[0] and where[2:] == "0")
                     packed.append(int(at) - j if own else e[1])
-                elif e[0] in ("s", "d"):
+                elif e[0] in ("s", "d", "t"):
                     packed.append([e[0]] + [size(x) for x in e[1:]])
                 else:
                     packed.append(e)

@@ -16,7 +16,7 @@ import os
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 7        # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 8        # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
