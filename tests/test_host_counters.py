@@ -64,7 +64,9 @@ def test_time_waiting_for_a_cpu_is_seen_when_two_threads_share_one_core():
 def test_the_python_probe_slows_when_another_thread_takes_the_interpreter():
     """measure.host_python_s times Python that issues nothing. With a second thread spinning in Python
     and the interpreter switching every 0.1 ms, the probe's thread holds the GIL about half the time,
-    so a call should take about twice as long; the probe must see at least 1.4x."""
+    so a call should take about twice as long; the probe must see at least 1.4x. The spinner is
+    waited for until it spins, and the comparison gets three tries: on a busy 2-core machine the
+    operating system can leave the spinner off a CPU for a whole probe."""
     import statistics
     import sys
     import threading
@@ -72,26 +74,31 @@ def test_the_python_probe_slows_when_another_thread_takes_the_interpreter():
     def probe():
         return statistics.median(measure.host_python_s() for _ in range(5))
 
-    alone_s = probe()
-    stop = threading.Event()
-
-    def spin():
+    def spin(spinning, stop):
         n = 0
         while not stop.is_set():
             n += 1
+            spinning.set()
 
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    other = threading.Thread(target=spin)
-    other.start()
-    try:
-        shared_s = probe()
-    finally:
-        stop.set()
-        other.join()
-        sys.setswitchinterval(interval)
-    assert 0 < alone_s < 1e-4          # a call is well under 100 us on any machine
-    assert shared_s > 1.4 * alone_s
+    ratios = []
+    for _ in range(3):
+        alone_s = probe()
+        assert 0 < alone_s < 1e-4          # a call is well under 100 us on any machine
+        spinning, stop = threading.Event(), threading.Event()
+        sys.setswitchinterval(1e-4)
+        other = threading.Thread(target=spin, args=(spinning, stop))
+        other.start()
+        try:
+            spinning.wait(5)
+            ratios.append(probe() / alone_s)
+        finally:
+            stop.set()
+            other.join()
+            sys.setswitchinterval(interval)
+        if ratios[-1] > 1.4:
+            break
+    assert max(ratios) > 1.4, ratios
 
 
 def test_the_main_thread_runs_alone_on_its_core_and_the_masks_come_back():
