@@ -21,7 +21,6 @@ from contextlib import contextmanager, nullcontext
 from fractions import Fraction
 
 from zerocalc.hf import memtrace
-from zerocalc.hf.trace import _imports
 
 FORMAT = 1
 FAMILY_STREAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "family_streams.json")
@@ -95,23 +94,11 @@ def variables(dims: dict) -> dict:
 
 def _build(family: str, attention: str, tie: bool, dims: dict, layers: int):
     """The validator's model of the family on fake tensors in bf16 (as `optrace.family_steps` builds it)."""
-    torch, _ = _imports()
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from validate.models import build_model
     from zerocalc.arch import Architecture
-    from zerocalc.hf.optrace import to_model_dtype
-    a = Architecture(family, dims["vocab_size"], dims["hidden_size"], layers, dims["num_heads"], dims["num_kv_heads"],
-                     dims["ffn_hidden_size"], tie, dims["max_positions"])
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with mode:
-            model = build_model(a.as_dict(), attention=attention).train()
-    finally:
-        torch.set_default_dtype(default)
-    to_model_dtype(model, mode)
-    return model, mode
+    from zerocalc.hf.optrace import fake_validator_model
+    return fake_validator_model(Architecture(family, dims["vocab_size"], dims["hidden_size"], layers, dims["num_heads"],
+                                             dims["num_kv_heads"], dims["ffn_hidden_size"], tie, dims["max_positions"]),
+                                attention)
 
 
 def _record_keywords():

@@ -241,6 +241,24 @@ def _round(x):
     return int(r) if r == int(r) else r
 
 
+def fake_validator_model(a, attention: str):
+    """(model, mode): the validator's model of Architecture `a` (`validate.models.build_model`) built in
+    training mode on fake tensors in bf16, buffers in the parameters' dtype (`to_model_dtype`)."""
+    torch, _ = _imports()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from validate.models import build_model
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with mode:
+            model = build_model(a.as_dict(), attention=attention).train()
+    finally:
+        torch.set_default_dtype(default)
+    to_model_dtype(model, mode)
+    return model, mode
+
+
 def to_model_dtype(model, mode) -> None:
     """Floating-point buffers in the parameters' dtype, as DeepSpeed's engine converts the module it is
     given (`module.bfloat16()`): Llama's rotary `inv_freq` then costs a cast per forward, as on the
@@ -297,22 +315,12 @@ def family_steps() -> dict:
     heads as heads its layer dispatches 2 operators fewer backward (`config_steps` counts each config's
     own). Keys "family/attention"; nn.MultiheadAttention is the seed's whatever the attention setting."""
     torch, _ = _imports()
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from validate.models import SeedGPT, build_model    # the validator's own models
+    from validate.models import SeedGPT    # the validator's own models
     from zerocalc.arch import Architecture
 
     def build_layers(family, attention, k):
-        a = Architecture(family, 128, 64, k, 4, 4 if family == "seed-gpt" else 2, 160, False, 64)
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            with mode:
-                model = build_model(a.as_dict(), attention=attention).train()
-        finally:
-            torch.set_default_dtype(default)
-        to_model_dtype(model, mode)
-        return model, mode
+        return fake_validator_model(Architecture(family, 128, 64, k, 4, 4 if family == "seed-gpt" else 2, 160, False, 64),
+                                    attention)
 
     def set_checkpointing(model, on):
         if isinstance(model, SeedGPT):
