@@ -10,6 +10,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if "/h200-hf-" not in p)
 
 
+def pytest_configure(config):
+    """The traced profiles of the committed rows' HF configs (data/hf-traces/) into the trace cache, so
+    that a session on a fresh machine does not trace them again (`tests/hf_traces.py` says when not)."""
+    import hf_traces
+    hf_traces.seed_cache()
+
+
 @pytest.fixture(scope="session")
 def committed_rows():
     """Every ok row of data/h200-*.csv with the current zerocalc's predictions (`report.committed_rows`)."""

@@ -111,3 +111,30 @@ def test_a_cached_profile_is_read_without_importing_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, json.dumps(d)], env=env, check=True, capture_output=True,
                          text=True).stdout.split()
     assert out == [str(traced.num_params), "False"]
+
+
+def test_the_committed_hf_traces_are_current(monkeypatch):
+    """data/hf-traces/ (tests/hf_traces.py: what a test session reads instead of tracing each HF config
+    of the committed rows again) holds one trace per config of data/h200-hf-*.csv and nothing else,
+    each of its config (digest) at this TRACE_VERSION and named by its cache key under the versions
+    recorded in tracer.json, traced by the tracer code of this checkout (its digest in tracer.json).
+    Fails after a change to the tracer or to the rows: `python tests/hf_traces.py` regenerates them."""
+    pytest.importorskip("pandas")
+    import json
+    import os
+
+    import hf_traces
+    made = hf_traces.manifest()
+    assert made.get("tracer_sha256") == hf_traces.tracer_digest(), \
+        "the tracer changed since data/hf-traces/ was traced: run python tests/hf_traces.py"
+    configs = hf_traces.committed_hf_configs()
+    assert len(configs) >= 11
+    monkeypatch.setattr(T, "_versions", lambda: (made["torch"], made["transformers"]))
+    names = {os.path.basename(p)[:-5]: p for p in hf_traces.traces()}
+    assert set(names) == {T.cache_key(cfg) for _, cfg in configs.values()}, \
+        "data/hf-traces/ is not the rows' configs: run python tests/hf_traces.py"
+    for key, path in names.items():
+        with open(path) as f:
+            source = json.load(f)["source"]
+        assert source["trace_version"] == T.TRACE_VERSION and source["config_sha256"] in configs
+        assert made["torch"].split("+")[0] == source["torch"] and made["transformers"] == source["transformers"]
