@@ -127,6 +127,11 @@ def _compiled(stream: dict, variant: str, name: str) -> list:
     return hit[1]
 
 
+# `_TracedStep._ops`' operations
+_ALLOC, _FREE_SAME, _FREE_LAYER, _FREE_AT, _TRANSIENT, _GRAD, _FETCH, _FIRST_WORKSPACE, _WORKSPACE = range(9)
+_SLOT = 1 << 20      # handle keys of one segment played (`_TracedStep._instance`): more than any has allocations
+
+
 class _TracedStep:
     """A model's forward, loss and backward from its stream (a family's, `zerocalc.hf.familystream`,
     or a traced profile's, `zerocalc.hf.memtrace.step_stream`): what its code allocates and frees on
@@ -165,7 +170,7 @@ class _TracedStep:
         self.layers = model.architecture.num_layers
         self.numels = model.param_numels
         self.x = basis_values(st["basis"], setup.micro_batch, setup.seq_len, model.architecture)
-        self.handles, self.sizes, self.evaluated = {}, {}, {}
+        self.handles, self.sizes, self.evaluated, self.names = {}, {}, {}, {}
         # stage 3's backward fetches (`on_fetch`): where the stream says (`backward_fetch_at`, the
         # families'), else before backward
         self.fetch_at, self.on_fetch = st.get("backward_fetch_at"), None
@@ -184,56 +189,113 @@ class _TracedStep:
             return self.k - (self.layers - i)
         return 1
 
-    def _layer(self, mode: int, value: int, mine) -> int:
+    def _instance(self, name: str, layer: int | None) -> int:
+        """The handle key of allocation 0 of segment `name` played at `layer` (None: a segment of no
+        layer); allocation j's is this + j. Integers, not (name, layer, j) tuples: the play loop
+        stores and pops one per event. Layers -2 .. layers map to distinct keys, so a reference out
+        of range finds no handle, as a tuple key would not."""
+        k = self.names.get(name)
+        if k is None:
+            k = self.names[name] = len(self.names)
+        return (k * (self.layers + 4) + (0 if layer is None else layer + 3)) * _SLOT
+
+    def _key(self, ref: tuple) -> tuple[int, int]:
+        """(op, x) of a parsed handle reference (`_parse_ref`): _FREE_SAME (x: the allocation index in
+        the segment played), _FREE_LAYER (x + the played layer·_SLOT) or _FREE_AT (x: the key)."""
+        where, mode, value, j = ref
+        if where is None:
+            return _FREE_SAME, j
         if mode == 1:
-            return mine + value
-        return value if value >= 0 else self.layers + value
+            return _FREE_LAYER, self._instance(where, value) + j
+        if mode == 2:
+            return _FREE_AT, self._instance(where, value if value >= 0 else self.layers + value) + j
+        return _FREE_AT, self._instance(where, None) + j
 
-    def _segment(self, name: str) -> list:
-        """A stored segment with its sizes evaluated at this setup (bytes), once per segment."""
-        evs = self.evaluated.get(name)
-        if evs is None:
-            evs = []
-            for e in _compiled(self.stream, self.variant, name):
-                if e[0] == "a" or e[0] == "t":
-                    evs.append((e[0], self._size(e[1])))
-                elif e[0] == "s":
-                    evs.append(("t", staging_bytes(self._size(e[1]))))      # made and freed at once
-                elif e[0] == "d":
-                    evs.append(("t", 8 * self._size(e[1]) + 4 * self._size(e[2])))
-                else:
-                    evs.append(e)
-            self.evaluated[name] = evs
-        return evs
-
-    def run(self, name: str, layer: int | None = None) -> None:
-        t, key, handles = self.t, name if layer is None else (name, layer), self.handles
-        j = 0
-        for e in self._segment(name if layer is None else f"{name}{self._template(layer)}"):
+    def _ops(self, name: str, template: str) -> list:
+        """Segment `template` (stored) as played for `name`: (op, x, y) triples with sizes evaluated
+        at this setup (bytes) and handle keys resolved (`_key`), made once per segment; the rules tied
+        to a segment's name (stage 3's backward fetch in "Hb", forward's first-matmul workspace in
+        "P") placed as ops of their own."""
+        ops = self.evaluated.get(template)
+        if ops is not None:
+            return ops
+        ops, j = [], 0
+        for e in _compiled(self.stream, self.variant, template):
             kind = e[0]
             if kind == "a":
-                if name == "Hb" and j == self.fetch_at and self.on_fetch is not None:
-                    self.on_fetch()
-                handles[(key, j)] = t.alloc(e[1])
+                if name == "Hb" and j == self.fetch_at:
+                    ops.append((_FETCH, 0, 0))
+                ops.append((_ALLOC, int(self._size(e[1])), j))
                 j += 1
-                if name == "P" and j == 1 and not self.workspaces:   # forward's first matmul
-                    self.workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+                if name == "P" and j == 1:
+                    ops.append((_FIRST_WORKSPACE, 0, 0))
             elif kind == "f":
-                where, mode, value, jj = e[1]
-                if where is None:
-                    t.free(handles.pop((key, jj)))
-                else:
-                    t.free(handles.pop((where if mode == 0 else (where, self._layer(mode, value, layer)), jj)))
+                ops.append((*self._key(e[1]), 0))
             elif kind == "g":
-                (pmode, pvalue, local), (where, mode, value, jj) = e[1], e[2]
-                p = (pvalue if pvalue >= 0 else len(self.numels) + pvalue) if pmode == 0 else \
-                    self.first + self._layer(pmode, pvalue, layer) * self.per_layer + local
-                h = handles.pop((where if mode == 0 else (where, self._layer(mode, value, layer)), jj))
-                self.ds.grad_ready(p, self.numels[p], h)
-            elif kind == "t":                      # a CUDA rule's buffer, made and freed at once
-                t.free(t.alloc(e[1]))
-            elif kind == "w" and len(self.workspaces) < 2:
-                self.workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+                pmode, pvalue, local = e[1]
+                if pmode == 0:
+                    param = (pvalue if pvalue >= 0 else len(self.numels) + pvalue, False)
+                elif pmode == 1:
+                    param = (self.first + pvalue * self.per_layer + local, True)
+                else:
+                    param = (self.first + (pvalue if pvalue >= 0 else self.layers + pvalue) * self.per_layer + local,
+                             False)
+                ops.append((_GRAD, param, self._key(e[2])))
+            elif kind == "t":                          # a CUDA rule's buffer, made and freed at once
+                ops.append((_TRANSIENT, int(self._size(e[1])), 0))
+            elif kind == "s":
+                ops.append((_TRANSIENT, staging_bytes(self._size(e[1])), 0))
+            elif kind == "d":
+                ops.append((_TRANSIENT, 8 * self._size(e[1]) + 4 * self._size(e[2]), 0))
+            elif kind == "w":
+                ops.append((_WORKSPACE, 0, 0))
+        self.evaluated[template] = ops
+        return ops
+
+    def run(self, name: str, layer: int | None = None) -> None:
+        """Play segment `name` (at `layer`) into the trace: its allocations and frees appended as
+        `_Trace.alloc` and `free` append them (written out: this runs for every event of the model's
+        side), the gradients handed to DeepSpeed's hook."""
+        t, handles = self.t, self.handles
+        if layer is None:
+            ops, base, shift = self._ops(name, name), self._instance(name, None), 0
+        else:
+            ops = self._ops(name, f"{name}{self._template(layer)}")
+            base, shift = self._instance(name, layer), layer * _SLOT
+        append = t.events.append
+        last = t._next
+        for op, x, y in ops:
+            if op == _ALLOC:
+                last += 1
+                append(("alloc", last, x, 0))
+                handles[base + y] = last
+            elif op == _FREE_SAME:
+                append(("free", handles.pop(base + x)))
+            elif op == _FREE_LAYER:
+                append(("free", handles.pop(x + shift)))
+            elif op == _FREE_AT:
+                append(("free", handles.pop(x)))
+            elif op == _TRANSIENT:
+                last += 1
+                append(("alloc", last, x, 0))
+                append(("free", last))
+            else:                                      # calls out: the trace's handle count goes with it
+                t._next = last
+                if op == _GRAD:
+                    (param, per_layer), (key_op, key) = x, y
+                    p = param + layer * self.per_layer if per_layer else param
+                    key = base + key if key_op == _FREE_SAME else key + shift if key_op == _FREE_LAYER else key
+                    self.ds.grad_ready(p, self.numels[p], handles.pop(key))
+                elif op == _FETCH:
+                    if self.on_fetch is not None:
+                        self.on_fetch()
+                elif op == _FIRST_WORKSPACE:           # forward's first matmul
+                    if not self.workspaces:
+                        self.workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+                elif op == _WORKSPACE and len(self.workspaces) < 2:
+                    self.workspaces.append(t.alloc(CUBLAS_WORKSPACE_BYTES))
+                last = t._next
+        t._next = last
 
     def forward(self) -> None:
         self.handles = {}
