@@ -149,7 +149,7 @@ class _FreeBlocks:
             del self.at[size]
             del self.sizes[bisect.bisect_left(self.sizes, size)]
         else:
-            same.remove(addr)
+            del same[bisect.bisect_left(same, addr)]      # sorted, each address once
 
     def fitting(self, size: int):
         """(size, address) of the free blocks of at least size bytes, in order."""
@@ -274,7 +274,7 @@ class _Allocator:
                             if len(same) == 1:
                                 del at[n], fl.sizes[bisect_left(fl.sizes, n)]
                             else:
-                                same.remove(end)
+                                del same[bisect_left(same, end)]
                             del starts[end], ends[end]
                             size += n
                             b.size = size
@@ -287,7 +287,7 @@ class _Allocator:
                             if len(same) == 1:
                                 del at[n], fl.sizes[bisect_left(fl.sizes, n)]
                             else:
-                                same.remove(other.addr)
+                                del same[bisect_left(same, other.addr)]
                             del starts[addr], ends[addr]
                             size += n
                             addr = other.addr
