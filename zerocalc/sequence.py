@@ -129,7 +129,12 @@ def _compiled(stream: dict, variant: str, name: str) -> list:
 
 # `_TracedStep._ops`' operations
 _ALLOC, _FREE_SAME, _FREE_LAYER, _FREE_AT, _TRANSIENT, _GRAD, _FETCH, _FIRST_WORKSPACE, _WORKSPACE = range(9)
-_SLOT = 1 << 20      # handle keys of one segment played (`_TracedStep._instance`): more than any has allocations
+# Handle keys (`_TracedStep._instance`): allocation j of the k-th segment name played at layer i is
+# i·_LAYER + k·_SLOT + j, and at no layer (_NAMES + k)·_SLOT + j: a distinct integer for every (name,
+# layer, j), whatever the layer, for up to _NAMES names and _SLOT allocations a segment (the shipped
+# streams: 6 names, at most 207 allocations).
+_NAMES, _SLOT = 16, 1 << 20
+_LAYER = 2 * _NAMES * _SLOT
 
 
 class _TracedStep:
@@ -192,16 +197,17 @@ class _TracedStep:
     def _instance(self, name: str, layer: int | None) -> int:
         """The handle key of allocation 0 of segment `name` played at `layer` (None: a segment of no
         layer); allocation j's is this + j. Integers, not (name, layer, j) tuples: the play loop
-        stores and pops one per event. Layers -2 .. layers map to distinct keys, so a reference out
-        of range finds no handle, as a tuple key would not."""
+        stores and pops one per event."""
         k = self.names.get(name)
         if k is None:
             k = self.names[name] = len(self.names)
-        return (k * (self.layers + 4) + (0 if layer is None else layer + 3)) * _SLOT
+            if k == _NAMES:
+                raise ValueError(f"a stream with more than {_NAMES} segment names: raise sequence._NAMES")
+        return (k + _NAMES) * _SLOT if layer is None else layer * _LAYER + k * _SLOT
 
     def _key(self, ref: tuple) -> tuple[int, int]:
         """(op, x) of a parsed handle reference (`_parse_ref`): _FREE_SAME (x: the allocation index in
-        the segment played), _FREE_LAYER (x + the played layer·_SLOT) or _FREE_AT (x: the key)."""
+        the segment played), _FREE_LAYER (x + the played layer·_LAYER) or _FREE_AT (x: the key)."""
         where, mode, value, j = ref
         if where is None:
             return _FREE_SAME, j
@@ -223,6 +229,8 @@ class _TracedStep:
         for e in _compiled(self.stream, self.variant, template):
             kind = e[0]
             if kind == "a":
+                if j == _SLOT:
+                    raise ValueError(f"segment {template} has more than {_SLOT} allocations: raise sequence._SLOT")
                 if name == "Hb" and j == self.fetch_at:
                     ops.append((_FETCH, 0, 0))
                 ops.append((_ALLOC, int(self._size(e[1])), j))
@@ -261,7 +269,7 @@ class _TracedStep:
             ops, base, shift = self._ops(name, name), self._instance(name, None), 0
         else:
             ops = self._ops(name, f"{name}{self._template(layer)}")
-            base, shift = self._instance(name, layer), layer * _SLOT
+            base, shift = self._instance(name, layer), layer * _LAYER
         append = t.events.append
         last = t._next
         for op, x, y in ops:
