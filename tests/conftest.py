@@ -33,11 +33,13 @@ def committed_crossval():
     return cross_validate_time(COMMITTED)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`, setup.cfg), tests that launch DeepSpeed run on one
     worker, one launch at a time (each launch is 1-8 rank processes: two at once would only fight for the
     cores), while the other worker takes the single-process tests; the tests that read the committed
-    rows share one worker, so that the session fixture re-predicting them is computed once."""
+    rows share one worker, so that the session fixture re-predicting them is computed once. First of the
+    hooks: xdist's own (a worker's) reads the groups from the markers."""
     for item in items:
         if item.get_closest_marker("deepspeed"):
             item.add_marker(pytest.mark.xdist_group("deepspeed"))

@@ -31,9 +31,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def validate_run(out, *args) -> str:
-    """`python -m validate run --backend cpu ARGS --out OUT`, bytes-only steps; what it logged."""
-    proc = subprocess.run([sys.executable, "-m", "validate", "run", "--backend", "cpu", *args, "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    """`python -m validate run --backend cpu ARGS --out OUT`, bytes-only steps; what it logged. A job may
+    take 20 minutes: the first on a fresh machine builds DeepSpeed's three CPU ops (about 6 CPU minutes)
+    while the other pytest worker runs the other tests."""
+    proc = subprocess.run([sys.executable, "-m", "validate", "run", "--backend", "cpu", *args, "--timeout", "1200",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=2400,
                           env=dict(os.environ, VALIDATE_FEW_STEPS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stderr
