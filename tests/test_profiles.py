@@ -193,3 +193,19 @@ def test_a_traced_models_layer_activations_by_hand():
     # the head: the final RMSNorm's fp32 input 4h, rsqrt 4, cast and product 2·2h; and the fp32
     # log-probabilities over the vocabulary (152064)
     assert act.logprobs_bytes == (4 * h + 4 + 2 * 2 * h + 4 * 152064) * 2 * 4096
+
+
+def test_every_shipped_profile_is_a_trace_of_its_config_by_this_tracer():
+    """Each zerocalc/profiles/NAME.json was traced from zerocalc/hf/configs/NAME.json (the digest of its
+    values) at the tracer's TRACE_VERSION: a tracer change that bumps it fails here until the profiles
+    are traced again (`python -m zerocalc.hf.ship`)."""
+    from zerocalc.hf import ship
+    from zerocalc.hf import trace as T
+    configs = ship.configs()
+    assert set(P.shipped()) == set(configs)
+    for name, path in P.shipped().items():
+        with open(path) as f:
+            source = json.load(f)["source"]
+        with open(configs[name]) as f:
+            digest = T.config_digest(json.load(f))
+        assert (name, source["trace_version"], source["config_sha256"]) == (name, T.TRACE_VERSION, digest)

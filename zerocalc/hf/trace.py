@@ -10,6 +10,7 @@ an MoE block is a module with an `experts` child (what `set_z3_leaf_modules` is 
 
 torch and transformers are imported here only: `zerocalc` itself stays torch-free.
 """
+import copy
 import hashlib
 import json
 import os
@@ -37,7 +38,7 @@ def hf_config(d: dict):
     kind = d.get("model_type")
     if kind not in CONFIG_MAPPING:
         raise ValueError(f"model_type {kind!r} is not one transformers {transformers.__version__} knows")
-    return CONFIG_MAPPING[kind].from_dict(dict(d))
+    return CONFIG_MAPPING[kind].from_dict(copy.deepcopy(d))   # transformers rewrites nested dicts (rope_scaling) in place
 
 
 def _get(cfg, *names, default=None):
