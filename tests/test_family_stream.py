@@ -11,6 +11,7 @@ from zerocalc.arch import Architecture, preset
 from zerocalc.model import from_architecture
 from zerocalc.training import OPTIMIZERS, Setup, Stage
 
+import played_step
 import transcribed_sequence as oracle
 
 # (family, vocabulary, hidden, heads, kv heads, FFN): the 1.4B GPT and 1.1B Llama of the histories,
@@ -132,27 +133,12 @@ def test_the_family_stream_is_the_trace_at_dimensions_depth_and_shape_it_was_not
     model, mode = familystream._build(family, attention, False, dims, 6)
     with familystream.zero3_linear() if zero3 else nullcontext():
         raw = memtrace.record_step(model, mode, 2, 40, False, **familystream._record_keywords())
-    want = [("a", e[2]) if e[0] == "a" else ("f", e[1]) for e in raw if e[0] in ("a", "f")]
-    want_grads = sorted((e[2], e[1]) for e in raw if e[0] == "g")
+    want = played_step.recorded(raw)
     arch = Architecture(family, dims["vocab_size"], dims["hidden_size"], 6, dims["num_heads"], dims["num_kv_heads"],
                         dims["ffn_hidden_size"], False, dims["max_positions"])
     spec = from_architecture(arch)
     setup = _setup(2, 40, stage=Stage.PARAMETERS if zero3 else Stage.GRADIENTS)
-    t, grads = sequence._Trace(), []
-
-    class DS:
-        def grad_ready(self, p, numel, h):
-            grads.append((h, p))
-    step = sequence._TracedStep(t, spec, setup, DS(), [1, 2], sequence.step_stream(spec, setup))
-    original = sequence._compiled
-    sequence._compiled = lambda *a: [e for e in original(*a) if e[0] not in "sdwt"]   # the CUDA rules aside
-    try:
-        step.forward()
-        step.backward()
-    finally:
-        sequence._compiled = original
-    got = [("a", e[2]) if e[0] == "alloc" else ("f", e[1]) for e in t.events]
-    assert got == want and sorted(grads) == want_grads
+    assert played_step.played(spec, setup, sequence.step_stream(spec, setup)) == want
 
 
 

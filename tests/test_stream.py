@@ -17,6 +17,7 @@ from zerocalc import arch as A  # noqa: E402
 from zerocalc.hf import memtrace, trace  # noqa: E402
 from zerocalc.training import Setup, Stage  # noqa: E402
 
+import played_step  # noqa: E402
 import transcribed_sequence  # noqa: E402  (tests/: the hand-written layers, the oracle)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,27 +122,11 @@ def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpoint
     stream = _stream(4)
     model, mode = trace.build(_tiny_llama(6))
     raw = memtrace.record_step(model, mode, 2, 24, checkpointing)
-    want = [("a", e[2]) if e[0] == "a" else ("f", e[1]) for e in raw if e[0] in "af" and len(e[0]) == 1]
-    want_grads = sorted((e[2], e[1]) for e in raw if e[0] == "g")
-    t, grads = sequence._Trace(), []
-
-    class DS:
-        def grad_ready(self, p, numel, h):
-            grads.append((h, p))
     spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=6),
                            param_numels=(1,) * len(list(model.parameters())))
-    step = sequence._TracedStep(t, spec, SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24,
-                                                         attention="sdpa", stage=Stage.GRADIENTS),
-                                DS(), [1, 2])
-    original = sequence._compiled
-    sequence._compiled = lambda *a: [e for e in original(*a) if e[0] not in "sdwt"]   # the CUDA rules aside
-    try:
-        step.forward()
-        step.backward()
-    finally:
-        sequence._compiled = original
-    got = [("a", e[2]) if e[0] == "alloc" else ("f", e[1]) for e in t.events]
-    assert got == want and sorted(grads) == want_grads
+    setup = SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24, attention="sdpa",
+                            stage=Stage.GRADIENTS)
+    assert played_step.played(spec, setup) == played_step.recorded(raw)
 
 
 def _history_rows():
