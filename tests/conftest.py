@@ -15,6 +15,24 @@ def pytest_configure(config):
     that a session on a fresh machine does not trace them again (`tests/hf_traces.py` says when not)."""
     import hf_traces
     hf_traces.seed_cache()
+    build_deepspeeds_ops_unoptimized(config)
+
+
+def build_deepspeeds_ops_unoptimized(config):
+    """The first DeepSpeed launch on a machine JIT-builds its three CPU ops (shared-memory all-reduce,
+    FusedAdam, CPUAdam: six sources, each including torch/extension.h). The tests build theirs at -O0
+    (`tests/scripts/cxx_unoptimized`: about 280 s of CPU instead of 520; what a job holds and sends does
+    not depend on it), in this checkout's pytest cache, so that they never replace the optimised builds
+    in ~/.cache/torch_extensions that the user's own jobs load. Set once, by the first process (xdist's
+    workers inherit it)."""
+    if "ZEROCALC_TESTS_REAL_CXX" in os.environ:
+        return
+    os.environ["ZEROCALC_TESTS_REAL_CXX"] = os.environ.get("CXX", "c++")
+    os.environ["CXX"] = os.path.join(ROOT, "tests", "scripts", "cxx_unoptimized")
+    cache = getattr(config, "cache", None)
+    os.environ["TORCH_EXTENSIONS_DIR"] = (str(cache.mkdir("torch_extensions")) if cache is not None else
+                                          os.path.join(os.path.expanduser("~"), ".cache", "zerocalc",
+                                                       "test-torch-extensions"))
 
 
 @pytest.fixture(scope="session")
