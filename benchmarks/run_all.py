@@ -2,7 +2,7 @@
 `zerocalc estimate --params 7e9 --dp 8` measured in the same run (the absolute times beside it, and
 the machine named), so a figure is re-measured wherever it is quoted rather than copied.
 
-    python benchmarks/run_all.py [--repeat 7]
+    python benchmarks/run_all.py [--repeat 7] [--json data/speed.json]
 
 Cold cases are fresh processes, run round-robin (one of each per round) so that a loaded machine
 slows them alike; each reports the median over rounds of its wall time and of its CPU time (user +
@@ -26,20 +26,21 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "zerocalc.cli"]
-BASELINE = ("P-only cold start: estimate --params 7e9 --dp 8", CLI + ["estimate", "--params", "7e9", "--dp", "8"], {})
+# (key, what, command, environment); the keys name the figures data/speed.json gives the documents.
+BASELINE = ("baseline", "P-only cold start: estimate --params 7e9 --dp 8", CLI + ["estimate", "--params", "7e9", "--dp", "8"], {})
 COLD = [
     BASELINE,
-    ("estimate --model llama-2-7b --dp 8 --seq-len 4096 --micro-batch 1 --gpu h100",
+    ("estimate-arch", "estimate --model llama-2-7b --dp 8 --seq-len 4096 --micro-batch 1 --gpu h100",
      CLI + ["estimate", "--model", "llama-2-7b", "--dp", "8", "--seq-len", "4096", "--micro-batch", "1",
             "--gpu", "h100"], {}),
-    ("plan --params 70e9 --gpu h100 --gpu-memory 80GiB --max-gpus 64 --seq-len 4096 --global-batch 1024",
+    ("plan-70b", "plan --params 70e9 --gpu h100 --gpu-memory 80GiB --max-gpus 64 --seq-len 4096 --global-batch 1024",
      CLI + ["plan", "--params", "70e9", "--gpu", "h100", "--gpu-memory", "80GiB", "--max-gpus", "64",
             "--seq-len", "4096", "--global-batch", "1024"], {}),
-    ("the same plan with --min-gpus",
+    ("plan-70b-min-gpus", "the same plan with --min-gpus",
      CLI + ["plan", "--params", "70e9", "--gpu", "h100", "--gpu-memory", "80GiB", "--max-gpus", "64",
             "--seq-len", "4096", "--global-batch", "1024", "--min-gpus"], {}),
-    ("P-only cold start with PYTHONDONTWRITEBYTECODE=1", BASELINE[1], {"PYTHONDONTWRITEBYTECODE": "1"}),
-    ("python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"], {}),
+    ("no-bytecode", "P-only cold start with PYTHONDONTWRITEBYTECODE=1", BASELINE[2], {"PYTHONDONTWRITEBYTECODE": "1"}),
+    ("interpreter", "python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"], {}),
 ]
 
 # In a fresh process: the sweep's first call (stage-3 replays included) and later calls on a grid of
@@ -66,7 +67,7 @@ from zerocalc.training import Setup, Stage
 events = sequence.events(from_architecture(preset("llama-2-7b"), "llama-2-7b"),
                          Setup(stage=Stage.GRADIENTS, dp=8, seq_len=4096))
 replay = min((timed(lambda: allocator.replay(events))[1] for _ in range(3)), key=lambda t: t[1])
-print(json.dumps({"n": len(out["peak_bytes"]), "first": first, "later": later, "events": len(events),
+print(json.dumps({"n": len(out["peak_bytes"]), "sweep-first": first, "sweep-later": later, "events": len(events),
                   "replay": replay}))
 """
 
@@ -99,43 +100,68 @@ def cold(cmd, extra_env) -> tuple[float, float]:
     return wall, usage.ru_utime + usage.ru_stime
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=7, help="rounds (default 7)")
-    args = ap.parse_args()
-    print(f"machine: {machine()}")
-    for name, cmd, env in COLD:        # compile bytecode where it may be written; warm the page cache
+def measure(repeat: int) -> dict:
+    """Every case's median wall and CPU seconds over `repeat` rounds, with the machine and the commit."""
+    for _, _, cmd, env in COLD:        # compile bytecode where it may be written; warm the page cache
         cold(cmd, env)
-    times = {name: [] for name, _, _ in COLD}
+    times = {key: [] for key, _, _, _ in COLD}
     inproc = []
-    for _ in range(args.repeat):
-        for name, cmd, env in COLD:
-            times[name].append(cold(cmd, env))
+    for _ in range(repeat):
+        for key, _, cmd, env in COLD:
+            times[key].append(cold(cmd, env))
         out = subprocess.run([sys.executable, "-c", IN_PROCESS], cwd=ROOT, capture_output=True, text=True,
                              env={**os.environ, "PYTHONPATH": ROOT}, check=True).stdout
         inproc.append(json.loads(out))
-    base_wall = statistics.median(w for w, _ in times[BASELINE[0]])
-    base_cpu = statistics.median(c for _, c in times[BASELINE[0]])
-    print(f"{args.repeat} rounds; medians; ratio = time / the P-only cold start's in this run "
-          f"(wall {base_wall * 1e3:.0f} ms, CPU {base_cpu * 1e3:.0f} ms)\n")
-    print(f"{'case':100s} {'wall':>8s} {'ratio':>6s} {'CPU':>8s} {'ratio':>6s}  wall spread")
-    for name, _, _ in COLD:
-        walls, cpus = [w for w, _ in times[name]], [c for _, c in times[name]]
-        w, c = statistics.median(walls), statistics.median(cpus)
-        print(f"{name:100s} {w * 1e3:6.0f}ms {w / base_wall:5.2f}× {c * 1e3:6.0f}ms {c / base_cpu:5.2f}×  "
-              f"{min(walls) / base_wall:.2f}-{max(walls) / base_wall:.2f}×")
+    cases = [{"key": key, "case": name, "wall_s": statistics.median(w for w, _ in times[key]),
+              "cpu_s": statistics.median(c for _, c in times[key]),
+              "wall_range_s": [min(w for w, _ in times[key]), max(w for w, _ in times[key])]}
+             for key, name, _, _ in COLD]
     n, events = inproc[0]["n"], inproc[0]["events"]
+    for key, name in (("sweep-first", f"sweep over {n:,} configurations, first call (stage-3 replays included)"),
+                      ("sweep-later", f"sweep over {n:,} configurations, later calls"),
+                      ("replay", f"allocator replay of llama-2-7b stage 2 N = 8 4k, {events:,} events")):
+        cases.append({"key": key, "case": name, "wall_s": statistics.median(r[key][0] for r in inproc),
+                      "cpu_s": statistics.median(r[key][1] for r in inproc)})
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "commit": commit.strip(), "rounds": repeat,
+            "sweep_configurations": n, "replay_events": events, "cases": cases}
 
-    def row(name, key, extra=lambda wall, cpu: ""):
-        w = statistics.median(r[key][0] for r in inproc)
-        c = statistics.median(r[key][1] for r in inproc)
-        print(f"{name:100s} {w * 1e3:6.0f}ms {w / base_wall:5.2f}× {c * 1e3:6.0f}ms {c / base_cpu:5.2f}×  {extra(w, c)}")
 
-    row(f"sweep over {n:,} configurations, first call (stage-3 replays included)", "first")
-    row(f"sweep over {n:,} configurations, later calls", "later",
-        lambda w, c: f"{n / w / 1e6:.1f}M configurations/s wall, {n / c / 1e6:.1f}M CPU")
-    row(f"allocator replay of llama-2-7b stage 2 N = 8 4k, {events:,} events", "replay",
-        lambda w, c: f"{events / w / 1e6:.2f}M events/s wall, {events / c / 1e6:.2f}M CPU")
+def show(result: dict) -> None:
+    cases = {c["key"]: c for c in result["cases"]}
+    base = cases["baseline"]
+    n, events = result["sweep_configurations"], result["replay_events"]
+    print(f"machine: {result['machine']}")
+    print(f"{result['rounds']} rounds; medians; ratio = time / the P-only cold start's in this run "
+          f"(wall {base['wall_s'] * 1e3:.0f} ms, CPU {base['cpu_s'] * 1e3:.0f} ms)\n")
+    print(f"{'case':100s} {'wall':>8s} {'ratio':>6s} {'CPU':>8s} {'ratio':>6s}  wall spread / rate")
+    for c in result["cases"]:
+        w, cpu = c["wall_s"], c["cpu_s"]
+        if "wall_range_s" in c:
+            extra = f"{c['wall_range_s'][0] / base['wall_s']:.2f}-{c['wall_range_s'][1] / base['wall_s']:.2f}×"
+        elif c["key"] == "sweep-later":
+            extra = f"{n / w / 1e6:.1f}M configurations/s wall, {n / cpu / 1e6:.1f}M CPU"
+        elif c["key"] == "replay":
+            extra = f"{events / w / 1e6:.2f}M events/s wall, {events / cpu / 1e6:.2f}M CPU"
+        else:
+            extra = ""
+        print(f"{c['case']:100s} {w * 1e3:6.0f}ms {w / base['wall_s']:5.2f}× {cpu * 1e3:6.0f}ms "
+              f"{cpu / base['cpu_s']:5.2f}×  {extra}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=7, help="rounds (default 7)")
+    ap.add_argument("--json", metavar="PATH", help="also write the medians there (data/speed.json: the "
+                    "README's and docs/speed.md's figures, `python -m validate docs`)")
+    args = ap.parse_args()
+    result = measure(args.repeat)
+    show(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+
 
 if __name__ == "__main__":
     main()

@@ -120,41 +120,26 @@ def test_a_free_of_a_block_from_before_the_sequence_is_ignored_and_bad_events_ar
         replay([("realloc", "a", 1, 0)])
 
 
-def _facts(path):
-    """(replayable: started with an empty cache, or lists the segments cached at its start; started from
-    a cache; calls empty_cache), read once per history at collection: a history is large to load."""
-    from validate.snapshot import allocator_events, load, start_segments
-    snap = load(path)
-    return (snap["zerocalc_base_reserved"] == 0 or bool(start_segments(snap)), snap["zerocalc_base_reserved"] > 0,
-            ("empty_cache",) in allocator_events(snap["device_traces"][0]))
+def _replayable(snap) -> bool:
+    """Started with an empty cache, or lists the segments cached at its start."""
+    from validate.snapshot import start_segments
+    return snap["zerocalc_base_reserved"] == 0 or bool(start_segments(snap))
 
 
-HISTORIES = sorted(glob.glob("data/snapshots/t[3456]-*/*.json.gz"))
-FACTS = {p: _facts(p) for p in HISTORIES}
-REPLAYABLE = [p for p in HISTORIES if FACTS[p][0]]
+HISTORIES = sorted(glob.glob("data/snapshots/t[3456]-*/*.json.gz"))   # loaded by the tests, not at collection
 
 
-@pytest.mark.slow   # loads a recorded history (the quick loop: pytest -m 'not slow')
-@pytest.mark.parametrize("path", REPLAYABLE, ids=lambda p: "/".join(p.split("/")[-2:])[:60])
-def test_replaying_a_real_history_makes_the_segments_it_recorded(path):
-    """Real DeepSpeed jobs on an H200, from model build to the end of warm-up: GPT and Llama, stages
-    0-3, N = 1 and 2, with and without offload and checkpointing; first jobs of a process and later
-    ones starting from the cache the earlier left (the segments listed); stage 3 on up to three
-    streams, its init emptying the cache. Replayed at the addresses cudaMalloc returned: every
-    cudaMalloc the allocator recorded (size, stream, order), and so the reserved peak."""
-    from validate.snapshot import allocator_events, load, reserved_replay, segment_addresses, start_segments
-    snap = load(path)
-    trace = snap["device_traces"][0]
-    recorded = [(e["size"], e["stream"]) for e in trace if e["action"] == "segment_alloc"]
-    r = replay(allocator_events(trace), start_segments(snap), segment_addresses=segment_addresses(trace))
-    assert [(s.size_bytes, s.stream) for s in r.segments] == recorded
-    assert r.peak_reserved_bytes == reserved_replay(trace)[0]
-
-
+@pytest.mark.slow   # loads every recorded history (the quick loop: pytest -m 'not slow')
 def test_the_committed_histories_cover_a_start_from_a_cache_and_an_empty_cache_call():
-    assert len(REPLAYABLE) == 66 and len(HISTORIES) == 68
-    assert any(FACTS[p][1] for p in REPLAYABLE)
-    assert any(FACTS[p][2] for p in REPLAYABLE)
+    from validate.snapshot import allocator_events, load
+    facts = []   # (started from a cache, calls empty_cache) of each replayable history, one loaded at a time
+    for path in HISTORIES:
+        snap = load(path)
+        if _replayable(snap):
+            emptied = ("empty_cache",) in allocator_events(snap["device_traces"][0])
+            facts.append((snap["zerocalc_base_reserved"] > 0, emptied))
+    assert len(facts) == 66 and len(HISTORIES) == 68
+    assert any(cached for cached, _ in facts) and any(emptied for _, emptied in facts)
 
 
 def test_releases_say_when_and_what_empty_cache_returned():
@@ -175,13 +160,28 @@ def _collapse_releases(timeline):
 
 
 @pytest.mark.slow   # loads a recorded history (the quick loop: pytest -m 'not slow')
-@pytest.mark.parametrize("path", REPLAYABLE, ids=lambda p: "/".join(p.split("/")[-2:])[:60])
-def test_the_reserved_timeline_follows_the_recorded_one_step_by_step(path):
-    """Every cudaMalloc, in order and to the byte, and what each `empty_cache` returned; the simulation
-    places a new segment at the allocation that causes it, right after the recorded segment event
-    (the allocator logs the cudaMalloc first)."""
-    from validate.snapshot import load, reserved_timelines
-    recorded, simulated = map(_collapse_releases, reserved_timelines(load(path)))
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: "/".join(p.split("/")[-2:])[:60])
+def test_replaying_a_real_history_makes_its_segments_and_follows_its_reserved_timeline(path):
+    """Real DeepSpeed jobs on an H200, from model build to the end of warm-up: GPT and Llama, stages
+    0-3, N = 1 and 2, with and without offload and checkpointing; first jobs of a process and later
+    ones starting from the cache the earlier left (the segments listed); stage 3 on up to three
+    streams, its init emptying the cache. Replayed at the addresses cudaMalloc returned: every
+    cudaMalloc the allocator recorded (size, stream, order), and so the reserved peak; and the reserved
+    timeline step by step, with what each `empty_cache` returned: the simulation places a new segment
+    at the allocation that causes it, right after the recorded segment event (the allocator logs the
+    cudaMalloc first)."""
+    from validate.snapshot import (allocator_events, load, reserved_replay, reserved_timelines,
+                                   segment_addresses, start_segments)
+    snap = load(path)
+    if not _replayable(snap):
+        pytest.skip("started from a cache whose segments it does not list")
+    trace = snap["device_traces"][0]
+    recorded = [(e["size"], e["stream"]) for e in trace if e["action"] == "segment_alloc"]
+    r = replay(allocator_events(trace), start_segments(snap), segment_addresses=segment_addresses(trace))
+    assert [(s.size_bytes, s.stream) for s in r.segments] == recorded
+    assert r.peak_reserved_bytes == reserved_replay(trace)[0]
+
+    recorded, simulated = map(_collapse_releases, reserved_timelines(snap))
     assert [v for _, v in recorded] == [v for _, v in simulated]
     grown = [(r[0], s[0]) for r, s, prev in zip(recorded, simulated, [(0, 0)] + recorded) if r[1] > prev[1]]
     assert all(0 < js - jr <= 2 for jr, js in grown)
@@ -234,7 +234,7 @@ def _measured_expandable_reserved(history_path):
 
 
 @pytest.mark.slow   # loads a recorded history (the quick loop: pytest -m 'not slow')
-@pytest.mark.parametrize("path", [p for p in REPLAYABLE if "t3-warmup-b/" in p or "a8545fd141" in p],
+@pytest.mark.parametrize("path", [p for p in HISTORIES if "t3-warmup-b/" in p or "a8545fd141" in p],
                          ids=lambda p: "/".join(p.split("/")[-2:])[:60])
 def test_expandable_what_if_from_a_default_history_matches_the_expandable_job(path):
     """The allocations of a job run with the default allocator, replayed as expandable_segments:True,
@@ -244,6 +244,7 @@ def test_expandable_what_if_from_a_default_history_matches_the_expandable_job(pa
     measured = _measured_expandable_reserved(path)
     assert measured is not None
     snap = load(path)
+    assert _replayable(snap)
     r = replay(allocator_events(snap["device_traces"][0]), start_segments(snap), expandable_segments=True)
     predicted = r.peak_reserved_bytes + snap["zerocalc_base_reserved"]
     assert abs(predicted / measured - 1) < 0.02

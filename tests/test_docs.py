@@ -103,3 +103,29 @@ def test_the_summary_table_by_hand():
     assert table[4] == "| peak allocated | 4 | 1.50% | 17.3% | 20.0% | 3 within 5% |"
     by_stage = markdown_by_stage(ok, "now_peak_allocated_bytes", "measured_peak_allocated_bytes", 0.05)
     assert by_stage.splitlines()[2] == "| 2 | 4 | 3 | 1.50% | 17.3% | 20.0% |"
+
+
+def test_speed_figures_are_ratios_to_the_cold_start_of_the_same_run():
+    # CPU seconds of one run: estimate with an architecture 0.30 / 0.20 = 1.5×, the plan 0.36 / 0.20 = 1.8×,
+    # the sweep 1e6 configurations in 0.05 s = 20M/s; the machine up to its first ';'.
+    measured = {"machine": "2 cores, Some CPU; Python 3.11.7; load average 0.10 at the start", "date": "2026-01-02",
+                "commit": "abc1234", "rounds": 3, "sweep_configurations": 1_000_000,
+                "cases": [{"key": "baseline", "case": "P-only", "wall_s": 0.25, "cpu_s": 0.20},
+                          {"key": "estimate-arch", "case": "arch", "wall_s": 0.40, "cpu_s": 0.30},
+                          {"key": "plan-70b", "case": "plan", "wall_s": 0.50, "cpu_s": 0.36},
+                          {"key": "sweep-later", "case": "sweep", "wall_s": 0.05, "cpu_s": 0.05}]}
+    assert docs.speed("summary", measured) == (
+        "2 cores, Some CPU, 2026-01-02, CPU time: `estimate --params 7e9 --dp 8` 200 ms cold; "
+        "`--model llama-2-7b --seq-len 4096 --gpu h100` 1.5× that; the 70B `plan` 1.8×; `sweep` 20M configurations/s.")
+    table = docs.speed("table", measured).splitlines()
+    assert table[0].startswith("Measured on 2 cores, Some CPU (2026-01-02, commit abc1234), 3 rounds")
+    assert table[-3] == "| arch | 400 ms | 1.60× | 300 ms | 1.50× |"
+
+
+def test_the_committed_speed_run_is_a_full_one():
+    import json
+    with open(docs.SPEED) as f:
+        measured = json.load(f)
+    assert measured["rounds"] >= 5 and measured["machine"].startswith(("1 cores", "2 cores"))
+    assert {"baseline", "estimate-arch", "plan-70b", "sweep-first", "sweep-later", "replay"} <= \
+        {c["key"] for c in measured["cases"]}

@@ -2,6 +2,7 @@
 for a tiny model, and its reserved peak against the recorded H200 allocator histories."""
 import glob
 import os
+from functools import lru_cache
 
 import pytest
 
@@ -193,10 +194,16 @@ FRESH_HISTORIES = [
 ]
 
 
+@lru_cache(maxsize=None)
+def _history_rows():
+    """Every committed H200 row, read once per process (1.4 s of CPU on two cores)."""
+    pd = pytest.importorskip("pandas")
+    return pd.concat([pd.read_csv(p) for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv"))])
+
+
 @pytest.mark.slow   # generates and replays a full-size job (the quick loop: pytest -m 'not slow')
 @pytest.mark.parametrize("name, recorded_gib, tolerance", FRESH_HISTORIES)
 def test_generated_reserved_against_a_fresh_process_history(name, recorded_gib, tolerance):
-    pd = pytest.importorskip("pandas")
     from validate import snapshot
     from validate.jobs import to_zerocalc
     from validate.rows import job_from_row
@@ -205,7 +212,7 @@ def test_generated_reserved_against_a_fresh_process_history(name, recorded_gib, 
     recorded = allocator.replay(snapshot.allocator_events(trace), segment_addresses=snapshot.segment_addresses(trace))
     assert recorded.peak_reserved_bytes / GiB == pytest.approx(recorded_gib, abs=0.001)   # the history itself
     key = name.split("/")[1]
-    rows = pd.concat([pd.read_csv(p) for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv"))])
+    rows = _history_rows()
     spec, s = to_zerocalc(job_from_row(rows[rows["key"] == key].iloc[-1].to_dict()))
     generated = allocator.replay(sequence.events(spec, s, steps=2)).peak_reserved_bytes   # what a history spans
     assert abs(generated / recorded.peak_reserved_bytes - 1) <= tolerance

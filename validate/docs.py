@@ -14,7 +14,8 @@ import re
 from click.testing import CliRunner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCUMENTS = ("README.md", "docs/accuracy.md")
+DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md")
+SPEED = os.path.join(ROOT, "data", "speed.json")   # `python benchmarks/run_all.py --json data/speed.json`
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 
 # The README's examples: each is run through the CLI and its output shown up to the end of its table,
@@ -62,6 +63,30 @@ def hf_summary() -> str:
     return (f"Models read from their own code ([{len(ok)} H200 jobs](docs/hf-validation.md), "
             f"{ok['hf_model_type'].nunique()} other families, {lo:.1f}–{hi:.1f}B): state and comm exact; peak "
             f"allocated within 3% and reserved within 8% on every job.")
+
+
+def speed(name: str, measured: dict) -> str:
+    """The speed figures, from one run of `benchmarks/run_all.py` (data/speed.json): each a ratio to the
+    P-only cold start measured in the same run, the absolute times beside them, the machine named.
+    `summary`: the README's sentence; `table`: every case (docs/speed.md)."""
+    cases = {c["key"]: c for c in measured["cases"]}
+    base = cases["baseline"]
+
+    def ratio(key):
+        return f"{cases[key]['cpu_s'] / base['cpu_s']:.1f}×"
+    where = f"on {measured['machine'].split(';')[0]} ({measured['date']}, commit {measured['commit']})"
+    if name == "summary":
+        return (f"{measured['machine'].split(';')[0]}, {measured['date']}, CPU time: `estimate --params 7e9 --dp 8` "
+                f"{base['cpu_s'] * 1e3:.0f} ms cold; `--model llama-2-7b --seq-len 4096 --gpu h100` "
+                f"{ratio('estimate-arch')} that; the 70B `plan` {ratio('plan-70b')}; `sweep` "
+                f"{measured['sweep_configurations'] / cases['sweep-later']['cpu_s'] / 1e6:.0f}M configurations/s.")
+    if name == "table":
+        lines = [f"Measured {where}, {measured['rounds']} rounds, medians; ratio: to the P-only cold start's time "
+                 "in the same run.", "", "| case | wall | ratio | CPU | ratio |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {c['case']} | {c['wall_s'] * 1e3:.0f} ms | {c['wall_s'] / base['wall_s']:.2f}× | "
+                  f"{c['cpu_s'] * 1e3:.0f} ms | {c['cpu_s'] / base['cpu_s']:.2f}× |" for c in measured["cases"]]
+        return "\n".join(lines)
+    raise KeyError(name)
 
 
 def example(command: str) -> str:
@@ -151,6 +176,10 @@ def generate(name: str, rows) -> str:
         return example(EXAMPLES[name.split(":", 1)[1]])
     if name.startswith("accuracy:"):
         return _accuracy(name.split(":", 1)[1], rows)
+    if name.startswith("speed:"):
+        import json
+        with open(SPEED) as f:
+            return speed(name.split(":", 1)[1], json.load(f))
     raise KeyError(f"unknown generated block {name!r}")
 
 
