@@ -2,6 +2,7 @@
 cores) for every test that checks them (`test_committed_data.py`, `test_docs.py`)."""
 import glob
 import os
+import sys
 
 import pytest
 
@@ -16,6 +17,18 @@ def pytest_configure(config):
     import hf_traces
     hf_traces.seed_cache()
     build_deepspeeds_ops_unoptimized(config)
+    write_bytecode()
+
+
+def write_bytecode():
+    """The test command installs without byte-compiling (`pip install --no-compile`: compiling all of
+    torch and transformers took 106 of the install's 143 s on two cores), so that Python compiles only
+    what is imported, once, where the first process to import it writes the bytecode. Under
+    PYTHONDONTWRITEBYTECODE nothing would be written, and every process of every DeepSpeed launch would
+    compile torch and DeepSpeed from source again (the launches took twice as long): the test run
+    writes it, in this process and those it starts."""
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def build_deepspeeds_ops_unoptimized(config):
