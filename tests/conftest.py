@@ -66,13 +66,15 @@ def committed_crossval():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, setup.cfg), tests that launch DeepSpeed run on one
-    worker, one launch at a time (each launch is 1-8 rank processes: two at once would only fight for the
-    cores), while the other worker takes the single-process tests; the tests that read the committed
-    rows share one worker, so that the session fixture re-predicting them is computed once. First of the
-    hooks: xdist's own (a worker's) reads the groups from the markers."""
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, setup.cfg), the tests of one module that launch
+    DeepSpeed run on one worker, one launch at a time (they share the module's launches), while the
+    other worker takes the other tests: test_against_deepspeed.py's six launches (the first builds
+    DeepSpeed's CPU ops) on one, and the single launches of other modules wherever a worker is free
+    when their turn comes (xdist hands out the larger groups first, then the rest in file order). The
+    tests that read the committed rows share one worker, so that the session fixture re-predicting them
+    is computed once. First of the hooks: xdist's own (a worker's) reads the groups from the markers."""
     for item in items:
         if item.get_closest_marker("deepspeed"):
-            item.add_marker(pytest.mark.xdist_group("deepspeed"))
+            item.add_marker(pytest.mark.xdist_group(f"deepspeed-{item.module.__name__}"))
         elif {"committed_rows", "committed_crossval"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("committed"))

@@ -187,9 +187,12 @@ def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFra
     from zerocalc import calibration, timing
     from zerocalc.hardware import gpu
     cal = calibration.default()
+    estimates = {}   # a configuration's repeated jobs (timed three times, say) share one estimate
     for i, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
-        e = estimate(spec, setup, hardware=gpu("h200"))
+        e = estimates.get((spec, setup))
+        if e is None:
+            e = estimates[spec, setup] = estimate(spec, setup, hardware=gpu("h200"))
         # Step time on the row's own host speed where it was probed before each timed step
         # (rows.at_row_host), and as `zerocalc estimate --gpu h200` prints it, at the fitted hosts' speed.
         row_cal = at_row_host(cal, r.to_dict())
