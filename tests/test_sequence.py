@@ -202,6 +202,7 @@ def _history_rows():
 
 
 @pytest.mark.slow   # generates and replays a full-size job (the quick loop: pytest -m 'not slow')
+@pytest.mark.xdist_group("committed")   # with the other readers of the committed rows, read once there
 @pytest.mark.parametrize("name, recorded_gib, tolerance", FRESH_HISTORIES)
 def test_generated_reserved_against_a_fresh_process_history(name, recorded_gib, tolerance):
     from validate import snapshot

@@ -115,6 +115,7 @@ def _stream(layers_key):
 
 
 @pytest.mark.slow   # traces the stream (8 fake-tensor steps) and a 6-layer model
+@pytest.mark.xdist_group("tiny-llama-stream")   # both on one worker, which traces the stream once
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpointing):
     """The 4-layer stream played for 6 layers at another shape (B 2, s 24) is the 6-layer model's own
@@ -153,6 +154,7 @@ def _llama_stream(arch):
 
 
 @pytest.mark.slow   # traces two Llamas and replays full-size jobs
+@pytest.mark.xdist_group("committed")   # with the other readers of the committed rows: one worker reads and traces once
 @pytest.mark.parametrize("name, recorded_gib", LLAMA_HISTORIES)
 def test_the_traced_llama_reproduces_the_recorded_histories(name, recorded_gib):
     """The Llama histories the transcription reproduces to 0.1% (`tests/test_sequence.py`), generated
