@@ -67,13 +67,17 @@ def committed_crossval():
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`, setup.cfg), the tests of one module that launch
-    DeepSpeed run on one worker, one launch at a time (they share the module's launches), while the
-    other worker takes the other tests: test_against_deepspeed.py's six launches (the first builds
-    DeepSpeed's CPU ops) on one, and the single launches of other modules wherever a worker is free
-    when their turn comes (xdist hands out the larger groups first, then the rest in file order). The
+    DeepSpeed run on one worker, one launch at a time, unless the module groups them itself:
+    test_against_deepspeed.py's four launches of their own on one worker, and its 2-rank launch (with
+    the two tests that read it) first on the other, the worker of the committed rows' readers (whichever
+    launch comes first builds DeepSpeed's CPU ops; a launch that needs one being built waits for it).
+    The single launches of other modules run wherever a worker is free when their turn comes (xdist
+    hands out the larger groups first, each in file order, then the rest in file order). The
     tests that read the committed rows share one worker, so that the session fixture re-predicting them
     is computed once. First of the hooks: xdist's own (a worker's) reads the groups from the markers."""
     for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue                                   # grouped in its module
         if item.get_closest_marker("deepspeed"):
             item.add_marker(pytest.mark.xdist_group(f"deepspeed-{item.module.__name__}"))
         elif {"committed_rows", "committed_crossval"} & set(getattr(item, "fixturenames", ())):

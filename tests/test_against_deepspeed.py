@@ -93,6 +93,7 @@ def assert_exact(df):
     assert (now["measured_scalar_bytes"] <= 13).all()   # grad norm (4 or 8) + overflow buf (4) + nan flag (1)
 
 
+@pytest.mark.xdist_group("committed")   # the 2-rank launch's tests: on the other worker than the 4 launches below
 def test_contract_command_all_stages_bf16(two_ranks, tmp_path):
     """The issue's contract: stages 0-3, bf16, 2 ranks, a model given by its shape. Its four jobs ran in
     the module's 2-rank launch: the command, run on a copy of those rows, finds all four of its jobs
@@ -113,6 +114,7 @@ def test_contract_command_all_stages_bf16(two_ranks, tmp_path):
     assert left_in_shm == []
 
 
+@pytest.mark.xdist_group("committed")
 def test_matrix_two_ranks(two_ranks):
     """Odd sizes (padding), fp32 and bf16, GAS 1 and 2, bucket sizes, the stage-3 knobs, BF16_Optimizer,
     SGD with momentum, zero.Init, CPU offload of optimizer and parameters (on the CPU backend the
