@@ -1,8 +1,6 @@
 """The generated allocation sequence (`zerocalc.sequence`): what it leaves alive, worked out by hand
 for a tiny model, and its reserved peak against the recorded H200 allocator histories."""
-import glob
 import os
-from functools import lru_cache
 
 import pytest
 
@@ -11,6 +9,8 @@ from zerocalc.arch import Architecture, preset
 from zerocalc.estimate import estimate
 from zerocalc.model import from_architecture
 from zerocalc.training import OPTIMIZERS, Setup, Stage
+
+import history_jobs  # tests/
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB, GiB = 2**20, 2**30
@@ -194,27 +194,17 @@ FRESH_HISTORIES = [
 ]
 
 
-@lru_cache(maxsize=None)
-def _history_rows():
-    """Every committed H200 row, read once per process (1.4 s of CPU on two cores)."""
-    pd = pytest.importorskip("pandas")
-    return pd.concat([pd.read_csv(p) for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv"))])
-
-
 @pytest.mark.slow   # generates and replays a full-size job (the quick loop: pytest -m 'not slow')
 @pytest.mark.xdist_group("committed")   # with the other readers of the committed rows, read once there
 @pytest.mark.parametrize("name, recorded_gib, tolerance", FRESH_HISTORIES)
 def test_generated_reserved_against_a_fresh_process_history(name, recorded_gib, tolerance):
     from validate import snapshot
     from validate.jobs import to_zerocalc
-    from validate.rows import job_from_row
     snap = snapshot.load(os.path.join(ROOT, "data", "snapshots", name + ".json.gz"))
     trace = snap["device_traces"][0]
     recorded = allocator.replay(snapshot.allocator_events(trace), segment_addresses=snapshot.segment_addresses(trace))
     assert recorded.peak_reserved_bytes / GiB == pytest.approx(recorded_gib, abs=0.001)   # the history itself
-    key = name.split("/")[1]
-    rows = _history_rows()
-    spec, s = to_zerocalc(job_from_row(rows[rows["key"] == key].iloc[-1].to_dict()))
+    spec, s = to_zerocalc(history_jobs.job(name))
     generated = allocator.replay(sequence.events(spec, s, steps=2)).peak_reserved_bytes   # what a history spans
     assert abs(generated / recorded.peak_reserved_bytes - 1) <= tolerance
 

@@ -1,7 +1,6 @@
 """A traced model's allocation stream (`zerocalc.hf.memtrace.step_stream`, played by
 `zerocalc.sequence._TracedStep`) against the hand-written Llama sequence (`tests/transcribed_sequence.py`) and
 the recorded H200 allocator histories (`data/snapshots/`): the transcription is the oracle."""
-import glob
 import os
 from dataclasses import asdict, replace
 from functools import lru_cache
@@ -17,6 +16,7 @@ from zerocalc import arch as A  # noqa: E402
 from zerocalc.hf import memtrace, trace  # noqa: E402
 from zerocalc.training import Setup, Stage  # noqa: E402
 
+import history_jobs  # noqa: E402
 import played_step  # noqa: E402
 import transcribed_sequence  # noqa: E402  (tests/: the hand-written layers, the oracle)
 
@@ -130,13 +130,6 @@ def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpoint
     assert played_step.played(spec, setup) == played_step.recorded(raw)
 
 
-@lru_cache(maxsize=None)
-def _history_rows():
-    """Every committed H200 row, read once per process (1.4 s of CPU on two cores)."""
-    pd = pytest.importorskip("pandas")
-    return pd.concat([pd.read_csv(p) for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv"))])
-
-
 LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, and what they reserved (GiB)
     ("t4-warmup/hf-llama-h768-l12-s2-bf16-n1-b1x2048-gas1-0d2548528e", 3.455),
     ("t4-warmup/hf-llama-h2048-l22-s2-bf16-n2-b2x1024-gas1-a948bae5f0", 18.561),
@@ -161,9 +154,7 @@ def test_the_traced_llama_reproduces_the_recorded_histories(name, recorded_gib):
     from the traced stream of the same model in place of the transcribed layer: the same to 0.1%."""
     from validate import snapshot
     from validate.jobs import to_zerocalc
-    from validate.rows import job_from_row
-    rows = _history_rows()
-    job = job_from_row(rows[rows["key"] == name.split("/")[1]].iloc[-1].to_dict())
+    job = history_jobs.job(name)
     job["arch"] = {k: (False if v is None and k.endswith("_bias") else v) for k, v in job["arch"].items()}
     spec, s = to_zerocalc(job)
     traced = replace(spec, profile=SimpleNamespace(stream=_llama_stream(spec.architecture)), transcribed=False)
