@@ -149,6 +149,11 @@ def test_verdict_and_values_match_deepspeed(cfg):
                                                                                     "reduce_bucket_size": 5e8}},
     {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "sub_group_size": 0,
                                                                 "stage3_max_live_parameters": 2**70}},
+    # "auto" is dropped before the duplicate check: the other spelling's value is taken
+    {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0, "prefetch_bucket_size": 0,
+                                                                "stage3_prefetch_bucket_size": "auto"}},
+    {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 7,
+                                                                "max_live_parameters": "auto"}},
 ])
 def test_accepted_examples_read_alike(cfg):
     """A few accepted configs by hand (the property test may not draw them)."""

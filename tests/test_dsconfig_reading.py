@@ -88,3 +88,14 @@ def test_batch_follows_deepspeeds_rule():
         dsconfig.resolve_batch(10, 4, None, 8)        # 10 // 4 // 8 = 0 accumulation steps
     with pytest.raises(dsconfig.DsConfigError, match="neither train_batch_size"):
         dsconfig.resolve_batch(None, None, 2, 1, from_config=True)
+
+
+def test_auto_under_one_spelling_and_a_value_under_the_other():
+    """DeepSpeed drops "auto" values before pydantic reads the block, so the other spelling's value
+    stands, and there is nothing left for Trainer's hidden-size fill (0.9 × 4096² = 15,099,494)."""
+    ds = dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "prefetch_bucket_size": 1000, "stage3_prefetch_bucket_size": "auto"}}, hidden_size=4096)
+    assert ds.fields["prefetch_bucket_size"] == 1000
+    ds = dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "stage3_prefetch_bucket_size": "auto"}}, hidden_size=4096)
+    assert ds.fields["prefetch_bucket_size"] == 15_099_494

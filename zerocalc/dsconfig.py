@@ -244,11 +244,11 @@ def _model(block: dict, schema: dict, prefix: str, aliases: dict | None = None, 
         if name not in schema:
             raise DsConfigError(f"{prefix}.{key} = {_show(value)}: DeepSpeed 0.19.8 has no such key (it refuses "
                                 f"unknown keys here)")
+        if drop_auto and value == "auto":   # dropped before pydantic sees the block, so never a duplicate
+            continue
         if name in seen:
             raise DsConfigError(f"{prefix}.{key}: given twice, as {seen[name]} and {key}")
         seen[name] = key
-        if drop_auto and value == "auto":
-            continue
         out[name] = _coerce(schema[name], f"{prefix}.{key}", value)
     return out
 
@@ -274,8 +274,10 @@ def read_zero(zero) -> ZeroConfig:
     for removed in REMOVED_ZERO:
         if removed in zero:
             raise DsConfigError(f"{key}.{removed}: removed in DeepSpeed 0.19.8, which refuses it")
-    auto = tuple(ZERO_ALIASES.get(k, k) for k, v in zero.items() if v == "auto")
     values = _model(zero, ZERO_FIELDS, key, ZERO_ALIASES)
+    # "auto" under one name and a value under the other (prefetch_bucket_size and its stage3_ alias): the value
+    auto = tuple(n for n in dict.fromkeys(ZERO_ALIASES.get(k, k) for k, v in zero.items() if v == "auto")
+                 if n not in values)
     stage = values.get("stage", 0)
     offloads = {}
     for name, schema in (("offload_param", OFFLOAD_PARAM_FIELDS), ("offload_optimizer", OFFLOAD_OPTIMIZER_FIELDS)):
