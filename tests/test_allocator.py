@@ -182,7 +182,7 @@ def test_replaying_a_real_history_makes_its_segments_and_follows_its_reserved_ti
     assert [(s.size_bytes, s.stream) for s in r.segments] == recorded
     assert r.peak_reserved_bytes == reserved_replay(trace)[0]
 
-    recorded, simulated = map(_collapse_releases, reserved_timelines(snap))
+    recorded, simulated = map(_collapse_releases, reserved_timelines(snap, r))
     assert [v for _, v in recorded] == [v for _, v in simulated]
     grown = [(r[0], s[0]) for r, s, prev in zip(recorded, simulated, [(0, 0)] + recorded) if r[1] > prev[1]]
     assert all(0 < js - jr <= 2 for jr, js in grown)

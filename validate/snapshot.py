@@ -120,13 +120,15 @@ def segment_addresses(trace) -> list[int]:
     return [e["addr"] for e in trace if e["action"] == "segment_alloc"]
 
 
-def reserved_timelines(snap: dict) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def reserved_timelines(snap: dict, simulated=None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Reserved bytes (growth since the history began) after each change, by trace index: as the
-    allocator recorded it, and as `zerocalc.allocator` simulates it from the allocations alone."""
+    allocator recorded it, and as `zerocalc.allocator` simulates it from the allocations alone
+    (`simulated`: that replay where the caller has it, `replay(allocator_events(trace), ...)`)."""
     from zerocalc.allocator import replay as simulate
     trace = snap["device_traces"][0]
     at = list(_allocator_events_at(trace))
-    sim = simulate([e for _, e in at], start_segments(snap), segment_addresses=segment_addresses(trace))
+    sim = simulated if simulated is not None else \
+        simulate([e for _, e in at], start_segments(snap), segment_addresses=segment_addresses(trace))
     changes = [(at[i][0], delta) for i, delta in sim.reserved_changes()]
     recorded = [(j, e["size"] if e["action"] == "segment_alloc" else -e["size"])
                 for j, e in enumerate(trace) if e["action"] in ("segment_alloc", "segment_free")]
