@@ -40,3 +40,20 @@ def test_a_file_that_is_not_a_snapshot_is_a_usage_error(tmp_path):
     bad.write_text("not a pickle")
     result = CliRunner().invoke(main, ["snapshot", str(bad)])
     assert result.exit_code == 2 and "not a torch memory snapshot" in result.output
+
+
+def test_a_compacted_history_reads_back_and_its_totals_and_actions_without_the_trace(tmp_path):
+    import gzip
+    import json
+
+    from validate.snapshot import compact, load, totals_and_actions
+    snap = {"device_traces": [TRACE], "zerocalc_base_allocated": 2**30, "zerocalc_base_reserved": 2**31}
+    path = tmp_path / "s.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(compact(snap), f)
+    back = load(str(path))
+    assert [(e["action"], e["addr"], e["size"]) for e in back["device_traces"][0]] == \
+        [(e["action"], e["addr"], e["size"]) for e in TRACE]
+    totals, actions = totals_and_actions(str(path))
+    assert totals == {"zerocalc_base_allocated": 2**30, "zerocalc_base_reserved": 2**31}
+    assert actions == {"segment_alloc", "alloc", "free_requested", "free_completed"}

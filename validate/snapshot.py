@@ -84,6 +84,14 @@ def load(path: str) -> dict:
         return pickle.load(f)
 
 
+def totals_and_actions(path: str) -> tuple[dict, set[str]]:
+    """A compacted history's totals (its `zerocalc_` keys, as `load` gives them) and the set of its
+    events' actions, without building the trace: what a question about many histories needs."""
+    with gzip.open(path, "rt") as f:
+        c = json.load(f)
+    return {k: v for k, v in c.items() if k.startswith("zerocalc_")}, {e[0] for e in c["events"]}
+
+
 def start_segments(snap: dict):
     """The cache's segments when the history began, as `zerocalc.allocator.replay` takes them: what
     the worker recorded, or none (a history that started clean, or an older one that did not list
