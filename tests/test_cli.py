@@ -286,3 +286,23 @@ def test_every_example_in_the_help_runs(command):
     for ex in runnable:
         r = CliRunner().invoke(main, shlex.split(ex)[1:])
         assert r.exit_code == 0, (ex, r.output)
+
+
+@pytest.mark.parametrize("flags, says", [
+    ([], None),
+    (["--stage", "2", "--offload-optimizer", "cpu"], "offload: optim with optimizer offload lie in host memory"),
+    (["--stage", "3", "--offload-param", "cpu"], "offload: params with parameter offload lie in host memory"),
+    (["--stage", "3", "--offload-optimizer", "nvme", "--offload-param", "cpu"],
+     "offload: optim with optimizer offload and params with parameter offload lie in host memory"),
+])
+def test_the_table_says_which_columns_an_offload_keeps_on_the_host(flags, says):
+    """The optim and params columns are the states' sizes wherever they live. With optimizer offload at
+    stage 2 (7B, N = 8) optim is 12 B × 7e9 / 8 = 10.5e9 B, and the GPU's peak, the init's module
+    parameters beside the flat buffer (2 × 2 B × 7e9 = 28e9 B), does not include it."""
+    r = run("--params", "7e9", "--dp", "8", *flags)
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("offload:")]
+    assert lines == ([] if says is None else [says + ": counted in host/rank, not in peak or reserved."])
+    if flags[:2] == ["--stage", "2"]:
+        e = json.loads(run("--params", "7e9", "--dp", "8", *flags, "--format", "json").output)["estimates"][0]
+        assert (e["per_rank_bytes"]["optimizer_states"], e["peak_bytes"]) == (10_500_000_000, 28_000_000_000)

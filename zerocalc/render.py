@@ -115,6 +115,12 @@ def as_table(estimates, host_note: str | None = None) -> str:
               "host/rank = the process's peak resident host memory (runtime, the model built on the CPU, DeepSpeed's",
               f"pinned and pageable buffers; docs/host-memory.md); host/node = host/rank × {e0.host_ranks} ranks per node;",
               "fits also needs host/node <= --host-memory where given, and NO names the side that does not fit."]
+    on_host = [what for what, kind in (("optim with optimizer offload", "offload_optimizer"),
+                                       ("params with parameter offload", "offload_param"))
+               if any(getattr(e.setup, kind) != "none" for e in estimates)]
+    if on_host:     # the columns are the states' sizes wherever they live; peak is the GPU's
+        lines.append(f"offload: {' and '.join(on_host)} lie in host memory: counted in host/rank, not in peak or "
+                     "reserved.")
     if e0.host_memory_bytes is not None:
         lines.append(f"Host memory: {gib(e0.host_memory_bytes):.0f} GiB per node"
                      + (f" ({host_note})" if host_note else "") + ".")
