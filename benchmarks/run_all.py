@@ -4,10 +4,12 @@ the machine named), so a figure is re-measured wherever it is quoted rather than
 
     python benchmarks/run_all.py [--repeat 7] [--json data/speed.json]
 
-Cold cases are fresh processes, run round-robin (one of each per round) so that a loaded machine
-slows them alike; each reports the median over rounds of its wall time and of its CPU time (user +
-system, from the kernel's accounting of the child), and the ratio of each to the baseline's. Bytecode
-is allowed (the environment's PYTHONDONTWRITEBYTECODE removed) but for the row that sets it.
+Cold cases are fresh processes, run round-robin (one of each per round), each run just after a run of
+the baseline; each case reports the median over rounds of its wall time and of its CPU time (user +
+system, from the kernel's accounting of the child), and the median of its ratios to the baseline run
+beside it (a loaded or throttled machine slows a pair alike). Bytecode is allowed (the environment's
+PYTHONDONTWRITEBYTECODE removed) but for the row that sets it, which runs a copy of the package never
+compiled.
 In-process cases (the sweep, the allocator replay) run in a fresh process each round too (their first
 call pays for empty caches) and report wall and CPU time likewise.
 Prints numbers, asserts nothing: a benchmark, not a test. It replaces sweep_and_plan.py; cold_start.py
@@ -19,27 +21,36 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "zerocalc.cli"]
+ARCH_ARGS = ["estimate", "--model", "llama-2-7b", "--dp", "8", "--seq-len", "4096", "--micro-batch", "1", "--gpu", "h100"]
+SCRATCH = "<scratch>"     # a case's PYTHONPATH: run from a fresh copy of the package (`measure`)
 # (key, what, command, environment); the keys name the figures data/speed.json gives the documents.
 BASELINE = ("baseline", "P-only cold start: estimate --params 7e9 --dp 8", CLI + ["estimate", "--params", "7e9", "--dp", "8"], {})
 COLD = [
     BASELINE,
     ("estimate-arch", "estimate --model llama-2-7b --dp 8 --seq-len 4096 --micro-batch 1 --gpu h100",
-     CLI + ["estimate", "--model", "llama-2-7b", "--dp", "8", "--seq-len", "4096", "--micro-batch", "1",
-            "--gpu", "h100"], {}),
+     CLI + ARCH_ARGS, {}),
+    # the same command's replays alone, timed inside it: its times are the replays' (`timed_replays.py`)
+    ("replay-arch", "the allocator replays inside that command (timed in its process)",
+     [sys.executable, os.path.join(ROOT, "benchmarks", "timed_replays.py")] + ARCH_ARGS, {}),
     ("plan-70b", "plan --params 70e9 --gpu h100 --gpu-memory 80GiB --max-gpus 64 --seq-len 4096 --global-batch 1024",
      CLI + ["plan", "--params", "70e9", "--gpu", "h100", "--gpu-memory", "80GiB", "--max-gpus", "64",
             "--seq-len", "4096", "--global-batch", "1024"], {}),
     ("plan-70b-min-gpus", "the same plan with --min-gpus",
      CLI + ["plan", "--params", "70e9", "--gpu", "h100", "--gpu-memory", "80GiB", "--max-gpus", "64",
             "--seq-len", "4096", "--global-batch", "1024", "--min-gpus"], {}),
-    ("no-bytecode", "P-only cold start with PYTHONDONTWRITEBYTECODE=1", BASELINE[2], {"PYTHONDONTWRITEBYTECODE": "1"}),
+    # a copy of the package never compiled (no __pycache__), run from its folder: an editable checkout
+    # under PYTHONDONTWRITEBYTECODE, which compiles every module at every start
+    ("no-bytecode", "P-only cold start of a never-compiled checkout, PYTHONDONTWRITEBYTECODE=1", BASELINE[2],
+     {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": SCRATCH}),
     ("interpreter", "python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"], {}),
 ]
 
@@ -83,13 +94,16 @@ def machine() -> str:
             f"load average {load:.2f} at the start")
 
 
-def cold(cmd, extra_env) -> tuple[float, float]:
-    """(wall s, CPU s) of one fresh process."""
+def cold(cmd, extra_env, scratch: str = ROOT) -> tuple[float, float]:
+    """(wall s, CPU s) of one fresh process, in the checkout (or in `scratch` where the case says)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra_env)
+    where = ROOT
+    if env["PYTHONPATH"] == SCRATCH:
+        where = env["PYTHONPATH"] = scratch    # and run there: `python -m` looks in its folder first
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -97,31 +111,49 @@ def cold(cmd, extra_env) -> tuple[float, float]:
     p.stderr.close()
     if p.returncode not in (0, 1):      # plan exits 1 when nothing fits
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {err[-2000:]}")
+    last = err.strip().splitlines()[-1:] or [""]
+    if last[0].startswith("replays: "):     # timed_replays.py: the replays' own times
+        return tuple(float(x) for x in last[0].split()[1:])
     return wall, usage.ru_utime + usage.ru_stime
 
 
 def measure(repeat: int) -> dict:
-    """Every case's median wall and CPU seconds over `repeat` rounds, with the machine and the commit."""
-    for _, _, cmd, env in COLD:        # compile bytecode where it may be written; warm the page cache
-        cold(cmd, env)
-    times = {key: [] for key, _, _, _ in COLD}
-    inproc = []
-    for _ in range(repeat):
-        for key, _, cmd, env in COLD:
-            times[key].append(cold(cmd, env))
-        out = subprocess.run([sys.executable, "-c", IN_PROCESS], cwd=ROOT, capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": ROOT}, check=True).stdout
-        inproc.append(json.loads(out))
-    cases = [{"key": key, "case": name, "wall_s": statistics.median(w for w, _ in times[key]),
-              "cpu_s": statistics.median(c for _, c in times[key]),
-              "wall_range_s": [min(w for w, _ in times[key]), max(w for w, _ in times[key])]}
-             for key, name, _, _ in COLD]
+    """Every case's median wall and CPU seconds over `repeat` rounds and its ratios to the baseline: each
+    run is paired with a baseline run just before it, and a ratio is the median of the pairs' (this
+    machine's speed drifts by a third within a minute; a pair sees the same speed), with the machine
+    and the commit."""
+    scratch = tempfile.mkdtemp(prefix="zerocalc-bench-")
+    shutil.copytree(os.path.join(ROOT, "zerocalc"), os.path.join(scratch, "zerocalc"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    base_cmd, base_env = BASELINE[2], BASELINE[3]
+    try:
+        for _, _, cmd, env in COLD:        # compile bytecode where it may be written; warm the page cache
+            cold(cmd, env, scratch)
+        runs = {key: [] for key, _, _, _ in COLD}     # (wall, CPU) of each run
+        pairs = {key: [] for key, _, _, _ in COLD}    # (wall, CPU) of its baseline run
+        inproc, inproc_base = [], []
+        for _ in range(repeat):
+            for key, _, cmd, env in COLD:
+                pairs[key].append(cold(base_cmd, base_env, scratch))
+                runs[key].append(cold(cmd, env, scratch))
+            inproc_base.append(cold(base_cmd, base_env, scratch))
+            out = subprocess.run([sys.executable, "-c", IN_PROCESS], cwd=ROOT, capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": ROOT}, check=True).stdout
+            inproc.append(json.loads(out))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    def case(key, name, times, baselines):
+        ratios = [[t[k] / b[k] for t, b in zip(times, baselines)] for k in (0, 1)]
+        return {"key": key, "case": name, "wall_s": statistics.median(t[0] for t in times),
+                "cpu_s": statistics.median(t[1] for t in times), "wall_ratio": statistics.median(ratios[0]),
+                "cpu_ratio": statistics.median(ratios[1]), "cpu_ratio_range": [min(ratios[1]), max(ratios[1])]}
+    cases = [case(key, name, runs[key], pairs[key]) for key, name, _, _ in COLD]
     n, events = inproc[0]["n"], inproc[0]["events"]
     for key, name in (("sweep-first", f"sweep over {n:,} configurations, first call (stage-3 replays included)"),
                       ("sweep-later", f"sweep over {n:,} configurations, later calls"),
                       ("replay", f"allocator replay of llama-2-7b stage 2 N = 8 4k, {events:,} events")):
-        cases.append({"key": key, "case": name, "wall_s": statistics.median(r[key][0] for r in inproc),
-                      "cpu_s": statistics.median(r[key][1] for r in inproc)})
+        cases.append(case(key, name, [r[key] for r in inproc], inproc_base))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     return {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "commit": commit.strip(), "rounds": repeat,
             "sweep_configurations": n, "replay_events": events, "cases": cases}
@@ -132,21 +164,18 @@ def show(result: dict) -> None:
     base = cases["baseline"]
     n, events = result["sweep_configurations"], result["replay_events"]
     print(f"machine: {result['machine']}")
-    print(f"{result['rounds']} rounds; medians; ratio = time / the P-only cold start's in this run "
-          f"(wall {base['wall_s'] * 1e3:.0f} ms, CPU {base['cpu_s'] * 1e3:.0f} ms)\n")
-    print(f"{'case':100s} {'wall':>8s} {'ratio':>6s} {'CPU':>8s} {'ratio':>6s}  wall spread / rate")
+    print(f"{result['rounds']} rounds; medians; ratio = the median over rounds of time / the P-only cold start's "
+          f"run just before it (wall {base['wall_s'] * 1e3:.0f} ms, CPU {base['cpu_s'] * 1e3:.0f} ms)\n")
+    print(f"{'case':100s} {'wall':>8s} {'ratio':>6s} {'CPU':>8s} {'ratio':>6s}  CPU ratio range / rate")
     for c in result["cases"]:
         w, cpu = c["wall_s"], c["cpu_s"]
-        if "wall_range_s" in c:
-            extra = f"{c['wall_range_s'][0] / base['wall_s']:.2f}-{c['wall_range_s'][1] / base['wall_s']:.2f}×"
-        elif c["key"] == "sweep-later":
-            extra = f"{n / w / 1e6:.1f}M configurations/s wall, {n / cpu / 1e6:.1f}M CPU"
+        extra = f"{c['cpu_ratio_range'][0]:.2f}-{c['cpu_ratio_range'][1]:.2f}×"
+        if c["key"] == "sweep-later":
+            extra += f"; {n / w / 1e6:.1f}M configurations/s wall, {n / cpu / 1e6:.1f}M CPU"
         elif c["key"] == "replay":
-            extra = f"{events / w / 1e6:.2f}M events/s wall, {events / cpu / 1e6:.2f}M CPU"
-        else:
-            extra = ""
-        print(f"{c['case']:100s} {w * 1e3:6.0f}ms {w / base['wall_s']:5.2f}× {cpu * 1e3:6.0f}ms "
-              f"{cpu / base['cpu_s']:5.2f}×  {extra}")
+            extra += f"; {events / w / 1e6:.2f}M events/s wall, {events / cpu / 1e6:.2f}M CPU"
+        print(f"{c['case']:100s} {w * 1e3:6.0f}ms {c['wall_ratio']:5.2f}× {cpu * 1e3:6.0f}ms "
+              f"{c['cpu_ratio']:5.2f}×  {extra}")
 
 
 def main():

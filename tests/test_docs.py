@@ -106,20 +106,29 @@ def test_the_summary_table_by_hand():
 
 
 def test_speed_figures_are_ratios_to_the_cold_start_of_the_same_run():
-    # CPU seconds of one run: estimate with an architecture 0.30 / 0.20 = 1.5×, the plan 0.36 / 0.20 = 1.8×,
-    # the sweep 1e6 configurations in 0.05 s = 20M/s; the machine up to its first ';'.
+    # The ratios are the run's (each the median of a case's paired ratios); the times are shown beside
+    # them: estimate with an architecture 1.5×, the plan 1.8×, the sweep 1e6 configurations in 0.05 s =
+    # 20M/s; the machine up to its first ';'.
+    def case(key, name, wall_s, cpu_s, wall_ratio, cpu_ratio):
+        return {"key": key, "case": name, "wall_s": wall_s, "cpu_s": cpu_s, "wall_ratio": wall_ratio,
+                "cpu_ratio": cpu_ratio, "cpu_ratio_range": [cpu_ratio - 0.1, cpu_ratio + 0.2]}
     measured = {"machine": "2 cores, Some CPU; Python 3.11.7; load average 0.10 at the start", "date": "2026-01-02",
                 "commit": "abc1234", "rounds": 3, "sweep_configurations": 1_000_000,
-                "cases": [{"key": "baseline", "case": "P-only", "wall_s": 0.25, "cpu_s": 0.20},
-                          {"key": "estimate-arch", "case": "arch", "wall_s": 0.40, "cpu_s": 0.30},
-                          {"key": "plan-70b", "case": "plan", "wall_s": 0.50, "cpu_s": 0.36},
-                          {"key": "sweep-later", "case": "sweep", "wall_s": 0.05, "cpu_s": 0.05}]}
+                "cases": [case("baseline", "P-only", 0.25, 0.20, 1.0, 1.0),
+                          case("estimate-arch", "arch", 0.40, 0.30, 1.6, 1.5),
+                          case("plan-70b", "plan", 0.50, 0.36, 2.0, 1.8),
+                          case("sweep-later", "sweep", 0.05, 0.05, 0.2, 0.25)]}
     assert docs.speed("summary", measured) == (
         "2 cores, Some CPU, 2026-01-02, CPU time: `estimate --params 7e9 --dp 8` 200 ms cold; "
         "`--model llama-2-7b --seq-len 4096 --gpu h100` 1.5× that; the 70B `plan` 1.8×; `sweep` 20M configurations/s.")
     table = docs.speed("table", measured).splitlines()
     assert table[0].startswith("Measured on 2 cores, Some CPU (2026-01-02, commit abc1234), 3 rounds")
-    assert table[-3] == "| arch | 400 ms | 1.60× | 300 ms | 1.50× |"
+    assert table[-3] == "| arch | 400 ms | 1.60× | 300 ms | 1.50× | 1.40-1.70× |"
+    # with the replays measured alone (ratio 0.6): 1.5 - 0.6 = 0.90× without them
+    measured["cases"].append(case("replay-arch", "replays", 0.12, 0.12, 0.48, 0.6))
+    table = docs.speed("table", measured).splitlines()
+    assert table[-3] == "| replays | 120 ms | 0.48× | 120 ms | 0.60× | 0.50-0.80× |"
+    assert table[-1].startswith("Less its replays, the `estimate --model llama-2-7b` case would take 0.90× the ")
 
 
 def test_the_committed_speed_run_is_a_full_one():
@@ -127,5 +136,6 @@ def test_the_committed_speed_run_is_a_full_one():
     with open(docs.SPEED) as f:
         measured = json.load(f)
     assert measured["rounds"] >= 5 and measured["machine"].startswith(("1 cores", "2 cores"))
-    assert {"baseline", "estimate-arch", "plan-70b", "sweep-first", "sweep-later", "replay"} <= \
+    assert all("cpu_ratio" in c and "wall_ratio" in c for c in measured["cases"])
+    assert {"baseline", "estimate-arch", "plan-70b", "sweep-first", "sweep-later", "replay", "replay-arch"} <= \
         {c["key"] for c in measured["cases"]}
