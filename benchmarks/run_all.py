@@ -95,7 +95,8 @@ def machine() -> str:
 
 
 def cold(cmd, extra_env, scratch: str = ROOT) -> tuple[float, float]:
-    """(wall s, CPU s) of one fresh process, in the checkout (or in `scratch` where the case says)."""
+    """(wall s, CPU s) of one fresh process, in the checkout (or in `scratch` where the case says); for
+    `timed_replays.py`, (wall s, CPU s) of its replays and then of the rest of the process."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra_env)
@@ -112,9 +113,11 @@ def cold(cmd, extra_env, scratch: str = ROOT) -> tuple[float, float]:
     if p.returncode not in (0, 1):      # plan exits 1 when nothing fits
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {err[-2000:]}")
     last = err.strip().splitlines()[-1:] or [""]
+    cpu = usage.ru_utime + usage.ru_stime
     if last[0].startswith("replays: "):     # timed_replays.py: the replays' own times
-        return tuple(float(x) for x in last[0].split()[1:])
-    return wall, usage.ru_utime + usage.ru_stime
+        replay_wall, replay_cpu = (float(x) for x in last[0].split()[1:])
+        return replay_wall, replay_cpu, wall - replay_wall, cpu - replay_cpu
+    return wall, cpu
 
 
 def measure(repeat: int) -> dict:
@@ -148,7 +151,11 @@ def measure(repeat: int) -> dict:
         return {"key": key, "case": name, "wall_s": statistics.median(t[0] for t in times),
                 "cpu_s": statistics.median(t[1] for t in times), "wall_ratio": statistics.median(ratios[0]),
                 "cpu_ratio": statistics.median(ratios[1]), "cpu_ratio_range": [min(ratios[1]), max(ratios[1])]}
-    cases = [case(key, name, runs[key], pairs[key]) for key, name, _, _ in COLD]
+    cases = [case(key, name, [t[:2] for t in runs[key]], pairs[key]) for key, name, _, _ in COLD]
+    # the same processes less their replays: what replays costing nothing would leave
+    k = next(i for i, c in enumerate(cases) if c["key"] == "replay-arch")
+    cases.insert(k + 1, case("estimate-arch-rest", "that command less its replays (the same processes)",
+                             [t[2:] for t in runs["replay-arch"]], pairs["replay-arch"]))
     n, events = inproc[0]["n"], inproc[0]["events"]
     for key, name in (("sweep-first", f"sweep over {n:,} configurations, first call (stage-3 replays included)"),
                       ("sweep-later", f"sweep over {n:,} configurations, later calls"),
