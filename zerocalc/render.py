@@ -119,8 +119,7 @@ def as_table(estimates, host_note: str | None = None) -> str:
                                        ("params with parameter offload", "offload_param"))
                if any(getattr(e.setup, kind) != "none" for e in estimates)]
     if on_host:     # the columns are the states' sizes wherever they live; peak is the GPU's
-        lines.append(f"offload: {' and '.join(on_host)} lie in host memory: counted in host/rank, not in peak or "
-                     "reserved.")
+        lines.append(f"offload: in host memory, counted in host/rank, not in peak or reserved: {', '.join(on_host)}.")
     if e0.host_memory_bytes is not None:
         lines.append(f"Host memory: {gib(e0.host_memory_bytes):.0f} GiB per node"
                      + (f" ({host_note})" if host_note else "") + ".")
