@@ -72,24 +72,29 @@ def compact(snap: dict) -> dict:
     return {"fields": list(EVENT_FIELDS) + ["where"], "where": list(table), "events": events, **totals}
 
 
+def _read_compacted(path: str) -> tuple[dict, dict]:
+    """(the file as `compact` wrote it, the worker's totals: its `zerocalc_` keys)."""
+    with gzip.open(path, "rt") as f:
+        c = json.load(f)
+    return c, {k: v for k, v in c.items() if k.startswith("zerocalc_")}
+
+
 def load(path: str) -> dict:
     """A snapshot as the worker pickled it, or as `compact` wrote it (.json.gz): same keys read here."""
     if path.endswith(".json.gz"):
-        with gzip.open(path, "rt") as f:
-            c = json.load(f)
+        c, totals = _read_compacted(path)
         n = len(EVENT_FIELDS)
         trace = [dict(zip(EVENT_FIELDS, e[:n]), frames=c["where"][e[n]]) for e in c["events"]]
-        return {"device_traces": [trace], **{k: v for k, v in c.items() if k.startswith("zerocalc_")}}
+        return {"device_traces": [trace], **totals}
     with open(path, "rb") as f:
         return pickle.load(f)
 
 
 def totals_and_actions(path: str) -> tuple[dict, set[str]]:
-    """A compacted history's totals (its `zerocalc_` keys, as `load` gives them) and the set of its
-    events' actions, without building the trace: what a question about many histories needs."""
-    with gzip.open(path, "rt") as f:
-        c = json.load(f)
-    return {k: v for k, v in c.items() if k.startswith("zerocalc_")}, {e[0] for e in c["events"]}
+    """A compacted history's totals (as `load` gives them) and the set of its events' actions, without
+    building the trace: what a question about many histories needs."""
+    c, totals = _read_compacted(path)
+    return totals, {e[0] for e in c["events"]}
 
 
 def start_segments(snap: dict):
