@@ -94,7 +94,7 @@ def machine() -> str:
             f"load average {load:.2f} at the start")
 
 
-def cold(cmd, extra_env, scratch: str = ROOT) -> tuple[float, float]:
+def cold(cmd, extra_env, scratch: str = ROOT) -> tuple[float, ...]:
     """(wall s, CPU s) of one fresh process, in the checkout (or in `scratch` where the case says); for
     `timed_replays.py`, (wall s, CPU s) of its replays and then of the rest of the process."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

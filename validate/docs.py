@@ -72,14 +72,14 @@ def speed(name: str, measured: dict) -> str:
     README's sentence; `table`: every case (docs/speed.md)."""
     cases = {c["key"]: c for c in measured["cases"]}
     base = cases["baseline"]
-    where = f"on {measured['machine'].split(';')[0]} ({measured['date']}, commit {measured['commit']})"
+    machine = measured["machine"].split(";")[0]      # cores and CPU, without Python and the load
     if name == "summary":
-        return (f"{measured['machine'].split(';')[0]}, {measured['date']}, CPU time: `estimate --params 7e9 --dp 8` "
+        return (f"{machine}, {measured['date']}, CPU time: `estimate --params 7e9 --dp 8` "
                 f"{base['cpu_s'] * 1e3:.0f} ms cold; `--model llama-2-7b --seq-len 4096 --gpu h100` "
                 f"{cases['estimate-arch']['cpu_ratio']:.1f}× that; the 70B `plan` {cases['plan-70b']['cpu_ratio']:.1f}×; "
                 f"`sweep` {measured['sweep_configurations'] / cases['sweep-later']['cpu_s'] / 1e6:.0f}M configurations/s.")
     if name == "table":
-        lines = [f"Measured {where}, {measured['rounds']} rounds, medians; ratio: the median of a case's ratios to "
+        lines = [f"Measured on {machine} ({measured['date']}, commit {measured['commit']}), {measured['rounds']} rounds, medians; ratio: the median of a case's ratios to "
                  "the P-only cold start run just before each of its runs (the baseline's own row: to the run before it, "
                  "this machine's noise).", "",
                  "| case | wall | ratio | CPU | ratio | CPU ratio range |", "|---|---:|---:|---:|---:|---:|"]
