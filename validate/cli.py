@@ -65,10 +65,14 @@ def _fail(message: str, code: int):
 @click.option("--timeout", "timeout_s", type=float, default=600, show_default=True, help="Seconds a job may run.")
 @click.option("--include", help="DeepSpeed --include (e.g. localhost:1) instead of --num_gpus.")
 @click.option("--retry-failed", is_flag=True, help="Run again the jobs whose last row is not ok (a new row is added).")
+@click.option("--fake-world", is_flag=True,
+              help="Run each job as rank 0 of --nproc ranks in one process (torch's fake process group): what "
+                   "rank 0 of N holds, allocates and logs, on one GPU or CPU; collectives move nothing, so "
+                   "losses and times are not the job's (rows marked world=fake, never timed or fitted).")
 @click.option("--out", "out_csv", required=True, type=click.Path(dir_okay=False), help="CSV to append rows to.")
 def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers, num_heads, num_kv_heads,
         ffn_hidden_size, vocab_size, seq_lens, micro_batches, gases, rbs, ckpt, hf_config, hf_layers, trainer_ds_config,
-        attention, timeout_s, include, retry_failed, out_csv):
+        attention, timeout_s, include, retry_failed, fake_world, out_csv):
     """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows."""
     from validate import jobs as J
     from validate.results_file import ResultsFileError, check_output
@@ -104,11 +108,14 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
         job_list = J.grid([a], nproc, stage=_ints(stages), dtype=_strs(dtypes), seq_len=_ints(seq_lens),
                           micro_batch=_ints(micro_batches), gas=_ints(gases), reduce_bucket_size=_ints(rbs),
                           activation_checkpointing=[bool(x) for x in _ints(ckpt)])
+    if fake_world:
+        job_list = [J.with_fake_world(j) for j in job_list]
     try:
         check_output(out_csv)
     except ResultsFileError as err:
         _fail(str(err), 2)
-    click.echo(f"{len(job_list)} jobs, backend {backend}, {nproc} ranks -> {out_csv}", err=True)
+    ranks = f"rank 0 of {nproc} (fake world)" if fake_world else f"{nproc} ranks"
+    click.echo(f"{len(job_list)} jobs, backend {backend}, {ranks} -> {out_csv}", err=True)
     try:
         written = run_jobs(job_list, backend, nproc, out_csv, timeout_s, include,
                            log=lambda m: click.echo(m, err=True), retry_failed=retry_failed)

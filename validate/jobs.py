@@ -35,7 +35,8 @@ def job_key(job: dict) -> str:
     digest = hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     a = job["arch"]
     family = a["family"] + ("-trainer" if job.get("path") == "trainer" else "")
-    return (f"{family}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}"
+    fake = "fake" if job.get("fake_world") else ""
+    return (f"{family}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}{fake}"
             f"-b{job['micro_batch']}x{job['seq_len']}-gas{job['gas']}-{digest}")
 
 
@@ -82,6 +83,14 @@ def to_zerocalc(job: dict):
     return spec, setup
 
 
+def with_fake_world(job: dict) -> dict:
+    """The job run as rank 0 of its nproc ranks in one process (torch's fake process group): its own
+    key, so that a fake row never resumes or stands for a real one."""
+    out = {**job, "fake_world": True}
+    out["key"] = job_key(out)
+    return out
+
+
 def to_worker(job: dict) -> dict:
     """What the worker needs: the job plus DeepSpeed's optimizer spelling."""
     out = dict(job)
@@ -102,7 +111,10 @@ def grid(arches: list[_arch.Architecture], nproc: int, **axes) -> list[dict]:
 
 MATRIX_KEYS = ("nproc", "architectures", "axes", "jobs", "about", "hf_models", "hf_axes")
 HF_JOB_KEYS = ("path", "ds_config", "timed_steps", "shared_gpu")   # an HF job's own fields
-JOB_KEYS = tuple(sorted(set(DEFAULTS) | {"stage", "optimizer", "repeat"}))   # an axis or a job's field
+# How the worker runs a job, beside what zerocalc predicts from: the caching allocator capped at
+# this many bytes (a smaller card emulated), the parameters made zero without the initialisers.
+RUN_KEYS = ("allocator_capacity_bytes", "zero_weights")
+JOB_KEYS = tuple(sorted(set(DEFAULTS) | {"stage", "optimizer", "repeat"} | set(RUN_KEYS)))   # an axis or a job's field
 ARCH_DEFAULTS = dict(family="seed-gpt", tie_embeddings=False)              # num_kv_heads, ffn: from the others
 
 

@@ -73,8 +73,28 @@ def _hf_config(arch, attention):
     return transformers.LlamaForCausalLM, cfg, attn
 
 
-def build_model(arch, checkpointing=False, attention="sdpa"):
-    """An fp32 module on the CPU with random weights; `arch` is zerocalc's Architecture as a dict."""
+def build_model(arch, checkpointing=False, attention="sdpa", zero_weights_dtype=None):
+    """An fp32 module on the CPU with random weights; `arch` is zerocalc's Architecture as a dict.
+    zero_weights_dtype ("bf16", "fp16", "fp32"): every parameter zero and in that dtype instead, made
+    without the initialisers (a 13B model's random init in fp32 takes minutes of CPU and 52 GB):
+    DeepSpeed casts the parameters to the training dtype on the host anyway, and the buffers are
+    made as before (HF Llama's rotary tables in fp32 whatever the default dtype), so the device sees
+    the same tensors; the loss never overflows fp16. For jobs that measure memory only (the
+    fake-world rows, `validate.worker`)."""
+    if zero_weights_dtype:
+        from transformers.initialization import no_init_weights
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[zero_weights_dtype]
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with no_init_weights():
+                model = build_model(arch, checkpointing, attention)
+        finally:
+            torch.set_default_dtype(default)
+        with torch.no_grad():
+            for p in model.parameters():   # under zero.Init a parameter's data is its partition
+                getattr(p, "ds_tensor", p).zero_()
+        return model
     if arch["family"] == "seed-gpt":
         return SeedGPT(arch["vocab_size"], arch["hidden_size"], arch["num_layers"], arch["num_heads"],
                        arch["ffn_hidden_size"], checkpointing, arch["tie_embeddings"])

@@ -37,12 +37,20 @@ def expandable_rows(df: pd.DataFrame) -> pd.Series:
 def timed_whole_steps(df: pd.DataFrame) -> pd.Series:
     """Rows whose step time is what training sees: whole optimizer steps timed without phase
     synchronizes, every one kept (`measured_step_times_s`; data/README.md), alone on their GPU (not
-    `concurrent`). Earlier rows timed phase-synchronized steps, often beside another job on the same
+    `concurrent`), in a real world (not `fake_world`). Earlier rows timed phase-synchronized steps, often beside another job on the same
     host: their step times are kept but neither fitted nor judged."""
     if "measured_step_times_s" not in df:
         return pd.Series(False, index=df.index)
     text = df["measured_step_times_s"].fillna("").astype(str)
-    return text.str.startswith("[") & (text != "[]") & ~concurrent(df)
+    return text.str.startswith("[") & (text != "[]") & ~concurrent(df) & ~fake_world(df)
+
+
+def fake_world(df: pd.DataFrame) -> pd.Series:
+    """Rows measured as rank 0 of a fake world (`validate run --fake-world`): memory and bytes are the
+    job's, times and losses are not (collectives move nothing)."""
+    if "world" not in df:
+        return pd.Series(False, index=df.index)
+    return df["world"].fillna("").astype(str) == "fake"
 
 
 def concurrent(df: pd.DataFrame) -> pd.Series:

@@ -56,9 +56,23 @@ def _hf_config_columns(job):
             "shared_gpu": job.get("shared_gpu", "")}
 
 
+# How a job ran, where not as a real job of nproc ranks on a whole GPU (`validate.jobs.RUN_KEYS`):
+# world "fake" for rank 0 of nproc in one process, the allocator's cap in bytes (an emulated card),
+# zero weights; and where an out-of-memory error was raised. Rows without them leave them out.
+RUN_COLUMNS = ("world", "allocator_capacity_bytes", "zero_weights", "oom_at")
+
+
+def _run_columns(job):
+    out = {"world": "fake" if job.get("fake_world") else None,
+           "allocator_capacity_bytes": job.get("allocator_capacity_bytes"),
+           "zero_weights": True if job.get("zero_weights") else None}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _config(job, backend):
     row = {"key": job["key"], "backend": backend, "nproc": job["nproc"], "stage": job["stage"],
            "optimizer": job["optimizer"]}
+    row.update(_run_columns(job))
     row.update({f: job.get(f) for f in SETUP_FIELDS})
     row.update({f: job["arch"].get(f) for f in ARCH_FIELDS})
     spec, setup = to_zerocalc(job)
@@ -159,6 +173,9 @@ def make_row(job: dict, result: dict, backend: str, command: str) -> dict:
     outcomes = sorted({r["outcome"] for r in ranks})
     row["outcome"] = "ok" if outcomes == ["ok"] else next(o for o in ("oom", "error", "crash") if o in outcomes)
     row["error"] = next((r.get("error", "") for r in ranks if r["outcome"] != "ok"), "")
+    oom_at = next((r["oom_at"] for r in ranks if r.get("oom_at")), None)
+    if oom_at:
+        row["oom_at"] = oom_at
     env = result.get("env", {})
     row.update({"gpu": env.get("gpu", "cpu"), "driver": env.get("driver", ""), "cuda": env.get("cuda", ""),
                 "torch": env.get("torch"), "deepspeed": env.get("deepspeed"), "python": env.get("python"),

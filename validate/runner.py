@@ -112,7 +112,8 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
         include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False) -> list[dict]:
     """Run every job not yet in csv_path; return the rows written. Raises ResultsFileError (one line)
     for an --out it cannot use, before any launch, or for a row it cannot write (the file keeps its
-    whole rows: run the same command again to resume), and SetupError without DeepSpeed."""
+    whole rows: run the same command again to resume), and SetupError without DeepSpeed. Jobs marked
+    `fake_world` (all or none) run as rank 0 of nproc ranks in one process (`validate.worker`)."""
     check_launcher()
     results_file.check_output(csv_path)
     with results_file.OutputLock(csv_path):
@@ -139,8 +140,10 @@ def _write(csv_path: str, row: dict, written: list) -> None:
     written.append(row)
 
 
-def _launch_env(backend: str) -> dict:
+def _launch_env(backend: str, fake_world: int = 0) -> dict:
     env = dict(os.environ)
+    if fake_world:
+        env["VALIDATE_FAKE_WORLD"] = str(fake_world)
     if backend == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -167,9 +170,13 @@ def _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry
         log(f"[{len(written)}/{total}] {j['key']}: error, not launched: {reason}")
     # Stage-3 engines are not freed by DeepSpeed (the worker restarts after one): run them last.
     pending.sort(key=lambda j: j["stage"] == 3)
-    env = _launch_env(backend)
+    fake = {bool(j.get("fake_world")) for j in jobs}
+    if len(fake) > 1:
+        raise SetupError("some jobs ask for a fake world and some do not: run them with separate commands")
+    env = _launch_env(backend, nproc if fake == {True} else 0)
+    processes = 1 if fake == {True} else nproc
     while pending:
-        finished = _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command, env,
+        finished = _launch(pending, backend, processes, csv_path, timeout_s, include, log, command, env,
                            written, total, t_start)
         pending = [j for j in pending if j["key"] not in finished]
     return written

@@ -200,11 +200,18 @@ def run_job(job, device):
     from deepspeed.comm.comm import comms_logger
 
     cuda = device.type == "cuda"
+    WHERE["at"] = "build"
     if cuda:
         # PYTORCH_CUDA_ALLOC_CONF's expandable_segments, per job: the caching allocator maps pages into
         # one growing segment instead of cudaMalloc'ing a segment per miss (set before any allocation
         # of the job; the previous job's cache was emptied).
         torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(job.get('expandable_segments'))}")
+        # A smaller card emulated: the caching allocator treats a segment that would take reserved past
+        # the fraction as a failed cudaMalloc (frees its cached blocks, retries, then raises OOM), as
+        # on a card with that much room for it. Reset after the job (main).
+        cap = job.get("allocator_capacity_bytes")
+        torch.cuda.set_per_process_memory_fraction(
+            cap / torch.cuda.get_device_properties(device).total_memory if cap else 1.0, device)
     rec = measure.MemoryRecorder(cuda)
     host_rec = measure.HostRecorder(cuda)
     host_rec.start()
@@ -221,8 +228,10 @@ def run_job(job, device):
         model = _build_hf(job, cfg, hf_seen)
     else:
         with init:
-            model = build_model(job["arch"], job["activation_checkpointing"], job["attention"])
+            model = build_model(job["arch"], job["activation_checkpointing"], job["attention"],
+                                zero_weights_dtype=job["dtype"] if job.get("zero_weights") else None)
     host_rec.mark("build")
+    WHERE["at"] = "initialize"
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     del model
     gc.collect()
@@ -239,17 +248,21 @@ def run_job(job, device):
         record its peaks and time (record=False files them as the warm-up's). The losses are read
         after the step, so an unsynchronized step runs without a host-device sync."""
         pending = []
-        for _ in range(job["gas"]):
+        WHERE["steps"] += 1
+        for micro in range(job["gas"]):
             if phases:
                 rec.mark()
+            WHERE["at"] = f"step {WHERE['steps']} micro-step {micro + 1} forward"
             logits = engine(inputs)
             loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab), labels.view(-1))
             del logits
             if phases:
                 rec.phase("forward", record)
+            WHERE["at"] = f"step {WHERE['steps']} micro-step {micro + 1} backward"
             engine.backward(loss)
             if phases:
                 rec.phase("backward", record)
+            WHERE["at"] = f"step {WHERE['steps']} micro-step {micro + 1} optimizer step"
             engine.step()
             if phases:
                 rec.phase("step", record)
@@ -261,6 +274,7 @@ def run_job(job, device):
         losses.extend(x.item() for x in pending)
 
     comms_logger.enabled = False
+    WHERE["steps"] = 0
     for i in range(WARMUP_STEPS):
         keep_losses(optimizer_step(record=False))
         if i == 0:
@@ -317,6 +331,10 @@ def run_job(job, device):
     return result
 
 
+# Where the running job is (build, initialize, "step 2 micro-step 1 backward"): an out-of-memory
+# error's row says where it was raised.
+WHERE = {"at": "", "steps": 0}
+
 LEAK_BYTES = 256 * 2**20
 
 
@@ -351,10 +369,13 @@ def main(jobs_path, out_dir):
     lifeline.record_build_locks(out_dir)        # so a failed launch removes only its own build locks
     import deepspeed
     import deepspeed.comm as dist
+    if FAKE_WORLD:
+        _init_fake_world(FAKE_WORLD)
     deepspeed.init_distributed()
     _tolerate_unknown_comm_ops()
     freeze_imports()
     rank, world = dist.get_rank(), dist.get_world_size()
+    processes = 1 if FAKE_WORLD else world
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
@@ -368,10 +389,13 @@ def main(jobs_path, out_dir):
             if rank == 0:
                 measure.append_line(os.path.join(out_dir, "restart.jsonl"), {"before": job["key"]})
             break
-        if i and (_leaked(device) or jobs[i - 1].get("path") == "trainer"):
+        before = jobs[i - 1] if i else {}
+        if i and (_leaked(device) or before.get("path") == "trainer" or (before["stage"] == 3 and before.get("zero_init"))):
             # DeepSpeed 0.19.8 does not free a stage-3 engine (its hooks keep the partitions alive),
             # which would sit under every later job's peak: start a fresh process for the rest. After a
-            # Trainer job too: accelerate keeps its state (the DeepSpeed plugin) per process.
+            # Trainer job too: accelerate keeps its state (the DeepSpeed plugin) per process; and after
+            # a model built under zero.Init: the next zero.Init build in the process fails (HF Llama:
+            # "'LlamaAttention' object has no attribute '_kernel_funcs'", seen on CPU ranks).
             if rank == 0:
                 measure.append_line(os.path.join(out_dir, "restart.jsonl"), {"before": job["key"]})
             break
@@ -385,26 +409,44 @@ def main(jobs_path, out_dir):
             else:
                 result = run_job(job, device)
         except torch.cuda.OutOfMemoryError as err:
-            result = {"outcome": "oom", "error": str(err).splitlines()[0][:300]}
+            result = {"outcome": "oom", "error": f"at {WHERE['at']}: " + str(err).splitlines()[0][:300],
+                      "oom_at": WHERE["at"]}
             failure = traceback.format_exc()
         except Exception as err:  # noqa: BLE001  -- recorded as the job's outcome; the sweep goes on
             result = {"outcome": "error", "error": f"{type(err).__name__}: {err}"[:500]}
             failure = traceback.format_exc()
         result["rank"] = rank
         # A failed rank waits here until every rank is out of the job's collectives (lifeline.arrive)
-        lifeline.arrive(out_dir, job["key"], rank, world, result["outcome"], failure)
+        lifeline.arrive(out_dir, job["key"], rank, processes, result["outcome"], failure)
         if SNAPSHOT_DIR and device.type == "cuda":
             torch.cuda.memory._record_memory_history(enabled=None)   # a job that failed while recording
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        results = [None] * world
-        dist.all_gather_object(results, result)
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+        results = [None] * processes
+        if FAKE_WORLD:
+            results[0] = result   # the other ranks do not exist
+        else:
+            dist.all_gather_object(results, result)
         if rank == 0:
             measure.append_line(os.path.join(out_dir, "results.jsonl"),
                                 {"key": job["key"], "world_size": world, "ranks": results,
-                                 "env": measure.environment(device)})
+                                 "fake_world": bool(FAKE_WORLD), "env": measure.environment(device)})
     dist.barrier()
+
+
+# VALIDATE_FAKE_WORLD=N: this one process is rank 0 of a world of N (the runner's --fake-world).
+FAKE_WORLD = int(os.environ.get("VALIDATE_FAKE_WORLD") or 0)
+
+
+def _init_fake_world(world_size: int) -> None:
+    """torch's fake process group as the default group before DeepSpeed starts (DeepSpeed then takes
+    the group as it is): rank 0 of `world_size`, every collective returns at once without moving
+    data. DeepSpeed partitions, buckets and gathers as rank 0 of that world would, so what rank 0
+    allocates and the bytes it logs are the job's; its losses and times are not (docs/validating.md)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    torch.distributed.init_process_group(backend="fake", store=FakeStore(), rank=0, world_size=world_size)
 
 
 # protocol: "rank" pins each rank to its share of CPUs; "main" runs each rank's main thread alone on one
