@@ -125,6 +125,33 @@ def test_matrix_two_ranks(two_ranks):
     assert_exact(df)
 
 
+@pytest.mark.xdist_group("committed")
+def test_a_fake_rank_0_of_two_holds_and_sends_what_a_real_one_does(two_ranks, tmp_path):
+    """`validate run --fake-world`: one process as rank 0 of N (torch's fake process group). On the
+    2-rank launch's 33 configurations it holds every tensor and logs every collective byte that the
+    real launch's busiest rank did (which is rank 0 in each), configuration by configuration."""
+    from validate.rows import CONFIG_COLUMNS
+    real = read_ok(two_ranks[0])
+    real = real[real["hidden_size"] != 48]
+    fake = run_validate(tmp_path, "--nproc", "2", "--fake-world", "--matrix", "validate/matrices/cpu-exact.json")
+    assert (fake["world"] == "fake").all() and len(fake) == len(real) == 33
+    assert not set(fake["key"]) & set(real["key"])      # a fake row never stands for a real one on resume
+    on = [c for c in CONFIG_COLUMNS if c != "key" and c in real and c in fake]
+    both = real.merge(fake, on=on, suffixes=("_real", "_fake"))
+    assert len(both) == 33
+    for col in ("measured_state_bytes", "measured_comm_bytes", "measured_comm_by_op", "measured_state_detail"):
+        bad = both[both[col + "_real"] != both[col + "_fake"]]
+        assert bad.empty, bad[["key_real", col + "_real", col + "_fake"]].to_string()
+
+
+def test_a_fake_rank_0_of_64(tmp_path):
+    """Rank 0 of 64 in one process: state and communication bytes exact against zerocalc at stages 1-3,
+    with zero.Init, gradient accumulation, tied embeddings and zero weights made without the initialisers."""
+    df = run_validate(tmp_path, "--nproc", "64", "--fake-world", "--matrix", "validate/matrices/cpu-fake.json")
+    assert (df["world"] == "fake").all() and (df["nproc"] == 64).all() and len(df) == 6
+    assert_exact(df)
+
+
 def test_one_rank(tmp_path):
     df = run_validate(tmp_path, "--nproc", "1", "--stages", "0,1,2,3", "--dtype", "bf16,fp32", "--hidden-size", "33",
                       "--num-layers", "2", "--num-heads", "3", "--vocab-size", "1001")

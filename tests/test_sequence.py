@@ -143,9 +143,43 @@ def test_a_later_job_makes_the_workspaces_before_init():
     assert alive_bytes(later) == alive_bytes(fresh)
 
 
+def test_zero_init_makes_one_parameter_whole_at_a_time():
+    # Under zero.Init (N = 4, bf16) each parameter is made in fp32 on the device, cast to bf16, and
+    # its 1/4 partition made before the whole tensor is freed: for the embedding (100·64 = 6400):
+    # fp32 4·6400 = 25,600 B, bf16 2·6400 = 12,800, the fp32 freed, the partition 2·1600 = 3,200,
+    # the bf16 freed. The whole model (2·P = 107,904 B) is never alive at once.
+    events = sequence.events(from_architecture(TINY), setup(3, 4, zero_init=True), steps=0)
+    assert events[:5] == [("alloc", 1, 25_600, 0), ("alloc", 2, 12_800, 0), ("free", 1),
+                          ("alloc", 3, 3_200, 0), ("free", 2)]
+    alive, most = {}, 0
+    for e in events[:5 * 12]:       # the 12 parameters' construction
+        if e[0] == "alloc":
+            alive[e[1]] = e[2]
+        else:
+            alive.pop(e[1])
+        most = max(most, sum(alive.values()))
+    # the largest moment: the down projection's fp32 and bf16 copies (4·8192 = 32,768 and 16,384)
+    # beside the partitions made before it: the embedding's 3,200, q, k, v, o 4 · 2·1024 = 8,192,
+    # gate and up 2 · 2·2048 = 8,192; below the whole model's 2·P = 107,904
+    assert most == 32_768 + 16_384 + 3_200 + 8_192 + 8_192
+    # at the end of construction only the partitions are alive: 2 B · ceil(n/4) each
+    numels = [6400] + [4096] * 4 + [8192] * 3 + [64] * 3 + [6400]
+    assert alive_bytes(events[:5 * 12]) == sum(2 * -(-n // 4) for n in numels)
+    assert events[5 * 12] == ("free", 3)   # then the engine frees the partitions for its flat buffer
+
+
+def test_stage3_gradient_accumulation_is_generated():
+    # Stage 3 reduces and partitions every micro-step's gradients as they come (stage3.py:
+    # partition_grads adds later micro-steps in place), so its sequence is each micro-step's
+    # fetches, forward and backward in turn, and the step at the boundary only.
+    model = from_architecture(TINY)
+    assert sequence.events(model, setup(3, 2, gas=2)) is not None
+    assert estimate(model, setup(3, 2, gas=2)).reserved_source == "simulated"
+
+
 def test_what_is_not_generated_falls_back_to_the_ratio():
     model = from_architecture(TINY)
-    for s in (setup(3, gas=2), setup(2, gas=2, offload_optimizer="cpu"),
+    for s in (setup(2, gas=2, offload_optimizer="cpu"),
               setup(3, offload_optimizer="cpu", dtype_fp16=True), setup(3, 2, offload_optimizer="cpu", offload_param="cpu"),
               setup(2, gas=2, overlap_comm=True), setup(1, overlap_comm=True, offload_optimizer="cpu"),
               Setup(stage=Stage(2), optimizer=OPTIMIZERS["adamw"], dtype="fp32", seq_len=16)):

@@ -91,6 +91,8 @@ def build_model(arch, checkpointing=False, attention="sdpa", zero_weights_dtype=
                 model = build_model(arch, checkpointing, attention)
         finally:
             torch.set_default_dtype(default)
+        if isinstance(model, HFCausalLM):
+            model.model.tie_weights()      # no_init_weights skips init_weights, which ties them
         with torch.no_grad():
             for p in model.parameters():   # under zero.Init a parameter's data is its partition
                 getattr(p, "ds_tensor", p).zero_()

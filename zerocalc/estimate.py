@@ -36,7 +36,12 @@ class Estimate:
 
     @property
     def peak_bytes(self) -> int:
-        return self.peak.total_bytes
+        """Predicted `torch.cuda.max_memory_allocated()`: the allocation sequence's through the
+        allocator simulation where one is generated (whole blocks, as torch counts them: on the
+        H200 rows it is within 3.5% where the phases' sums miss stage 3 initialised whole by up to
+        63%, docs/accuracy.md), else the largest phase's sum (`peak`)."""
+        simulated = self.simulated_peaks_bytes
+        return self.peak.total_bytes if simulated is None else simulated[0]
 
     @property
     def activation_bytes(self) -> int | None:
@@ -73,15 +78,20 @@ class Estimate:
                 "reserved_over_allocated_worst": expandable["reserved_over_allocated_worst"]}
 
     @cached_property
-    def simulated_reserved_bytes(self) -> int | None:
-        """`max_memory_reserved()` of the generated allocation sequence replayed through PyTorch's
-        caching allocator (`zerocalc.sequence`, `zerocalc.allocator`); None where no sequence is
-        generated (see `sequence.generated`: e.g. stage 3 with GAS > 1, no architecture) or simulate is off.
-        Milliseconds for a 7B model, ~0.1 s for a 70B one: `plan` ranks with the ratio instead."""
+    def simulated_peaks_bytes(self) -> tuple[int, int] | None:
+        """(`max_memory_allocated()`, `max_memory_reserved()`) of the generated allocation sequence
+        replayed through PyTorch's caching allocator (`zerocalc.sequence`, `zerocalc.allocator`); None
+        where no sequence is generated (see `sequence.generated`: e.g. no architecture) or simulate is
+        off. Milliseconds for a 7B model, ~0.1 s for a 70B one: `plan` ranks with the ratio instead."""
         if not self.simulate or self.model.architecture is None:   # no sequence without one: a P-only run
             return None                                              # never imports the simulation
         from zerocalc import sequence
-        return sequence.peak_reserved_bytes(self.model, self.setup)
+        return sequence.peaks_bytes(self.model, self.setup)
+
+    @property
+    def simulated_reserved_bytes(self) -> int | None:
+        simulated = self.simulated_peaks_bytes
+        return None if simulated is None else simulated[1]
 
     @property
     def reserved_source(self) -> str:
@@ -94,12 +104,8 @@ class Estimate:
         """Predicted `torch.cuda.max_memory_reserved()` in a fresh process: simulated where the
         allocation sequence is generated, else the caching allocator's blocks around the peak as a
         calibrated ratio to it (`python -m validate fit`)."""
-        if self.simulated_reserved_bytes is not None:
-            # The replayed sequence allocates a little less at its peak than the closed form `peak_bytes`
-            # (1.2% for a 7B Llama at 4k tokens, 2.5% at 1M: about one fp32 vocabulary-wide tensor per
-            # token fewer on the loss path); where that gap outgrows the allocator's slack the replay's
-            # reserved would fall below the allocated peak we report, which no caching allocator does.
-            return max(self.simulated_reserved_bytes, self.peak_bytes)
+        if self.simulated_reserved_bytes is not None:   # never below its allocated peak, `peak_bytes`
+            return self.simulated_reserved_bytes
         a = self.allocator
         return int(self.peak_bytes * a["reserved_over_allocated"] + a.get("reserved_extra_bytes", 0))
 

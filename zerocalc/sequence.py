@@ -655,7 +655,14 @@ class _Stage3:
 
     def init(self, params: list) -> None:
         t, b = self.t, self.b
-        if self.param_offload:
+        if self.setup.zero_init:
+            # built partitioned (`_zero_init_build`); _create_fp16_partitions_with_defragmentation
+            # frees the partitions, empties the cache and makes one flat bit16 buffer of them
+            t.free(*(p for p in params if p is not None))
+            if not self.param_offload:
+                t.empty_cache()
+                t.alloc(b * self.part.stage3_shard)
+        elif self.param_offload:
             # each module parameter goes to its host partition and is freed; nothing empties the
             # cache, so the module's blocks stay reserved (1.45-1.75x allocated on H200)
             t.free(*params)
@@ -774,7 +781,6 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     else:
         family = step_stream(model, setup) is not None
     return (arch is not None and family and setup.seq_len is not None
-            and (not s3 or setup.gas == 1)
             and (setup.offload_param == "none" or (s3 and offload and setup.dp == 1))
             and (not offload or (setup.gas == 1 and (not s3 or setup.dtype == "bf16")))
             and setup.mixed_precision                                      # stage 3 always overlaps
@@ -796,6 +802,27 @@ def _to_device_order(model: ModelSpec) -> list[int]:
         for first in range(1, 1 + 12 * model.architecture.num_layers, 12):   # _seed_gpt_layer's 12 tensors
             order[first + 2:first + 6] = [first + 4, first + 5, first + 2, first + 3]
     return order
+
+
+def _zero_init_build(t: _Trace, model: ModelSpec, setup: Setup) -> list:
+    """The model built under deepspeed.zero.Init (`partition_parameters.py`): the tensor constructors
+    it wraps make each parameter on the device in fp32 and cast it to the training dtype
+    (`zero_wrapper_for_fp_tensor_constructor`); at the end of its module's __init__,
+    `_post_init_method` partitions it (`_partition_param`: the rank's 1/N slice, then the whole
+    tensor freed; on the host under parameter offload). One parameter whole at a time, never the
+    model: the partitions' handles, in parameter order (None where they live on the host)."""
+    b, n = setup.param_bytes, setup.dp
+    on_host = setup.offload_param != "none"
+    parts = []
+    for numel in model.param_numels:
+        whole = t.alloc(4 * numel)
+        if b != 4:
+            cast = t.alloc(b * numel)
+            t.free(whole)
+            whole = cast
+        parts.append(None if on_host else t.alloc(b * ceil(numel / n)))
+        t.free(whole)
+    return parts
 
 
 def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_process: bool = True, rank: int = 0):
@@ -829,10 +856,13 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
         steps = 3
     t = _Trace()
     workspaces = [] if fresh_process else [t.alloc(CUBLAS_WORKSPACE_BYTES), t.alloc(CUBLAS_WORKSPACE_BYTES)]
-    params = [0] * len(model.param_numels)
-    for i in _to_device_order(model):
-        params[i] = t.alloc(setup.param_bytes * model.param_numels[i])
     s3 = setup.stage == Stage.PARAMETERS
+    if s3 and setup.zero_init:
+        params = _zero_init_build(t, model, setup)
+    else:
+        params = [0] * len(model.param_numels)
+        for i in _to_device_order(model):
+            params[i] = t.alloc(setup.param_bytes * model.param_numels[i])
     ds = _Stage3(t, model, setup) if s3 else _Stage(t, model, setup, rank)
     ds.init(params)
     step = _TracedStep(t, model, setup, ds, workspaces, step_stream(model, setup))
@@ -851,14 +881,21 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
         yield t, workspaces
 
 
-def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> int | None:
-    """`max_memory_reserved()` of the generated sequence through the allocator simulation (the
-    allocator `setup.expandable_segments` says) on the busiest rank (`offload_ranks`), None where no
-    sequence is generated."""
+def peaks_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> tuple[int, int] | None:
+    """(`max_memory_allocated()`, `max_memory_reserved()`) of the generated sequence through the
+    allocator simulation (the allocator `setup.expandable_segments` says) on the busiest rank
+    (`offload_ranks`), None where no sequence is generated. Allocated counts whole blocks, as torch
+    does: a request that takes a cached block without splitting it holds all of it."""
     if not generated(model, setup):
         return None
-    return max(_replay_to_steady_state(model, setup, fresh_process, r).peak_reserved_bytes
-               for r in offload_ranks(model, setup))
+    replays = [_replay_to_steady_state(model, setup, fresh_process, r) for r in offload_ranks(model, setup)]
+    return max(r.peak_allocated_bytes for r in replays), max(r.peak_reserved_bytes for r in replays)
+
+
+def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> int | None:
+    """`max_memory_reserved()` of `peaks_bytes`."""
+    peaks = peaks_bytes(model, setup, fresh_process)
+    return None if peaks is None else peaks[1]
 
 
 def _replay_to_steady_state(model: ModelSpec, setup: Setup, fresh_process: bool, rank: int) -> Replay:

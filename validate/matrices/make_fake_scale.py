@@ -1,4 +1,5 @@
-"""Writes the fake-world matrices of the first scale call (validate/matrices/h200-fake-*.json)."""
+"""Writes the fake-world matrices of the first scale call (validate/matrices/h200-fake-*.json):
+    python validate/matrices/make_fake_scale.py validate/matrices"""
 import json, sys
 L = lambda v,h,l,a,k,f,tie=False: dict(family="hf-llama", vocab_size=v, hidden_size=h, num_layers=l, num_heads=a, num_kv_heads=k, ffn_hidden_size=f, tie_embeddings=tie, max_positions=8192)
 M = {
@@ -12,8 +13,8 @@ M = {
  "70b": L(32000, 8192, 80, 64, 8, 28672),         # Llama-2-70B
  "405b": L(128256, 16384, 126, 128, 8, 53248),    # Llama-3.1-405B
 }
-def job(m, stage, mb, seq, ckpt, gas=1, zi=None, **kw):
-    j = dict(arch=M[m], stage=stage, dtype="bf16", micro_batch=mb, seq_len=seq, activation_checkpointing=ckpt,
+def job(m, stage, mb, seq, ckpt, gas=1, zi=None, dtype="bf16", **kw):
+    j = dict(arch=M[m], stage=stage, dtype=dtype, micro_batch=mb, seq_len=seq, activation_checkpointing=ckpt,
              gas=gas, zero_weights=True, **kw)
     if stage == 3:
         j["zero_init"] = True if zi is None else zi
@@ -32,10 +33,10 @@ lanes = {  # lane -> {nproc: [jobs]}
        64: [job("1b",1,8,512,False), job("1b",3,1,2048,False), job("1bt",2,4,2048,True), job("1bt",3,4,1024,False)],
        1024: [job("1b",2,2,2048,True), job("1b",3,2,2048,True), job("3b",3,4,1024,False,zi=False)]},
 }
-out = sys.argv[1]
-for lane, by_n in lanes.items():
-    for n, jobs in by_n.items():
-        name = f"{out}/h200-fake-{lane}-n{n}.json"
-        json.dump({"about": "rank 0 of a fake world of nproc ranks (validate run --fake-world), zero weights; "
-                   "the first scale call (data/README.md)", "nproc": n, "jobs": jobs}, open(name, "w"), indent=1)
-        print(name, len(jobs))
+if __name__ == "__main__":
+    out = sys.argv[1]
+    for lane, by_n in lanes.items():
+        for n, jobs in by_n.items():
+            name = f"{out}/h200-fake-{lane}-n{n}.json"
+            json.dump({"about": "rank 0 of a fake world of nproc ranks (validate run --fake-world), zero weights; "
+                       "the first scale call (data/README.md)", "nproc": n, "jobs": jobs}, open(name, "w"), indent=1)
