@@ -144,28 +144,27 @@ def test_a_later_job_makes_the_workspaces_before_init():
 
 
 def test_zero_init_makes_one_parameter_whole_at_a_time():
-    # Under zero.Init (N = 4, bf16) each parameter is made in fp32 on the device, cast to bf16, and
-    # its 1/4 partition made before the whole tensor is freed: for the embedding (100·64 = 6400):
-    # fp32 4·6400 = 25,600 B, bf16 2·6400 = 12,800, the fp32 freed, the partition 2·1600 = 3,200,
-    # the bf16 freed. The whole model (2·P = 107,904 B) is never alive at once.
+    # Under zero.Init (N = 4, bf16) each parameter is made whole on the device in bf16 and its 1/4
+    # partition made before the whole tensor is freed: for the embedding (100·64 = 6400): 2·6400 =
+    # 12,800 B, the partition 2·1600 = 3,200, the whole freed. The whole model (2·P = 107,904 B) is
+    # never alive at once.
     events = sequence.events(from_architecture(TINY), setup(3, 4, zero_init=True), steps=0)
-    assert events[:5] == [("alloc", 1, 25_600, 0), ("alloc", 2, 12_800, 0), ("free", 1),
-                          ("alloc", 3, 3_200, 0), ("free", 2)]
+    assert events[:3] == [("alloc", 1, 12_800, 0), ("alloc", 2, 3_200, 0), ("free", 1)]
     alive, most = {}, 0
-    for e in events[:5 * 12]:       # the 12 parameters' construction
+    for e in events[:3 * 12]:       # the 12 parameters' construction
         if e[0] == "alloc":
             alive[e[1]] = e[2]
         else:
             alive.pop(e[1])
         most = max(most, sum(alive.values()))
-    # the largest moment: the down projection's fp32 and bf16 copies (4·8192 = 32,768 and 16,384)
-    # beside the partitions made before it: the embedding's 3,200, q, k, v, o 4 · 2·1024 = 8,192,
-    # gate and up 2 · 2·2048 = 8,192; below the whole model's 2·P = 107,904
-    assert most == 32_768 + 16_384 + 3_200 + 8_192 + 8_192
+    # the largest moment: the down projection whole (2·8192 = 16,384 B) and its partition 4,096 beside
+    # the partitions made before it: the embedding's 3,200, q, k, v, o 4 · 2·1024 = 8,192, gate and up
+    # 2 · 2·2048 = 8,192 (the head, 12,800 whole, comes with less beside it: 39,776)
+    assert most == 16_384 + 4_096 + 3_200 + 8_192 + 8_192
     # at the end of construction only the partitions are alive: 2 B · ceil(n/4) each
     numels = [6400] + [4096] * 4 + [8192] * 3 + [64] * 3 + [6400]
-    assert alive_bytes(events[:5 * 12]) == sum(2 * -(-n // 4) for n in numels)
-    assert events[5 * 12] == ("free", 3)   # then the engine frees the partitions for its flat buffer
+    assert alive_bytes(events[:3 * 12]) == sum(2 * -(-n // 4) for n in numels)
+    assert events[3 * 12] == ("free", 2)   # then the engine frees the partitions for its flat buffer
 
 
 def test_stage3_gradient_accumulation_is_generated():

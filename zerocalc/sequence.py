@@ -805,21 +805,19 @@ def _to_device_order(model: ModelSpec) -> list[int]:
 
 
 def _zero_init_build(t: _Trace, model: ModelSpec, setup: Setup) -> list:
-    """The model built under deepspeed.zero.Init (`partition_parameters.py`): the tensor constructors
-    it wraps make each parameter on the device in fp32 and cast it to the training dtype
-    (`zero_wrapper_for_fp_tensor_constructor`); at the end of its module's __init__,
-    `_post_init_method` partitions it (`_partition_param`: the rank's 1/N slice, then the whole
-    tensor freed; on the host under parameter offload). One parameter whole at a time, never the
-    model: the partitions' handles, in parameter order (None where they live on the host)."""
+    """The model built under deepspeed.zero.Init (`partition_parameters.py`) in the training dtype,
+    as HF builds it for Trainer (`dtype="auto"`, `torch_dtype=bfloat16`): the tensor constructors it
+    wraps make each parameter on the device (`zero_wrapper_for_fp_tensor_constructor`); at the end of
+    its module's __init__, `_post_init_method` partitions it (`_partition_param`: the rank's 1/N
+    slice, then the whole tensor freed; on the host under parameter offload). One parameter whole at
+    a time, never the model (H200 histories, `data/snapshots/fake-zero-init/`): the partitions'
+    handles, in parameter order (None where they live on the host). A model made in fp32 and cast
+    would make an fp32 copy of each first."""
     b, n = setup.param_bytes, setup.dp
     on_host = setup.offload_param != "none"
     parts = []
     for numel in model.param_numels:
-        whole = t.alloc(4 * numel)
-        if b != 4:
-            cast = t.alloc(b * numel)
-            t.free(whole)
-            whole = cast
+        whole = t.alloc(b * numel)
         parts.append(None if on_host else t.alloc(b * ceil(numel / n)))
         t.free(whole)
     return parts
