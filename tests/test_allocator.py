@@ -331,12 +331,23 @@ def test_running_is_not_monotone_in_the_capacity_and_the_bisection_keeps_its_bra
            alloc("d", 10 * MiB)]
     runs = {c: replay(seq, capacity_bytes=c * MiB).oom is None for c in range(48, 82, 2)}
     assert [c for c, ok in runs.items() if ok] == [50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 80]
-    # Below 50 a alone does not fit. Bracketed by 40 MiB (fails) and 80 (runs), the bisection tries 60
-    # (runs), 50 (runs), 44, 46 and 48 (fail): 50 MiB, the smallest. Bracketed by 70 (fails) and 80 (runs):
-    # 80, a boundary, on the side of 70's verdict.
+    # Below 50 a alone does not fit: at 44 MiB its 50 MiB cudaMalloc fails with nothing to release, a
+    # demand of 50. Bracketed by 40 MiB (fails) and 80 (runs), the bisection halves to 60 (runs) and 50
+    # (runs), halves to 44 (fails, demand 50), then probes just under that demand, 48 (fails): 50 MiB,
+    # the smallest. Bracketed by 70 (fails) and 80 (runs): 74 fails at d (70 reserved, nothing to
+    # release, 10 more: demand 80), so it probes 78 (fails): 80, a boundary, on the side of 70's
+    # verdict; a first guess of 70 MiB leads it there too.
     from zerocalc.allocator import bisect_capacity
-    ran = lambda c: replay(seq, capacity_bytes=c).oom is None   # noqa: E731
-    assert bisect_capacity(ran, 40 * MiB, 80 * MiB) == 50 * MiB
-    assert bisect_capacity(ran, 70 * MiB, 80 * MiB) == 80 * MiB
+    probes = []
+
+    def short(c):
+        probes.append(c // MiB)
+        oom = replay(seq, capacity_bytes=c).oom
+        return None if oom is None else oom.demand_bytes
+    assert bisect_capacity(short, 40 * MiB, 80 * MiB) == 50 * MiB and probes == [60, 50, 44, 48]
+    probes.clear()
+    assert bisect_capacity(short, 70 * MiB, 80 * MiB) == 80 * MiB and probes == [74, 78]
+    assert bisect_capacity(short, 40 * MiB, 80 * MiB, guess_bytes=70 * MiB) == 80 * MiB
+    ran = short
     with pytest.raises(ValueError):
         bisect_capacity(ran, 80 * MiB, 70 * MiB)

@@ -343,6 +343,8 @@ def test_csv_carries_the_time_section_of_the_json():
         for k, v in e["time"].items():
             assert float(row[k]) == pytest.approx(v, rel=1e-12), k
         assert row["fits"] == str(e["fits"]) and row["fits_worst_case"] == str(e["fits_worst_case"])
+        assert (row["fits_source"], row["headroom_bytes"], row["alloc_retries"]) == \
+            (e["fits_source"], str(e["headroom_bytes"]), str(e["alloc_retries"]))
     plain = list(csv.DictReader(io.StringIO(run("--params", "1e9", "--dp", "2", "--format", "csv").output)))
     assert plain[0]["step_s"] == "" and plain[0]["fits"] == ""             # no time without --gpu and a shape
 

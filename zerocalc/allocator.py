@@ -93,6 +93,12 @@ class OutOfMemory(NamedTuple):
     reserved_bytes: int     # reserved then, after the retry's release (all the allocator held, seeds included)
     allocated_bytes: int    # allocated then (rounded block sizes, seeds included)
 
+    @property
+    def demand_bytes(self) -> int:
+        """What the failed request needed: reserved after the retry plus its cudaMalloc. A capacity
+        under it fails at that request from the same state."""
+        return self.reserved_bytes + self.segment_bytes
+
 
 class Replay(NamedTuple):
     segments: tuple[Segment, ...]
@@ -164,28 +170,45 @@ def least_allocated_bytes(events, cached=()) -> int:
     return peak
 
 
-def bisect_capacity(runs, failing_bytes: int, running_bytes: int) -> int:
-    """The capacity on the 2 MiB grid (`CAPACITY_GRID_BYTES`) at which `runs(capacity)` first holds
-    between failing_bytes, where it does not, and running_bytes, where it does: a bisection
-    keeping that pair, so it ends on a grid capacity that runs whose grid neighbour below fails.
+GUIDED_PROBES = 4   # `bisect_capacity`'s probes chosen by a failure's demand, at most
+
+
+def bisect_capacity(short, failing_bytes: int, running_bytes: int, guess_bytes: int | None = None) -> int:
+    """The capacity on the 2 MiB grid (`CAPACITY_GRID_BYTES`) at which a sequence first runs between
+    failing_bytes, where it does not, and running_bytes, where it does. `short(capacity)`: None where
+    it runs, else the failed request's demand (`OutOfMemory.demand_bytes`). A bisection keeping that pair, so it
+    ends on a grid capacity that runs whose grid neighbour below fails.
+
+    Probes anywhere inside the pair keep it, so they are chosen to end soon: after a failure, at its
+    demand (or guess_bytes first), and after a run found so, just below it; else halfway. In the
+    generated jobs the answer is usually a demand seen near it (2-6 replays for a 7B Llama, against
+    the 10-15 of halving); at most `GUIDED_PROBES` are chosen so, so never more than that many over
+    halving alone.
 
     Running without OOM is not monotone in the capacity in general: a smaller capacity's retries
     return cached segments earlier, the requests after them take new segments instead of splitting
     cached blocks, and the cache's layout from there on differs (it can run where a larger capacity
     fails; `tests/test_allocator.py` has such a sequence). Where it is monotone the answer is the
-    smallest capacity that runs; where not, it is a boundary inside the interval given, never
-    outside it: a caller who knows that its own capacity runs (or fails) passes it as running_bytes
-    (or failing_bytes), and the answer is then on the same side of it as its verdict."""
-    low, high = failing_bytes // CAPACITY_GRID_BYTES, running_bytes // CAPACITY_GRID_BYTES
+    smallest capacity that runs; where not, it is a boundary inside the pair given, never outside
+    it: a caller who knows that its own capacity runs (or fails) passes it as running_bytes (or
+    failing_bytes), and the answer is then on the same side of it as its verdict."""
+    grid = CAPACITY_GRID_BYTES
+    low, high = failing_bytes // grid, running_bytes // grid
     if high <= low:
         raise ValueError(f"a capacity that runs ({running_bytes} B) below one that fails ({failing_bytes} B)")
+    guided = 0
+    probe = None if guess_bytes is None else -(-guess_bytes // grid)
     while high - low > 1:
-        mid = (low + high) // 2
-        if runs(mid * CAPACITY_GRID_BYTES):
-            high = mid
+        chosen = probe is not None and low < probe < high and guided < GUIDED_PROBES
+        guided += chosen
+        if not chosen:
+            probe = (low + high) // 2
+        demand = short(probe * grid)
+        if demand is None:
+            high, probe = probe, (probe - 1 if chosen else None)       # a demand that ran: is it the least?
         else:
-            low = mid
-    return high * CAPACITY_GRID_BYTES
+            low, probe = probe, min(-(-demand // grid), high - 1)      # where that request would be served
+    return high * grid
 
 
 def smallest_capacity_bytes(events, cached=(), expandable_segments: bool = False, segment_addresses=()) -> int:
@@ -195,9 +218,10 @@ def smallest_capacity_bytes(events, cached=(), expandable_segments: bool = False
     unbounded = start(cached, expandable_segments, segment_addresses)
     unbounded.run(events)
     high = unbounded.peak_reserved          # absolute: the seeded segments included
-    runs = lambda capacity: replay(events, cached, expandable_segments, segment_addresses,  # noqa: E731
-                                   capacity).oom is None
-    return bisect_capacity(runs, least_allocated_bytes(events, cached) - 1, high)
+    def short(capacity):
+        oom = replay(events, cached, expandable_segments, segment_addresses, capacity).oom
+        return None if oom is None else oom.demand_bytes
+    return bisect_capacity(short, least_allocated_bytes(events, cached) - 1, high)
 
 
 class _OutOfMemoryError(Exception):

@@ -78,16 +78,29 @@ class Estimate:
         return {**base, "reserved_over_allocated": base["reserved_over_allocated"] * expandable["factor"],
                 "reserved_over_allocated_worst": expandable["reserved_over_allocated_worst"]}
 
-    @cached_property
+    @property
     def simulated_reserved_bytes(self) -> int | None:
         """`max_memory_reserved()` of the generated allocation sequence replayed through PyTorch's
         caching allocator (`zerocalc.sequence`, `zerocalc.allocator`); None where no sequence is
         generated (see `sequence.generated`: e.g. stage 3 with GAS > 1, no architecture) or simulate is off.
         Milliseconds for a 7B model, ~0.1 s for a 70B one: `plan` ranks with the ratio instead."""
+        return None if self._simulation is None else self._simulation[0]
+
+    @cached_property
+    def _simulation(self) -> tuple | None:
+        """(the unbounded replay's reserved peak, each simulated rank's job (`fits.job_pieces`) where
+        the verdict will replay it against the card, else None); None where not simulated. The job is
+        made once for both, and kept only where needed."""
         if not self.simulate or self.model.architecture is None:   # no sequence without one: a P-only run
             return None                                              # never imports the simulation
         from zerocalc import sequence
-        return sequence.peak_reserved_bytes(self.model, self.setup)
+        if self.gpu_memory_bytes is None or not sequence.generated(self.model, self.setup):
+            peak = sequence.peak_reserved_bytes(self.model, self.setup)
+            return None if peak is None else (peak, None)
+        from zerocalc import fits
+        jobs = fits.job_pieces(self.model, self.setup)
+        peak = fits.unbounded_reserved_bytes(jobs, self.setup.expandable_segments)
+        return peak, (jobs if max(peak, self.peak_bytes) > self.device_capacity_bytes else None)
 
     @property
     def reserved_source(self) -> str:
@@ -156,10 +169,9 @@ class Estimate:
         reserved past the capacity (at or under it no cudaMalloc fails and nothing is retried)."""
         return self.fits_source == "allocator" and self.peak_reserved_bytes > self.device_capacity_bytes
 
-    @cached_property
+    @property
     def _job(self):
-        from zerocalc import fits
-        return fits.job_pieces(self.model, self.setup)
+        return self._simulation[1]
 
     @cached_property
     def at_capacity(self) -> "fits.AtCapacity | None":
@@ -205,9 +217,9 @@ class Estimate:
         below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
         if self.at_capacity.runs:
             smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)
-        else:                                               # it runs where the unbounded replay's reserved fits
-            smallest = fits.smallest_capacity_bytes(job, expandable, max(capacity, below),
-                                                    self.simulated_reserved_bytes)
+        else:                # it runs where the unbounded replay's reserved fits; first tried: what it ran out on needed
+            smallest = fits.smallest_capacity_bytes(job, expandable, max(capacity, below), self.simulated_reserved_bytes,
+                                                    self.at_capacity.oom.demand_bytes)
         return capacity - max(smallest, self.peak_bytes)
 
     @property

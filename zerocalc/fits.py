@@ -42,6 +42,13 @@ def job_pieces(model: ModelSpec, setup: Setup) -> tuple[tuple[int, tuple], ...]:
                      for r in sequence.offload_ranks(model, setup))
 
 
+def unbounded_reserved_bytes(jobs, expandable_segments: bool) -> int:
+    """The ranks' largest reserved peak replayed without a capacity: `sequence.peak_reserved_bytes`
+    from pieces already made."""
+    with sequence.cycle_collector_paused():
+        return max(sequence.replay_steps(iter(pieces), expandable_segments).peak_reserved_bytes for _, pieces in jobs)
+
+
 def phase(pieces, event: int) -> str:
     """Which piece of a job event `event` lies in: "init" (piece 0) or "step k"."""
     start = 0
@@ -71,9 +78,13 @@ def least_allocated_bytes(jobs) -> int:
                for _, pieces in jobs)
 
 
-def smallest_capacity_bytes(jobs, expandable_segments: bool, failing_bytes: int, running_bytes: int) -> int:
+def smallest_capacity_bytes(jobs, expandable_segments: bool, failing_bytes: int, running_bytes: int,
+                            guess_bytes: int | None = None) -> int:
     """The capacity at which every rank's job runs without OOM, by `allocator.bisect_capacity`
-    between failing_bytes (where one does not) and running_bytes (where all do): the smallest where
-    running is monotone in the capacity, else a boundary between the two (see `bisect_capacity`)."""
-    return allocator.bisect_capacity(lambda c: at_capacity(jobs, expandable_segments, c).runs,
-                                     failing_bytes, running_bytes)
+    between failing_bytes (where one does not) and running_bytes (where all do), guess_bytes its
+    first probe (a failure's demand): the smallest where running is monotone in the capacity, else a
+    boundary between the two (see `bisect_capacity`)."""
+    def short(capacity):
+        oom = at_capacity(jobs, expandable_segments, capacity).oom
+        return None if oom is None else oom.demand_bytes
+    return allocator.bisect_capacity(short, failing_bytes, running_bytes, guess_bytes)

@@ -190,7 +190,7 @@ def as_csv(estimates) -> str:
                 "peak_phase", "peak_reserved_bytes", "paper_model_states_bytes", "comm_bytes_per_step",
                 "comm_volume_over_params", "fits", "fits_worst_case", "fits_on_gpu_memory_bytes",
                 "fits_on_worst_case_gpu_memory_bytes", *TIME_COLUMNS, "host_peak_bytes_per_rank",
-                "host_bytes_per_node", "fits_host"])
+                "host_bytes_per_node", "fits_host", "fits_source", "headroom_bytes", "alloc_retries"])
     blank = lambda v: "" if v is None else v  # noqa: E731
     for e in estimates:
         d = e.as_dict()
@@ -203,7 +203,8 @@ def as_csv(estimates) -> str:
                     d["comm"]["bytes_per_rank_per_step"], round(d["comm"]["volume_over_params"], 6),
                     blank(d["fits"]), blank(d["fits_worst_case"]), blank(d["fits_on_gpu_memory_bytes"]),
                     blank(d["fits_on_worst_case_gpu_memory_bytes"]), *(blank(time.get(k)) for k in TIME_COLUMNS),
-                    d["host"]["peak_bytes"], d["host"]["node_bytes"], blank(d["fits_host"])])
+                    d["host"]["peak_bytes"], d["host"]["node_bytes"], blank(d["fits_host"]), blank(d["fits_source"]),
+                    blank(d["headroom_bytes"]), blank(d["alloc_retries"])])
     return buf.getvalue().rstrip("\n")
 
 
