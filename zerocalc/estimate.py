@@ -88,9 +88,9 @@ class Estimate:
 
     @cached_property
     def _simulation(self) -> tuple | None:
-        """(the unbounded replay's reserved peak, each simulated rank's job (`fits.job_pieces`) where
-        the verdict will replay it against the card, else None); None where not simulated. The job is
-        made once for both, and kept only where needed."""
+        """(the unbounded replay's reserved peak, the replay against the card where the verdict needs
+        it (`at_capacity`), else None); None where not simulated. The job is made once for both and
+        dropped before the cycle collector runs again (kept, it would be walked by every collection)."""
         if not self.simulate or self.model.architecture is None:   # no sequence without one: a P-only run
             return None                                              # never imports the simulation
         from zerocalc import sequence
@@ -98,9 +98,13 @@ class Estimate:
             peak = sequence.peak_reserved_bytes(self.model, self.setup)
             return None if peak is None else (peak, None)
         from zerocalc import fits
-        jobs = fits.job_pieces(self.model, self.setup)
-        peak = fits.unbounded_reserved_bytes(jobs, self.setup.expandable_segments)
-        return peak, (jobs if max(peak, self.peak_bytes) > self.device_capacity_bytes else None)
+        expandable, capacity = self.setup.expandable_segments, self.device_capacity_bytes
+        with sequence.cycle_collector_paused():
+            jobs = fits.job_pieces(self.model, self.setup)
+            peak = fits.unbounded_reserved_bytes(jobs, expandable)
+            at = fits.at_capacity(jobs, expandable, capacity) if max(peak, self.peak_bytes) > capacity else None
+            del jobs
+        return peak, at
 
     @property
     def reserved_source(self) -> str:
@@ -170,17 +174,10 @@ class Estimate:
         return self.fits_source == "allocator" and self.peak_reserved_bytes > self.device_capacity_bytes
 
     @property
-    def _job(self):
-        return self._simulation[1]
-
-    @cached_property
     def at_capacity(self) -> "fits.AtCapacity | None":
         """The simulated ranks' jobs replayed against `device_capacity_bytes` (`zerocalc.fits`): OOM
         or not, and the allocator's retries; None where the verdict needs no such replay."""
-        if not self._replayed_at_capacity:
-            return None
-        from zerocalc import fits
-        return fits.at_capacity(self._job, self.setup.expandable_segments, self.device_capacity_bytes)
+        return self._simulation[1] if self._replayed_at_capacity else None
 
     @property
     def alloc_retries(self) -> int | None:
@@ -212,14 +209,17 @@ class Estimate:
         without the bisection. By the ratio ("ratio"), the card less `device_bytes`."""
         if not self._replayed_at_capacity:
             return None if self.gpu_memory_bytes is None else self.gpu_memory_bytes - self.device_bytes
-        from zerocalc import fits
-        capacity, job, expandable = self.device_capacity_bytes, self._job, self.setup.expandable_segments
-        below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
-        if self.at_capacity.runs:
-            smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)
-        else:                # it runs where the unbounded replay's reserved fits; first tried: what it ran out on needed
-            smallest = fits.smallest_capacity_bytes(job, expandable, max(capacity, below), self.simulated_reserved_bytes,
-                                                    self.at_capacity.oom.demand_bytes)
+        from zerocalc import fits, sequence
+        capacity, expandable, at = self.device_capacity_bytes, self.setup.expandable_segments, self.at_capacity
+        with sequence.cycle_collector_paused():       # the job made again (`_simulation` dropped it)
+            job = fits.job_pieces(self.model, self.setup)
+            below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
+            if at.runs:
+                smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)
+            else:            # it runs where the unbounded replay's reserved fits; first tried: what it ran out on needed
+                smallest = fits.smallest_capacity_bytes(job, expandable, max(capacity, below),
+                                                        self.simulated_reserved_bytes, at.oom.demand_bytes)
+            del job
         return capacity - max(smallest, self.peak_bytes)
 
     @property
