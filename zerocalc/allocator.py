@@ -24,13 +24,20 @@ max_split_size unlimited, no garbage-collection threshold):
 With `capacity_bytes` (what the card leaves the allocator) a new segment whose cudaMalloc would take
 reserved past it fails as cudaMalloc does on a full card, and torch's `malloc` then does what it does
 (c10/cuda/CUDACachingAllocator.cpp, `malloc`: `alloc_block || (release_available_cached_blocks &&
-alloc_block) || (release_cached_blocks && alloc_block(isRetry))`, unchanged from torch 2.4 to the
-2.9+ sources read): `release_available_cached_blocks` returns false at once when max_split_size is
-unlimited (the default); `release_cached_blocks` returns every cached segment that is one free block,
-in every pool and stream, as `empty_cache` does (it is `emptyCache`'s body); the cudaMalloc is tried
-once more (`num_alloc_retries` += 1), without searching the free blocks again; failing that, the
-request raises OutOfMemoryError and the job ends there (`Replay.oom`). Hence fragmentation held in
-free cached segments never causes an OOM; free blocks inside segments still in use do.
+alloc_block) || (release_cached_blocks && alloc_block(isRetry))`, alike in an older release's source
+and a current one's, read for this): `release_available_cached_blocks` returns false at once when
+max_split_size is unlimited (the default); `release_cached_blocks` returns every cached segment that
+is one free block, in every pool and stream, as `empty_cache` does (it is `emptyCache`'s body); the
+cudaMalloc is tried once more (`num_alloc_retries` += 1), without searching the free blocks again;
+failing that, the request raises OutOfMemoryError and the job ends there (`Replay.oom`). Hence fragmentation held in
+free cached segments never causes an OOM; free blocks inside segments still in use do. With
+expandable segments a mapping whose pages would pass the capacity fails whole
+(`ExpandableSegment::map` releases the pages it made when a cuMemCreate fails), the retry's
+`release_cached_blocks` unmaps every whole free page (`release_blocks`, `unmap_block`: `empty_cache`
+again), and the mapping is looked for and tried once more. The capacity is a card's: under
+`set_per_process_memory_fraction` torch checks a cudaMalloc's size against the fraction before
+trying it, the same for the default allocator, but for expandable segments the request's allocation
+size rather than the pages it would map (not modelled).
 
 With expandable_segments:True (`replay(..., expandable_segments=True)`) the same sequence runs
 through that allocator's rules instead (`_ExpandableAllocator`). Replaying the histories of jobs
@@ -181,7 +188,7 @@ def bisect_capacity(short, failing_bytes: int, running_bytes: int, guess_bytes: 
 
     Probes anywhere inside the pair keep it, so they are chosen to end soon: after a failure, at its
     demand (or guess_bytes first), and after a run found so, just below it; else halfway. In the
-    generated jobs the answer is usually a demand seen near it (2-6 replays for a 7B Llama, against
+    generated jobs the answer is usually a demand seen near it (2-7 replays for a 7B Llama, against
     the 10-15 of halving); at most `GUIDED_PROBES` are chosen so, so never more than that many over
     halving alone.
 
@@ -641,7 +648,8 @@ class _ExpandableAllocator(_Allocator):
     `map_block`, `unmap_block`): one virtual range per pool and stream, mapped page by page at its
     lowest free addresses; a request still takes the smallest free mapped block that fits, but one
     that can only grow into unmapped pages counts at its grown size (`get_free_block`); any block is
-    split when 512 B or more remain; `empty_cache` unmaps every whole free page."""
+    split when 512 B or more remain; `empty_cache` unmaps every whole free page, and so does the
+    retry past a capacity."""
 
     def __init__(self):
         super().__init__()

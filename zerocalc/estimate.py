@@ -216,7 +216,7 @@ class Estimate:
             below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
             if at.runs:
                 smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)
-            else:            # it runs where the unbounded replay's reserved fits; first tried: what it ran out on needed
+            else:   # it runs at the unbounded reserved; tried first: what the request it ran out on needed
                 smallest = fits.smallest_capacity_bytes(job, expandable, max(capacity, below),
                                                         self.simulated_reserved_bytes, at.oom.demand_bytes)
             del job

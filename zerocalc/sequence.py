@@ -889,7 +889,7 @@ def _replay_to_steady_state(model: ModelSpec, setup: Setup, fresh_process: bool,
     """`replay(events(...))` of one generated job, stopping at the allocator's steady state
     (`replay_steps`); the steps are generated one at a time, the cycle collector paused."""
     with cycle_collector_paused():
-        return replay_steps(step_pieces(model, setup, fresh_process, rank), expandable_segments=setup.expandable_segments)
+        return replay_steps(step_pieces(model, setup, fresh_process, rank), setup.expandable_segments)
 
 
 def replay_steps(pieces, expandable_segments: bool = False, capacity_bytes: int | None = None) -> Replay:
