@@ -4,7 +4,7 @@ import glob
 
 import pytest
 
-from zerocalc.allocator import replay, round_size, segment_size
+from zerocalc.allocator import least_allocated_bytes, replay, round_size, segment_size, smallest_capacity_bytes
 
 MiB = 2**20
 
@@ -247,3 +247,107 @@ def test_expandable_what_if_from_a_default_history_matches_the_expandable_job(pa
     r = replay(allocator_events(snap["device_traces"][0]), start_segments(snap), expandable_segments=True)
     predicted = r.peak_reserved_bytes + snap["zerocalc_base_reserved"]
     assert abs(predicted / measured - 1) < 0.02
+
+
+# A capacity: what the card leaves the allocator. A cudaMalloc past it fails; torch's malloc then
+# returns every cached segment that is one free block (release_cached_blocks) and retries once.
+
+def test_a_cudamalloc_past_the_capacity_frees_the_cached_segments_of_every_pool_and_retries():
+    # capacity 400 MiB. s: 100 B -> a 2 MiB small-pool segment, freed (cached). a: 300 MiB on stream 0,
+    # a 300 MiB segment (302 reserved), freed (cached). b: 200 MiB on stream 7 takes no block of
+    # stream 0: a new 200 MiB segment would make 502 > 400 -> the cudaMalloc fails; release_cached_blocks
+    # returns both free segments (the small pool's and stream 0's: 302 -> 0 reserved); the retry
+    # makes b's 200 MiB segment (reserved 200). c: 150 MiB on stream 0, whose pool is empty now: a new
+    # 150 MiB segment, 350 <= 400, no retry (unbounded, c would have split a's cached 300 MiB block).
+    seq = [alloc("s", 100), free("s"), alloc("a", 300 * MiB), free("a"), alloc("b", 200 * MiB, stream=7),
+           alloc("c", 150 * MiB)]
+    r = replay(seq, capacity_bytes=400 * MiB)
+    assert r.oom is None and r.alloc_retries == 1
+    assert sorted(r.releases) == [(4, 2 * MiB), (4, 300 * MiB)]         # both returned at event 4, b's
+    assert [s.size_bytes for s in r.segments] == [2 * MiB, 300 * MiB, 200 * MiB, 150 * MiB]
+    assert r.peak_reserved_bytes == 350 * MiB                            # 302, the retry's 0, 200, then 350
+    unbounded = replay(seq)
+    assert unbounded.alloc_retries == 0 and unbounded.peak_reserved_bytes == 502 * MiB   # 2 + 300 + 200
+    assert replay(seq, capacity_bytes=502 * MiB) == unbounded           # a capacity never reached changes nothing
+
+
+def test_out_of_memory_when_the_retry_frees_no_whole_segment():
+    # capacity 400 MiB. a: 300 MiB segment; b: 50 MiB segment (350 reserved); a freed; c: 100 MiB takes
+    # the front of a's free 300 MiB block (200 MiB free left in that segment). d: 250 MiB fits in no free
+    # block (200 MiB): a 250 MiB segment would make 600 > 400; the retry finds no segment that is one free
+    # block (a's holds c, b's holds b): still 350 reserved, 600 > 400 -> OutOfMemoryError at event 4,
+    # with 150 MiB allocated (b + c) of 350 reserved: 200 MiB free in the cache, unusable. e is not run.
+    seq = [alloc("a", 300 * MiB), alloc("b", 50 * MiB), free("a"), alloc("c", 100 * MiB), alloc("d", 250 * MiB),
+           alloc("e", MiB)]
+    r = replay(seq, capacity_bytes=400 * MiB)
+    assert r.oom == (4, 250 * MiB, 250 * MiB, 350 * MiB, 150 * MiB)   # event, request, cudaMalloc, reserved, allocated
+    assert r.alloc_retries == 1 and r.releases == ()
+    assert r.peak_allocated_bytes == 350 * MiB                          # a + b; e never allocated
+    assert [s.size_bytes for s in r.segments] == [300 * MiB, 50 * MiB]
+
+
+def test_expandable_segments_unmap_free_pages_to_retry_and_can_still_run_out():
+    # expandable_segments:True, capacity 100 MiB, pages of 20 MiB. a: 40 MiB maps 2 pages [0, 40); b: 20
+    # MiB maps one more [40, 60) (60 reserved); a freed: [0, 40) free, mapped. c: 50 MiB on stream 7:
+    # a segment of its own, 3 pages (60 MiB): 120 > 100 -> the mapping fails; release_cached_blocks
+    # unmaps the whole free pages, a's two (60 -> 20 reserved); the retry maps c's 3 pages (80).
+    # d: 30 MiB on stream 0: no free mapped block there; [0, 40) is unmapped and holds it: 2 pages,
+    # 80 + 40 = 120 > 100 -> fails; the retry unmaps nothing (c's segment has 10 MiB free inside a
+    # page c uses) -> OutOfMemoryError: 30 MiB asked, 40 MiB of pages, 80 reserved, 70 allocated (b + c).
+    seq = [alloc("a", 40 * MiB), alloc("b", 20 * MiB), free("a"), alloc("c", 50 * MiB, stream=7), alloc("d", 30 * MiB)]
+    r = replay(seq, expandable_segments=True, capacity_bytes=100 * MiB)
+    assert r.releases == ((3, 40 * MiB),) and r.alloc_retries == 2
+    assert [s.size_bytes for s in r.segments] == [40 * MiB, 20 * MiB, 60 * MiB]
+    assert r.oom == (4, 30 * MiB, 40 * MiB, 80 * MiB, 70 * MiB)
+    # Unbounded, d takes the front of a's free mapped block: 40 + 20 + 60 = 120 MiB reserved, no retry;
+    # at 120 MiB the same. Just below, c's retry unmaps a's pages and d must map them again: OOM. So
+    # the smallest capacity is the unbounded reserved: the retry saved nothing here.
+    assert replay(seq, expandable_segments=True).peak_reserved_bytes == 120 * MiB
+    assert replay(seq, expandable_segments=True, capacity_bytes=118 * MiB).oom is not None
+    assert smallest_capacity_bytes(seq, expandable_segments=True) == 120 * MiB
+
+
+def test_smallest_capacity_bisects_on_the_2_mib_grid():
+    # The retry sequence above: unbounded 502 MiB reserved; its live requests peak at 350 MiB (a alone
+    # 300; then b + c): nothing below 350 runs. At 350: b's retry returns a's and s's segments,
+    # b 200, c 150 -> 350, runs. At 348: c's 150 MiB segment would make 350 > 348, its retry frees
+    # nothing (b's segment is in use) -> OOM. So 350 MiB, and the bisection finds it.
+    seq = [alloc("s", 100), free("s"), alloc("a", 300 * MiB), free("a"), alloc("b", 200 * MiB, stream=7),
+           alloc("c", 150 * MiB)]
+    assert least_allocated_bytes(seq) == 350 * MiB
+    assert replay(seq, capacity_bytes=350 * MiB).oom is None
+    assert replay(seq, capacity_bytes=350 * MiB - 1).oom.event == 5          # on the grid: 348 MiB
+    assert smallest_capacity_bytes(seq) == 350 * MiB
+
+
+def test_running_is_not_monotone_in_the_capacity_and_the_bisection_keeps_its_bracket():
+    # a: 50 MiB on stream 1, freed (cached). b: 20 MiB on stream 0: a new 20 MiB segment. From 70 MiB
+    # up it fits beside a's; below, the retry returns a's segment first (20 reserved). c: 10 MiB on
+    # stream 1 (10 MiB: a segment of 10): with a's block cached it splits it (70 reserved); without,
+    # a 10 MiB segment (30). d: 10 MiB on stream 0, where b fills its segment: a new 10 MiB segment.
+    # With a's segment kept (capacity 70-78 MiB): 80 > capacity, and the retry frees nothing (c lies
+    # in a's segment) -> OOM. With it returned (50-68): 40 <= capacity, runs. At 80: fits unbounded.
+    seq = [alloc("a", 50 * MiB, stream=1), free("a"), alloc("b", 20 * MiB), alloc("c", 10 * MiB, stream=1),
+           alloc("d", 10 * MiB)]
+    runs = {c: replay(seq, capacity_bytes=c * MiB).oom is None for c in range(48, 82, 2)}
+    assert [c for c, ok in runs.items() if ok] == [50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 80]
+    # Below 50 a alone does not fit: at 44 MiB its 50 MiB cudaMalloc fails with nothing to release, a
+    # demand of 50. Bracketed by 40 MiB (fails) and 80 (runs), the bisection halves to 60 (runs) and 50
+    # (runs), halves to 44 (fails, demand 50), then probes just under that demand, 48 (fails): 50 MiB,
+    # the smallest. Bracketed by 70 (fails) and 80 (runs): 74 fails at d (70 reserved, nothing to
+    # release, 10 more: demand 80), so it probes 78 (fails): 80, a boundary, on the side of 70's
+    # verdict; a first guess of 70 MiB leads it there too.
+    from zerocalc.allocator import bisect_capacity
+    probes = []
+
+    def short(c):
+        probes.append(c // MiB)
+        oom = replay(seq, capacity_bytes=c).oom
+        return None if oom is None else oom.demand_bytes
+    assert bisect_capacity(short, 40 * MiB, 80 * MiB) == 50 * MiB and probes == [60, 50, 44, 48]
+    probes.clear()
+    assert bisect_capacity(short, 70 * MiB, 80 * MiB) == 80 * MiB and probes == [74, 78]
+    assert bisect_capacity(short, 40 * MiB, 80 * MiB, guess_bytes=70 * MiB) == 80 * MiB
+    ran = short
+    with pytest.raises(ValueError):
+        bisect_capacity(ran, 80 * MiB, 70 * MiB)

@@ -84,6 +84,79 @@ def test_tight_when_only_the_expected_allocator_overhead_fits():
     assert "tight: PYTORCH" not in run(*args, "--gpu-memory", "10TiB").output   # not when nothing is tight
 
 
+# A 4-layer Llama at stage 3 on 2 ranks, 512 tokens: its allocation sequence is simulated (milliseconds).
+TINY_STAGE3 = ("--vocab-size", "32000", "--hidden-size", "1024", "--num-layers", "4", "--num-heads", "8", "--dp", "2",
+               "--seq-len", "512", "--stage", "3")
+MiB = 2**20
+
+
+def _tiny(gpu_memory_bytes):
+    r = run(*TINY_STAGE3, "--gpu-memory", str(gpu_memory_bytes), "--format", "json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)["estimates"][0]
+
+
+def _fits_column(gpu_memory_bytes):
+    text = run(*TINY_STAGE3, "--gpu-memory", str(gpu_memory_bytes)).output
+    row = next(ln for ln in text.splitlines() if ln.split()[:1] == ["3"])
+    return row.split(maxsplit=15)[-1], text
+
+
+def test_fits_is_the_allocators_verdict_on_the_card_retries_included():
+    # A card holding the unbounded replay's reserved: no cudaMalloc fails, nothing is replayed; the
+    # headroom is the card less reserved and context, a lower bound.
+    free = _tiny(2**40)
+    context = free["device_bytes"] - free["peak_reserved_bytes"]
+    reserved = free["peak_reserved_bytes"]
+    assert free["fits_source"] == "allocator" and free["fits"] is True
+    assert free["alloc_retries"] == 0 and free["oom"] is None and free["headroom_is_lower_bound"] is True
+    assert free["headroom_bytes"] == 2**40 - free["device_bytes"]
+    assert free["device_capacity_bytes"] == 2**40 - context
+    # 2 MiB less: the unbounded reserved no longer fits, so the sequence is replayed against the card;
+    # the allocator frees its cached segments and retries, and the job runs: fits, tight, with retries.
+    short = _tiny(context + reserved - 2 * MiB)
+    assert short["fits"] is True and short["fits_worst_case"] is False and short["oom"] is None
+    assert short["alloc_retries"] > 0 and short["headroom_is_lower_bound"] is False
+    # The headroom says how much less still runs: the card at exactly that runs (headroom 0), 2 MiB
+    # (one step of the grid) less does not, and says where it ran out.
+    need = short["device_capacity_bytes"] - short["headroom_bytes"]
+    assert free["peak_bytes"] <= need < reserved
+    at, below = _tiny(context + need), _tiny(context + need - 2 * MiB)
+    assert at["fits"] is True and at["headroom_bytes"] == 0
+    assert below["fits"] is False and below["headroom_bytes"] == -2 * MiB and below["fits_worst_case"] is False
+    if need > free["peak_bytes"]:                 # the allocator, not the allocated peak, is what is short
+        assert below["oom"]["reserved_bytes"] + below["oom"]["segment_bytes"] > below["device_capacity_bytes"]
+        assert below["oom"]["phase"] == "init" or below["oom"]["phase"].startswith("step ")
+    # The table says so: tight where it runs only thanks to the retries, NO (GPU) where it does not,
+    # and its note says how fits was decided.
+    fits, text = _fits_column(context + reserved - 2 * MiB)
+    assert fits == "tight" and "the allocator freeing its cached segments" in text
+    assert _fits_column(context + need - 2 * MiB)[0] == "NO (GPU)"
+    assert "the allocator freeing its cached segments" not in _fits_column(2**40)[1]   # no replay: the old rule
+
+
+def test_a_card_far_too_small_says_no_with_the_oom_point_and_how_far_short():
+    # Half the unbounded reserved: the replay runs out; the headroom is negative, at least as short as
+    # the live requests are (they alone need more than the capacity).
+    free = _tiny(2**40)
+    context = free["device_bytes"] - free["peak_reserved_bytes"]
+    e = _tiny(context + free["peak_reserved_bytes"] // 2)
+    assert e["fits"] is False and e["fails_on"] == ["GPU"]
+    assert e["headroom_bytes"] <= e["device_capacity_bytes"] - e["peak_bytes"] < 0
+    oom = e["oom"]
+    assert oom["rank"] == 0 and oom["allocated_bytes"] <= oom["reserved_bytes"] <= e["device_capacity_bytes"]
+    assert oom["reserved_bytes"] + oom["segment_bytes"] > e["device_capacity_bytes"]
+
+
+def test_where_the_sequence_is_not_simulated_fits_is_the_ratios_and_says_so():
+    e = json.loads(run("--params", "7e9", "--dp", "8", "--stage", "3", "--gpu-memory", "80GiB", "--format",
+                       "json").output)["estimates"][0]
+    assert e["fits_source"] == "ratio" and e["alloc_retries"] is None and e["oom"] is None
+    assert e["headroom_bytes"] == 80 * 2**30 - e["device_bytes"] and e["headroom_is_lower_bound"] is False
+    no_card = json.loads(run("--params", "7e9", "--dp", "8", "--stage", "3", "--format", "json").output)["estimates"][0]
+    assert no_card["fits_source"] is None and no_card["headroom_bytes"] is None
+
+
 def test_model_preset_and_overrides():
     r = run("--model", "llama-2-7b", "--dp", "8", "--format", "json")
     assert json.loads(r.output)["inputs"]["num_params"] == 6_738_415_616   # Llama-2-7B's published count
@@ -270,6 +343,8 @@ def test_csv_carries_the_time_section_of_the_json():
         for k, v in e["time"].items():
             assert float(row[k]) == pytest.approx(v, rel=1e-12), k
         assert row["fits"] == str(e["fits"]) and row["fits_worst_case"] == str(e["fits_worst_case"])
+        assert (row["fits_source"], row["headroom_bytes"], row["alloc_retries"]) == \
+            (e["fits_source"], str(e["headroom_bytes"]), str(e["alloc_retries"]))
     plain = list(csv.DictReader(io.StringIO(run("--params", "1e9", "--dp", "2", "--format", "csv").output)))
     assert plain[0]["step_s"] == "" and plain[0]["fits"] == ""             # no time without --gpu and a shape
 

@@ -449,6 +449,52 @@ def test_a_tensor_kept_across_steps_is_not_a_steady_state(monkeypatch):
     assert result == allocator.replay([e for events, _ in pieces for e in events])
 
 
+def test_against_a_capacity_the_steps_retry_then_settle_or_stop_at_the_oom():
+    """init keeps W (100 MiB); each step makes A (30 MiB), frees it, makes B (50 MiB), frees it.
+    Capacity 150 MiB. Step 1: A a 30 MiB segment (130); B fits no free block (30 MiB): a 50 MiB segment
+    would make 180 > 150, so the allocator returns A's free segment and retries (100 + 50 = 150).
+    Step 2: A takes the front of B's free 50 MiB block (20 MiB stay, split), freed, merged back; B
+    takes it whole: nothing made or returned, but the cache differs from step 1's start (B's segment,
+    not A's), so step 2 is run; step 3 finds step 2's start and events: skipped, and so on. Reserved
+    peaks at 150 MiB with one retry, as the replay of every event against the capacity gives.
+    Capacity 140 MiB: step 1's B finds 130 reserved, the retry leaves 100, 150 > 140: OOM at event 3
+    (init's W, A, A's free, B), and no later step runs."""
+    init = [("alloc", 1, 100 * MiB, 0)]
+
+    def step(k, h):
+        return [("alloc", h, 30 * MiB, 0), ("free", h), ("alloc", h + 1, 50 * MiB, 0), ("free", h + 1)]
+
+    pieces = _steps(init, step, 6)
+    every = [e for events, _ in pieces for e in events]
+    settled = sequence.replay_steps(iter(pieces), capacity_bytes=150 * MiB)
+    assert settled.peak_reserved_bytes == 150 * MiB and settled.alloc_retries == 1 and settled.oom is None
+    assert settled.releases == ((3, 30 * MiB),)
+    assert settled == allocator.replay(every, capacity_bytes=150 * MiB)
+    stopped = sequence.replay_steps(iter(pieces), capacity_bytes=140 * MiB)
+    assert stopped.oom == (3, 50 * MiB, 50 * MiB, 100 * MiB, 100 * MiB)
+    assert stopped == allocator.replay(every, capacity_bytes=140 * MiB)
+    from zerocalc import fits
+    assert [fits.phase(pieces, i) for i in (0, 1, 4, 5, 24)] == ["init", "step 1", "step 1", "step 2", "step 6"]
+
+
+def test_the_allocators_verdict_on_a_generated_job_is_the_whole_replays():
+    """A 4-layer Llama at stage 3, N = 2, 512 tokens, replayed against capacities from its live
+    requests' peak to its unbounded reserved, every 64 MiB (`fits.at_capacity`, steps skipped at
+    the steady state): the same OOM or not and the same retries as replaying all its events against
+    each; among them some run only thanks to retries and some run out."""
+    from zerocalc import fits
+    model = from_architecture(Architecture("hf-llama", 32000, 1024, 4, 8, 8, 4096, False))
+    s = Setup(stage=Stage.PARAMETERS, dp=2, seq_len=512)
+    jobs, events = fits.job_pieces(model, s), sequence.events(model, s)
+    least, reserved = fits.least_allocated_bytes(jobs), allocator.replay(events).peak_reserved_bytes
+    seen = set()
+    for capacity in range(least - least % (2 * MiB), reserved + 1, 64 * MiB):
+        a, whole = fits.at_capacity(jobs, False, capacity), allocator.replay(events, capacity_bytes=capacity)
+        assert (a.oom, a.alloc_retries) == (whole.oom, whole.alloc_retries)
+        seen.add((a.runs, a.alloc_retries > 0))
+    assert {(True, True), (False, True)} <= seen
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_stopping_at_the_steady_state_gives_the_whole_replay(stage):
     """The generated job replayed to its steady state against every event of it replayed: the same

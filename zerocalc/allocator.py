@@ -17,9 +17,27 @@ max_split_size unlimited, no garbage-collection threshold):
 - the block found is split when what remains is at least 512 B (small pool) or more than 1 MiB
   (large pool); the request takes the front (`should_split`, `alloc_found_block`);
 - a freed block merges with free neighbours of its segment (`free_block`, `try_merge_blocks`);
-- segments are returned only by `torch.cuda.empty_cache()` (an "empty_cache" event: every segment
-  with nothing allocated in it; DeepSpeed's stage 3 calls it once at init, in `defragment`);
-  out-of-memory retries, which also return segments, are not modelled.
+- segments are returned by `torch.cuda.empty_cache()` (an "empty_cache" event: every segment with
+  nothing allocated in it; DeepSpeed's stage 3 calls it once at init, in `defragment`), and by the
+  out-of-memory retry where a capacity is given (below).
+
+With `capacity_bytes` (what the card leaves the allocator) a new segment whose cudaMalloc would take
+reserved past it fails as cudaMalloc does on a full card, and torch's `malloc` then does what it does
+(c10/cuda/CUDACachingAllocator.cpp, `malloc`: `alloc_block || (release_available_cached_blocks &&
+alloc_block) || (release_cached_blocks && alloc_block(isRetry))`, alike in an older release's source
+and a current one's, read for this): `release_available_cached_blocks` returns false at once when
+max_split_size is unlimited (the default); `release_cached_blocks` returns every cached segment that
+is one free block, in every pool and stream, as `empty_cache` does (it is `emptyCache`'s body); the
+cudaMalloc is tried once more (`num_alloc_retries` += 1), without searching the free blocks again;
+failing that, the request raises OutOfMemoryError and the job ends there (`Replay.oom`). Hence fragmentation held in
+free cached segments never causes an OOM; free blocks inside segments still in use do. With
+expandable segments a mapping whose pages would pass the capacity fails whole
+(`ExpandableSegment::map` releases the pages it made when a cuMemCreate fails), the retry's
+`release_cached_blocks` unmaps every whole free page (`release_blocks`, `unmap_block`: `empty_cache`
+again), and the mapping is looked for and tried once more. The capacity is a card's: under
+`set_per_process_memory_fraction` torch checks a cudaMalloc's size against the fraction before
+trying it, the same for the default allocator, but for expandable segments the request's allocation
+size rather than the pages it would map (not modelled).
 
 With expandable_segments:True (`replay(..., expandable_segments=True)`) the same sequence runs
 through that allocator's rules instead (`_ExpandableAllocator`). Replaying the histories of jobs
@@ -74,11 +92,28 @@ class Segment(NamedTuple):     # NamedTuples: cheaper than dataclasses to make a
     event: int          # index of the allocation that made it
 
 
+class OutOfMemory(NamedTuple):
+    """Where a replay with a capacity raised OutOfMemoryError: its retry found no room either."""
+    event: int              # index of the allocation that failed
+    request_bytes: int      # its size as the allocator rounds it (`round_size`)
+    segment_bytes: int      # the cudaMalloc that did not fit (expandable segments: the pages to map)
+    reserved_bytes: int     # reserved then, after the retry's release (all the allocator held, seeds included)
+    allocated_bytes: int    # allocated then (rounded block sizes, seeds included)
+
+    @property
+    def demand_bytes(self) -> int:
+        """What the failed request needed: reserved after the retry plus its cudaMalloc. A capacity
+        under it fails at that request from the same state."""
+        return self.reserved_bytes + self.segment_bytes
+
+
 class Replay(NamedTuple):
     segments: tuple[Segment, ...]
-    releases: tuple[tuple[int, int], ...]   # (event index, bytes) of each segment `empty_cache` returned
+    releases: tuple[tuple[int, int], ...]   # (event index, bytes) of each segment `empty_cache` or a retry returned
     peak_reserved_bytes: int      # max_memory_reserved less what was reserved before the sequence
     peak_allocated_bytes: int     # max_memory_allocated likewise (rounded block sizes)
+    alloc_retries: int = 0        # torch's num_alloc_retries: cached segments released to retry a cudaMalloc
+    oom: OutOfMemory | None = None   # where a replay with a capacity ran out; the events after it are not run
 
     def reserved_changes(self) -> list[tuple[int, int]]:
         """(event index, bytes) of every change to reserved, in order: segments made (+), segments
@@ -86,7 +121,8 @@ class Replay(NamedTuple):
         return sorted([(s.event, s.size_bytes) for s in self.segments] + [(i, -n) for i, n in self.releases])
 
 
-def replay(events, cached=(), expandable_segments: bool = False, segment_addresses=()) -> Replay:
+def replay(events, cached=(), expandable_segments: bool = False, segment_addresses=(),
+           capacity_bytes: int | None = None) -> Replay:
     """Run the allocator over events: ("alloc", handle, n_bytes, stream), ("free", handle) and
     ("empty_cache",), starting
     from the segments in `cached`: (address, size, stream, small, [(block address, size, allocated)])
@@ -98,22 +134,105 @@ def replay(events, cached=(), expandable_segments: bool = False, segment_address
     them each new segment lies below the lowest so far, as the driver placed the large segments of
     every fresh process recorded on H200 (`data/snapshots/`). Addresses only break ties between
     equal-sized free blocks (the lowest address wins), but such ties decide where a gradient bucket
-    or an Adam moment lands."""
-    a = start(cached, expandable_segments, segment_addresses)
+    or an Adam moment lands.
+    `capacity_bytes`: the most the allocator may hold (reserved, the cached segments included), as a
+    card of that much free memory allows: past it the allocator frees its cache and retries, then
+    raises OutOfMemoryError (module docstring); None: unbounded."""
+    a = start(cached, expandable_segments, segment_addresses, capacity_bytes)
     a.run(events)
     return a.result()
 
 
-def start(cached=(), expandable_segments: bool = False, segment_addresses=()) -> "_Allocator":
+def start(cached=(), expandable_segments: bool = False, segment_addresses=(),
+          capacity_bytes: int | None = None) -> "_Allocator":
     """An allocator to feed events piece by piece (`run`), whose `state` can be compared between
     pieces and whose `result` is `replay`'s over everything fed: `replay` is start, run, result."""
     a = _ExpandableAllocator() if expandable_segments else _Allocator()
+    a.capacity = capacity_bytes
     a.addresses = iter(segment_addresses)
     for seg in cached:
         a.seed(*seg)
     a.base_reserved, a.base_allocated = a.reserved, a.allocated
     a.peak_reserved, a.peak_allocated = a.reserved, a.allocated
     return a
+
+
+CAPACITY_GRID_BYTES = 2 << 20   # every segment (kSmallBuffer, kLargeBuffer, kRoundLarge) and page is a multiple:
+                                # whether a capacity runs depends only on how many of these it holds
+
+
+def least_allocated_bytes(events, cached=()) -> int:
+    """The most the live requests ever hold together, each rounded (`round_size`), the cached
+    segments' allocated blocks included: a block is never smaller than its request, so no capacity
+    below this runs the events without OOM."""
+    live = {addr: size for seg in cached for addr, size, allocated in seg[4] if allocated}
+    now = peak = sum(live.values())
+    for e in events:
+        if e[0] == "alloc":
+            n = live[e[1]] = round_size(e[2])
+            now += n
+            peak = max(peak, now)
+        elif e[0] == "free":
+            now -= live.pop(e[1], 0)
+    return peak
+
+
+GUIDED_PROBES = 4   # `bisect_capacity`'s probes chosen by a failure's demand, at most
+
+
+def bisect_capacity(short, failing_bytes: int, running_bytes: int, guess_bytes: int | None = None) -> int:
+    """The capacity on the 2 MiB grid (`CAPACITY_GRID_BYTES`) at which a sequence first runs between
+    failing_bytes, where it does not, and running_bytes, where it does. `short(capacity)`: None where
+    it runs, else the failed request's demand (`OutOfMemory.demand_bytes`). A bisection keeping that pair, so it
+    ends on a grid capacity that runs whose grid neighbour below fails.
+
+    Probes anywhere inside the pair keep it, so they are chosen to end soon: after a failure, at its
+    demand (or guess_bytes first), and after a run found so, just below it; else halfway. In the
+    generated jobs the answer is usually a demand seen near it (2-7 replays for a 7B Llama, against
+    the 10-15 of halving); at most `GUIDED_PROBES` are chosen so, so never more than that many over
+    halving alone.
+
+    Running without OOM is not monotone in the capacity in general: a smaller capacity's retries
+    return cached segments earlier, the requests after them take new segments instead of splitting
+    cached blocks, and the cache's layout from there on differs (it can run where a larger capacity
+    fails; `tests/test_allocator.py` has such a sequence). Where it is monotone the answer is the
+    smallest capacity that runs; where not, it is a boundary inside the pair given, never outside
+    it: a caller who knows that its own capacity runs (or fails) passes it as running_bytes (or
+    failing_bytes), and the answer is then on the same side of it as its verdict."""
+    grid = CAPACITY_GRID_BYTES
+    low, high = failing_bytes // grid, running_bytes // grid
+    if high <= low:
+        raise ValueError(f"a capacity that runs ({running_bytes} B) below one that fails ({failing_bytes} B)")
+    guided = 0
+    probe = None if guess_bytes is None else -(-guess_bytes // grid)
+    while high - low > 1:
+        chosen = probe is not None and low < probe < high and guided < GUIDED_PROBES
+        guided += chosen
+        if not chosen:
+            probe = (low + high) // 2
+        demand = short(probe * grid)
+        if demand is None:
+            high, probe = probe, (probe - 1 if chosen else None)       # a demand that ran: is it the least?
+        else:
+            low, probe = probe, min(-(-demand // grid), high - 1)      # where that request would be served
+    return high * grid
+
+
+def smallest_capacity_bytes(events, cached=(), expandable_segments: bool = False, segment_addresses=()) -> int:
+    """The smallest capacity (on the 2 MiB grid) at which `replay` runs the events without OOM, by
+    `bisect_capacity` between `least_allocated_bytes` (below which nothing runs) and the unbounded
+    replay's peak reserved (at which no retry happens: the replay is the unbounded one)."""
+    unbounded = start(cached, expandable_segments, segment_addresses)
+    unbounded.run(events)
+    high = unbounded.peak_reserved          # absolute: the seeded segments included
+    def short(capacity):
+        oom = replay(events, cached, expandable_segments, segment_addresses, capacity).oom
+        return None if oom is None else oom.demand_bytes
+    return bisect_capacity(short, least_allocated_bytes(events, cached) - 1, high)
+
+
+class _OutOfMemoryError(Exception):
+    """torch's OutOfMemoryError, carrying its `OutOfMemory` (allocated filled in by `run`)."""
 
 
 class _Block:
@@ -186,6 +305,9 @@ class _Allocator:
         self.reserved = self.allocated = self.peak_reserved = self.peak_allocated = 0
         self.fed = 0                            # events run so far
         self.fed_addresses = 0                  # segment addresses taken from `addresses`
+        self.capacity: int | None = None        # the most reserved may reach (`replay`'s capacity_bytes)
+        self.retries = 0                        # release_cached_blocks + cudaMalloc retries so far
+        self.oom: OutOfMemory | None = None     # set when a request found no room: later events are not run
 
     def _pool_lists(self, stream) -> tuple[_FreeBlocks, _FreeBlocks]:
         """The free blocks of stream's large and small pools, made on first use."""
@@ -200,8 +322,9 @@ class _Allocator:
 
     def run(self, events) -> None:
         """Replay events, numbered on from those run before: `malloc` and `free` written out in the
-        loop (they run for every event of a simulated job; a subclass's `malloc` is called)."""
-        if type(self) is not _Allocator:
+        loop (they run for every event of a simulated job; a subclass's `malloc` is called). After an
+        out-of-memory error nothing more is run: the job has ended."""
+        if self.oom is not None or type(self) is not _Allocator:
             return self._run_each(events)
         starts, ends, live, by_stream = self.starts, self.ends, self.live, self.by_stream
         bisect_left, insort, Block = bisect.bisect_left, bisect.insort, _Block
@@ -303,6 +426,8 @@ class _Allocator:
                     self.empty_cache(i)
                 else:
                     raise ValueError(f"unknown event {kind!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
+        except _OutOfMemoryError as error:      # raised by `_segment`, before the event changed anything
+            self.oom = error.args[0]._replace(allocated_bytes=allocated)
         finally:
             self.allocated, self.peak_allocated = allocated, peak_allocated
         self.fed += len(events)
@@ -310,16 +435,21 @@ class _Allocator:
     def _run_each(self, events) -> None:
         """`run` through the methods, one call per event."""
         malloc, free = self.malloc, self.free
-        for i, e in enumerate(events, self.fed):
-            kind = e[0]
-            if kind == "alloc":
-                malloc(e[1], e[2], e[3], i)
-            elif kind == "free":
-                free(e[1])
-            elif kind == "empty_cache":
-                self.empty_cache(i)
-            else:
-                raise ValueError(f"unknown event {kind!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
+        try:
+            for i, e in enumerate(events, self.fed):
+                if self.oom is not None:
+                    break
+                kind = e[0]
+                if kind == "alloc":
+                    malloc(e[1], e[2], e[3], i)
+                elif kind == "free":
+                    free(e[1])
+                elif kind == "empty_cache":
+                    self.empty_cache(i)
+                else:
+                    raise ValueError(f"unknown event {kind!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
+        except _OutOfMemoryError as error:
+            self.oom = error.args[0]._replace(allocated_bytes=self.allocated)
         self.fed += len(events)
 
     def skip(self, n_events: int) -> None:
@@ -329,7 +459,7 @@ class _Allocator:
 
     def result(self) -> Replay:
         return Replay(tuple(self.segments), tuple(self.releases), self.peak_reserved - self.base_reserved,
-                      self.peak_allocated - self.base_allocated)
+                      self.peak_allocated - self.base_allocated, self.retries, self.oom)
 
     def state(self) -> tuple:
         """All that the allocator's answer to later events depends on: every block (address, size,
@@ -458,10 +588,22 @@ class _Allocator:
         self.low_addr = min(self.low_addr, addr)
         return addr
 
+    def _retry(self, event: int) -> None:
+        """What torch's `malloc` does when a cudaMalloc fails: `release_cached_blocks` (every cached
+        segment that is one free block returned, in every pool and stream: `empty_cache`), and the
+        cudaMalloc retried (`num_alloc_retries`)."""
+        self.retries += 1
+        self.empty_cache(event)
+
     def _segment(self, size: int, stream: int, event: int, fl: _FreeBlocks) -> _Block:
         """A new segment for a request of size bytes (rounded) that no free block holds: one block,
-        free, on no list."""
+        free, on no list. Past the capacity: the retry, then OutOfMemoryError (`_OutOfMemoryError`,
+        raised before anything changed but what the retry released)."""
         seg = segment_size(size)
+        if self.capacity is not None and self.reserved + seg > self.capacity:
+            self._retry(event)
+            if self.reserved + seg > self.capacity:
+                raise _OutOfMemoryError(OutOfMemory(event, size, seg, self.reserved, self.allocated))
         addr = self._segment_address(seg)
         bisect.insort(self.held, (addr, addr + seg))
         b = _Block(addr, seg, (size <= SMALL_REQUEST_BYTES, stream), fl, addr, addr + seg)
@@ -506,11 +648,13 @@ class _ExpandableAllocator(_Allocator):
     `map_block`, `unmap_block`): one virtual range per pool and stream, mapped page by page at its
     lowest free addresses; a request still takes the smallest free mapped block that fits, but one
     that can only grow into unmapped pages counts at its grown size (`get_free_block`); any block is
-    split when 512 B or more remain; `empty_cache` unmaps every whole free page."""
+    split when 512 B or more remain; `empty_cache` unmaps every whole free page, and so does the
+    retry past a capacity."""
 
     def __init__(self):
         super().__init__()
         self.unmapped: dict[tuple[bool, int], list[int]] = {}   # pool -> addresses of unmapped blocks
+        self.failed_map_bytes = 0                                # the pages of the last mapping that failed
 
     def _grown(self, b) -> int:
         nxt = self._next(b)
@@ -531,12 +675,21 @@ class _ExpandableAllocator(_Allocator):
             fl.remove(*found)
             b = self.starts[found[1]]
         else:
-            b = self._map_for((size <= SMALL_REQUEST_BYTES, stream), size, stream, event)
+            pool = (size <= SMALL_REQUEST_BYTES, stream)
+            b = self._map_for(pool, size, stream, event)
+            if b is None:       # the pages did not fit the capacity: release the cache, retry once
+                self._retry(event)
+                b = self._map_for(pool, size, stream, event)
+                if b is None:
+                    raise _OutOfMemoryError(OutOfMemory(event, size, self.failed_map_bytes, self.reserved,
+                                                        self.allocated))
         self._take(handle, b, size, b.size - size >= MIN_BLOCK_BYTES)
 
     def _map_for(self, pool, size: int, stream: int, event: int):
         """The lowest addresses of free and unmapped blocks with room for size, mapped and merged
-        into one free block (taken off the free list)."""
+        into one free block (taken off the free list); None where a mapping would take reserved past
+        the capacity (`try_allocate_expandable_block` returning nullptr: the ranges mapped before the
+        one that failed stay mapped, free)."""
         start = None
         for addr in self.unmapped.get(pool, []):
             c = self.starts[addr]
@@ -559,16 +712,23 @@ class _ExpandableAllocator(_Allocator):
         c = start
         if not c.mapped:
             c = self._map(c, min(c.size, size), stream, event)
-        while c.size < size:
+        while c is not None and c.size < size:
             c = self._map(self._next(c), min(size - c.size, self._next(c).size), stream, event)
-        c.fl.remove(c.size, c.addr)
+        if c is not None:
+            c.fl.remove(c.size, c.addr)
         return c
 
     def _map(self, b, size: int, stream: int, event: int):
         """Map the pages covering the first size bytes of unmapped block b; merge with free mapped
-        neighbours; return the free block that holds them (on the free list)."""
+        neighbours; return the free block that holds them (on the free list). None, nothing mapped,
+        where the pages would take reserved past the capacity: `ExpandableSegment::map` creates them
+        one by one and on the first cuMemCreate that fails releases those it made (`map_block`
+        returning false)."""
         page = SMALL_PAGE_BYTES if b.pool[0] else LARGE_PAGE_BYTES
         mapped = -(-size // page) * page
+        if self.capacity is not None and self.reserved + mapped > self.capacity:
+            self.failed_map_bytes = mapped
+            return None
         self.unmapped[b.pool].remove(b.addr)
         if mapped < b.size:
             bisect.insort(self.unmapped[b.pool], self._split(b, mapped).addr)

@@ -58,6 +58,12 @@ class Estimate:
         return comm.total_wire_bytes(self.collectives)
 
     @property
+    def comm_volume_over_params(self) -> float:
+        """Ring wire volume per rank over P · comm dtype bytes (0 at N = 1)."""
+        s = self.setup
+        return self.comm_wire_bytes / (self.model.num_params * s.comm_bytes) if s.dp > 1 else 0.0
+
+    @property
     def cal(self) -> dict:
         return self.calibration or calibration.default()
 
@@ -77,21 +83,39 @@ class Estimate:
         return {**base, "reserved_over_allocated": base["reserved_over_allocated"] * expandable["factor"],
                 "reserved_over_allocated_worst": expandable["reserved_over_allocated_worst"]}
 
-    @cached_property
+    @property
     def simulated_peaks_bytes(self) -> tuple[int, int] | None:
         """(`max_memory_allocated()`, `max_memory_reserved()`) of the generated allocation sequence
         replayed through PyTorch's caching allocator (`zerocalc.sequence`, `zerocalc.allocator`); None
         where no sequence is generated (see `sequence.generated`: e.g. no architecture) or simulate is
         off. Milliseconds for a 7B model, ~0.1 s for a 70B one: `plan` ranks with the ratio instead."""
-        if not self.simulate or self.model.architecture is None:   # no sequence without one: a P-only run
-            return None                                              # never imports the simulation
-        from zerocalc import sequence
-        return sequence.peaks_bytes(self.model, self.setup)
+        return None if self._simulation is None else self._simulation[0]
 
     @property
     def simulated_reserved_bytes(self) -> int | None:
         simulated = self.simulated_peaks_bytes
         return None if simulated is None else simulated[1]
+
+    @cached_property
+    def _simulation(self) -> tuple | None:
+        """(the unbounded replay's (allocated, reserved) peaks, the replay against the card where the
+        verdict needs it (`at_capacity`), else None); None where not simulated. The job is made once
+        for both and dropped before the cycle collector runs again (kept, it would be walked by every
+        collection)."""
+        if not self.simulate or self.model.architecture is None:   # no sequence without one: a P-only run
+            return None                                              # never imports the simulation
+        from zerocalc import sequence
+        if self.gpu_memory_bytes is None or not sequence.generated(self.model, self.setup):
+            peaks = sequence.peaks_bytes(self.model, self.setup)
+            return None if peaks is None else (peaks, None)
+        from zerocalc import fits
+        expandable, capacity = self.setup.expandable_segments, self.device_capacity_bytes
+        with sequence.cycle_collector_paused():
+            jobs = fits.job_pieces(self.model, self.setup)
+            peaks = fits.unbounded_peaks_bytes(jobs, expandable)
+            at = fits.at_capacity(jobs, expandable, capacity) if peaks[1] > capacity else None
+            del jobs
+        return peaks, at
 
     @property
     def reserved_source(self) -> str:
@@ -125,15 +149,92 @@ class Estimate:
     @property
     def device_bytes(self) -> int:
         """What the GPU must hold: reserved peak + CUDA context, NCCL and library workspaces."""
-        return self.peak_reserved_bytes + self.cal.get("device", {}).get("context_bytes", 0)
+        return self.peak_reserved_bytes + self.context_bytes
 
     @property
     def device_worst_bytes(self) -> int:
-        return self.peak_reserved_worst_bytes + self.cal.get("device", {}).get("context_bytes", 0)
+        return self.peak_reserved_worst_bytes + self.context_bytes
+
+    @property
+    def context_bytes(self) -> int:
+        """The CUDA context, NCCL and library workspaces beside the caching allocator (calibrated)."""
+        return self.cal.get("device", {}).get("context_bytes", 0)
+
+    @property
+    def device_capacity_bytes(self) -> int | None:
+        """What the card leaves the caching allocator: its memory less `context_bytes`."""
+        return None if self.gpu_memory_bytes is None else self.gpu_memory_bytes - self.context_bytes
+
+    @property
+    def fits_source(self) -> str | None:
+        """How `fits_device` is decided: "allocator" where the allocation sequence is simulated (the
+        caching allocator's verdict on the card, retries included), "ratio" elsewhere (the reserved
+        prediction, allocated × a measured ratio, against the card); None without a card."""
+        if self.gpu_memory_bytes is None:
+            return None
+        return "ratio" if self.simulated_reserved_bytes is None else "allocator"
+
+    @property
+    def _replayed_at_capacity(self) -> bool:
+        """Whether the verdict needs the sequence replayed against the card: simulated, and its
+        reserved past the capacity (at or under it no cudaMalloc fails and nothing is retried)."""
+        return self.fits_source == "allocator" and self.peak_reserved_bytes > self.device_capacity_bytes
+
+    @property
+    def at_capacity(self) -> "fits.AtCapacity | None":
+        """The simulated ranks' jobs replayed against `device_capacity_bytes` (`zerocalc.fits`): OOM
+        or not, and the allocator's retries; None where the verdict needs no such replay."""
+        return self._simulation[1] if self._replayed_at_capacity else None
+
+    @property
+    def alloc_retries(self) -> int | None:
+        """torch's num_alloc_retries on the card, where the allocator decides ("allocator",
+        `fits_source`): the cache released to retry a cudaMalloc (0 where the reserved fits)."""
+        if self.fits_source != "allocator":
+            return None
+        return self.at_capacity.alloc_retries if self.at_capacity else 0
 
     @property
     def fits_device(self) -> bool | None:
-        return None if self.gpu_memory_bytes is None else self.device_bytes <= self.gpu_memory_bytes
+        """Whether the GPU holds the job. Simulated ("allocator", `fits_source`): its predicted
+        allocated peak fits the capacity and the caching allocator runs the sequence there without
+        OOM, freeing its cache and retrying where a cudaMalloc fails as torch does (`zerocalc.fits`);
+        where the unbounded replay's reserved fits, that is so without a replay. Otherwise ("ratio"):
+        `device_bytes` within the card."""
+        if self.gpu_memory_bytes is None:
+            return None
+        if not self._replayed_at_capacity:
+            return self.device_bytes <= self.gpu_memory_bytes
+        return self.peak_bytes <= self.device_capacity_bytes and self.at_capacity.runs
+
+    @cached_property
+    def headroom_bytes(self) -> int | None:
+        """How far the card is from the least it needs: capacity less the smallest capacity (2 MiB
+        grid) at which the allocator runs the job without OOM and the predicted allocated peak fits;
+        negative: short by that much. Where the unbounded reserved fits (`headroom_is_lower_bound`),
+        capacity less it, a lower bound (the smallest capacity is at most that reserved), found
+        without the bisection. By the ratio ("ratio"), the card less `device_bytes`."""
+        if not self._replayed_at_capacity:
+            return None if self.gpu_memory_bytes is None else self.gpu_memory_bytes - self.device_bytes
+        from zerocalc import fits, sequence
+        capacity, expandable, at = self.device_capacity_bytes, self.setup.expandable_segments, self.at_capacity
+        with sequence.cycle_collector_paused():       # the job made again (`_simulation` dropped it)
+            job = fits.job_pieces(self.model, self.setup)
+            below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
+            if at.runs:
+                smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)
+            else:   # it runs at the unbounded reserved; tried first: what the request it ran out on needed
+                smallest = fits.smallest_capacity_bytes(job, expandable, max(capacity, below),
+                                                        self.simulated_reserved_bytes, at.oom.demand_bytes)
+            del job
+        return capacity - max(smallest, self.peak_bytes)
+
+    @property
+    def headroom_is_lower_bound(self) -> bool | None:
+        """Whether `headroom_bytes` is the unbounded reserved's, a lower bound (see there)."""
+        if self.gpu_memory_bytes is None:
+            return None
+        return self.fits_source == "allocator" and not self._replayed_at_capacity
 
     @cached_property
     def host(self) -> host.HostBytes:
@@ -167,7 +268,10 @@ class Estimate:
 
     @property
     def fits_worst_case(self) -> bool | None:
-        """Fits even at the worst allocator overhead measured; `fits` and not this means tight."""
+        """Fits even at the worst allocator overhead measured: `device_worst_bytes` within the card.
+        `fits` and not this means tight: within the prediction's worst measured miss, or (simulated)
+        running only because the allocator frees its cache and retries (its unbounded reserved, so
+        its worst too, past the card)."""
         if self.gpu_memory_bytes is None:
             return None
         return self.device_worst_bytes <= self.gpu_memory_bytes and self.fits_host is not False
@@ -229,7 +333,7 @@ class Estimate:
             "comm": {
                 "bytes_per_rank_per_step": self.comm_bytes,
                 "wire_bytes_per_rank_per_step": self.comm_wire_bytes,
-                "volume_over_params": self.comm_wire_bytes / (p * self.setup.comm_bytes) if n > 1 else 0.0,
+                "volume_over_params": self.comm_volume_over_params,
                 "logged_over_param_bytes": self.comm_bytes / (p * self.setup.param_bytes),
                 "collectives": [c.as_dict() for c in self.collectives],
             },
@@ -244,6 +348,12 @@ class Estimate:
             "fits_worst_case": self.fits_worst_case,
             "fits_on_gpu_memory_bytes": COMMON_GPU_MEMORY.get(self.fits_on),
             "fits_on_worst_case_gpu_memory_bytes": COMMON_GPU_MEMORY.get(self.fits_on_worst_case),
+            "fits_source": self.fits_source,
+            "device_capacity_bytes": self.device_capacity_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "headroom_is_lower_bound": self.headroom_is_lower_bound,
+            "alloc_retries": self.alloc_retries,
+            "oom": self.at_capacity.oom_dict() if self.at_capacity else None,
             "time": None if self.time is None else self.time.as_dict(),
         }
 

@@ -41,9 +41,18 @@ def gpu_counts(min_gpus: int, max_gpus: int, gpus_per_node: int) -> list[int]:
 
 
 def rejection(e: Estimate, how: str = "") -> str | None:
-    """Why an estimate cannot run, naming each side that does not fit; None if it fits."""
+    """Why an estimate cannot run, naming each side that does not fit; None if it fits. Where the
+    allocator's replay against the card decided (`Estimate.at_capacity`), where it ran out."""
     reasons = []
-    if e.fits_device is False:
+    oom = e.at_capacity.oom if e.at_capacity is not None else None
+    if e.fits_device is False and oom is not None:
+        a = e.at_capacity
+        rank = f", rank {a.oom_rank}" if a.oom_rank else ""
+        reasons.append(f"allocator: OOM at {a.oom_phase} (event {oom.event}{rank}): a {oom.segment_bytes / 2**30:.2f} "
+                       f"GiB cudaMalloc with {oom.reserved_bytes / 2**30:.1f} "
+                       f"GiB reserved, {oom.allocated_bytes / 2**30:.1f} allocated, after freeing the cache; "
+                       f"{a.capacity_bytes / 2**30:.1f} GiB of {e.gpu_memory_bytes / 2**30:.1f} left to it")
+    elif e.fits_device is False:
         reasons.append(f"needs {e.device_bytes / 2**30:.1f} GiB per GPU ({e.peak.name} peak{how}), has "
                        f"{e.gpu_memory_bytes / 2**30:.1f}")
     if e.fits_host is False:
@@ -102,7 +111,8 @@ def rank(cands: list[Candidate], price_per_gpu_hour: float | None = None) -> lis
 
 def judged(c: Candidate) -> Candidate:
     """The candidate as `estimate` judges it: the allocator simulation where it applies (which may
-    reject what the ratio let through, or find room the ratio did not), fits and tight as it prints them."""
+    reject what the ratio let through, or find room the ratio did not), its replay against the card
+    where the simulated reserved exceeds it (`Estimate.fits_device`), fits and tight as it prints them."""
     e = c.estimate
     full = estimate(e.model, c.setup, e.gpu_memory_bytes, e.calibration, e.hardware,
                     host_memory_bytes=e.host_memory_bytes, ranks_per_node=e.ranks_per_node)

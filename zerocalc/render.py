@@ -5,7 +5,7 @@ import json
 
 from dataclasses import fields
 
-from zerocalc import __version__, DEEPSPEED_VERSION
+from zerocalc import __version__, DEEPSPEED_VERSION, reference
 from zerocalc.estimate import COMMON_GPU_MEMORY
 from zerocalc.timing import StepTime, accuracy_regime
 from zerocalc.units import gb, gib
@@ -59,6 +59,21 @@ def _fits(e) -> str:
         "yes" if e.fits_worst_case else "tight"
 
 
+def _fits_note(estimates) -> list[str]:
+    """What the fits column means: reserved against the card, unless a row's verdict took the
+    allocator's replay against it (`Estimate.at_capacity`: simulated, its reserved past the card)."""
+    if all(e.at_capacity is None for e in estimates):
+        return ["fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst miss of the reserved",
+                "prediction measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]
+    where = "" if {e.fits_source for e in estimates} == {"allocator"} else \
+        " (where simulated; else reserved + CUDA context/NCCL <= --gpu-memory)"
+    return ["fits = reserved + CUDA context/NCCL <= --gpu-memory, or else the job's allocation sequence runs on",
+            f"--gpu-memory less CUDA context/NCCL without OOM{where}, the allocator freeing its cached segments",
+            "and retrying where a cudaMalloc fails, as PyTorch's does (tight: runs only thanks to those retries,",
+            "or not at the worst miss of the reserved prediction measured, which can OOM);",
+            "paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]
+
+
 def _fits_on(e) -> str:
     """The smallest common GPU memory it fits on; "24 GB tight, 32 GB": on 24 GB only at the predicted
     reserved, on 32 GB at its worst measured miss too."""
@@ -70,19 +85,20 @@ def _fits_on(e) -> str:
 
 
 def _row(e) -> list[str]:
-    d = e.as_dict()
-    pr = d["per_rank_bytes"]
+    """The table's row: read from the estimate's properties, not `as_dict` (whose headroom may take a
+    bisection of allocator replays that the table does not show)."""
+    pr = e.per_rank_bytes()
     offload = "/".join(x for x in (e.setup.offload_optimizer, e.setup.offload_param) if x != "none") or "-"
     fits = _fits_on(e) if e.gpu_memory_bytes is None else _fits(e)
     if e.gpu_memory_bytes is None and e.fits_host is False:
         fits += " (host: NO)"
     act = "" if pr["activations"] is None else f"{gib(pr['activations']):.2f}"
-    return [str(d["stage"]), offload, f"{gib(pr['params']):.2f}", f"{gib(pr['gradients']):.2f}",
+    paper = reference.paper_model_states_bytes(e.model.num_params, e.setup.dp, e.setup.stage)
+    return [str(int(e.setup.stage)), offload, f"{gib(pr['params']):.2f}", f"{gib(pr['gradients']):.2f}",
             f"{gib(pr['optimizer_states']):.2f}", f"{gib(pr['buffers']):.2f}", act,
-            f"{gib(d['peak_bytes']):.2f}", d["peak_phase"], f"{gib(d['peak_reserved_bytes']):.2f}",
-            f"{gib(d['paper']['model_states_bytes']):.2f}",
-            f"{gb(d['comm']['bytes_per_rank_per_step']):.2f}", f"{d['comm']['volume_over_params']:.2f}",
-            f"{gib(d['host']['peak_bytes']):.1f}", f"{gib(d['host']['node_bytes']):.1f}", fits]
+            f"{gib(e.peak_bytes):.2f}", e.peak.name, f"{gib(e.peak_reserved_bytes):.2f}", f"{gib(paper):.2f}",
+            f"{gb(e.comm_bytes):.2f}", f"{e.comm_volume_over_params:.2f}",
+            f"{gib(e.host.peak_bytes):.1f}", f"{gib(e.host_node_bytes):.1f}", fits]
 
 
 def as_table(estimates, host_note: str | None = None) -> str:
@@ -104,13 +120,10 @@ def as_table(estimates, host_note: str | None = None) -> str:
     lines += ["",
               "GiB per rank: params, grads and buffers at their largest in a step, optim = fp32 master + moments;",
               "peak = predicted max_memory_allocated and the phase that sets it; reserved = max_memory_reserved;",
-              ("fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst miss of the reserved"
-               if e0.gpu_memory_bytes is not None else
-               "fits on = the smallest GPU (16-80 GB, 141 GB) holding reserved + CUDA context/NCCL (tight: not at"),
-              ("prediction measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);"
-               if e0.gpu_memory_bytes is not None else
-               "the reserved prediction's worst measured miss, which can OOM; then the one that holds that too);"),
-              *([] if e0.gpu_memory_bytes is not None else ["paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]),
+              *(_fits_note(estimates) if e0.gpu_memory_bytes is not None else
+                ["fits on = the smallest GPU (16-80 GB, 141 GB) holding reserved + CUDA context/NCCL (tight: not at",
+                 "the reserved prediction's worst measured miss, which can OOM; then the one that holds that too);",
+                 "paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]),
               "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes);",
               "host/rank = the process's peak resident host memory (runtime, the model built on the CPU, DeepSpeed's",
               f"pinned and pageable buffers; docs/host-memory.md); host/node = host/rank × {e0.host_ranks} ranks per node;",
@@ -177,7 +190,7 @@ def as_csv(estimates) -> str:
                 "peak_phase", "peak_reserved_bytes", "paper_model_states_bytes", "comm_bytes_per_step",
                 "comm_volume_over_params", "fits", "fits_worst_case", "fits_on_gpu_memory_bytes",
                 "fits_on_worst_case_gpu_memory_bytes", *TIME_COLUMNS, "host_peak_bytes_per_rank",
-                "host_bytes_per_node", "fits_host"])
+                "host_bytes_per_node", "fits_host", "fits_source", "headroom_bytes", "alloc_retries"])
     blank = lambda v: "" if v is None else v  # noqa: E731
     for e in estimates:
         d = e.as_dict()
@@ -190,7 +203,8 @@ def as_csv(estimates) -> str:
                     d["comm"]["bytes_per_rank_per_step"], round(d["comm"]["volume_over_params"], 6),
                     blank(d["fits"]), blank(d["fits_worst_case"]), blank(d["fits_on_gpu_memory_bytes"]),
                     blank(d["fits_on_worst_case_gpu_memory_bytes"]), *(blank(time.get(k)) for k in TIME_COLUMNS),
-                    d["host"]["peak_bytes"], d["host"]["node_bytes"], blank(d["fits_host"])])
+                    d["host"]["peak_bytes"], d["host"]["node_bytes"], blank(d["fits_host"]), blank(d["fits_source"]),
+                    blank(d["headroom_bytes"]), blank(d["alloc_retries"])])
     return buf.getvalue().rstrip("\n")
 
 
@@ -229,6 +243,8 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
             d["host_bytes_per_node"] = c.estimate.host_node_bytes if c.estimate else None
             d["fits"] = c.estimate.fits if c.estimate else None
             d["fits_worst_case"] = c.estimate.fits_worst_case if c.estimate else None
+            d["fits_source"] = c.estimate.fits_source if c.estimate else None
+            d["alloc_retries"] = c.estimate.alloc_retries if c.estimate else None
             d["time"] = c.estimate.time.as_dict() if c.estimate and c.estimate.time else None
             d["rejected"] = c.rejected
             return d
@@ -261,6 +277,9 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
               "step = one optimizer step; wire = share of the step waiting on bytes crossing the link; calls = stage 3's",
               "share spent per all-gather call (its hook issuing it and waiting), not wire time;",
               "host/node = GiB of host memory per node: each rank's peak resident set × its ranks (docs/host-memory.md)."]
+    if any(c.estimate.at_capacity is not None for c in ranked):
+        lines.append("A row whose GiB/GPU exceeds the card runs only because the allocator frees its cached segments "
+                     "and retries a failed cudaMalloc, as PyTorch's does: tight (docs/reserved-memory.md).")
     if host_memory_bytes is not None:
         lines.append(f"Host memory: {gib(host_memory_bytes):.0f} GiB per node" + (f" ({host_note})." if host_note else "."))
     acc = ranked[0].estimate.cal["time"].get("accuracy") if ranked else None

@@ -33,6 +33,7 @@ covered; others: None.
 import gc
 import json
 import os
+from contextlib import contextmanager
 from functools import lru_cache
 from itertools import accumulate
 from math import ceil
@@ -896,26 +897,37 @@ def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = Tr
     return None if peaks is None else peaks[1]
 
 
-def _replay_to_steady_state(model: ModelSpec, setup: Setup, fresh_process: bool, rank: int) -> Replay:
-    """`replay(events(...))` of one generated job, stopping at the allocator's steady state
-    (`replay_steps`); the steps are generated one at a time. Python's cycle collector is paused
-    meanwhile: the job's tens of thousands of event tuples and blocks make no cycles, and its passes
-    over them (and every object of a fresh process) cost the simulation time, not memory."""
-    def pieces():
-        done, last = 0, 0
-        for t, _ in _pieces(model, setup, None, fresh_process, rank):
-            yield t.events[done:], last
-            done, last = len(t.events), t.last_handle
+def step_pieces(model: ModelSpec, setup: Setup, fresh_process: bool = True, rank: int = 0):
+    """`replay_steps`' pieces of one generated job, made step by step: init's events (with 0), then
+    each training step's with the last handle made before it."""
+    done, last = 0, 0
+    for t, _ in _pieces(model, setup, None, fresh_process, rank):
+        yield t.events[done:], last
+        done, last = len(t.events), t.last_handle
+
+
+@contextmanager
+def cycle_collector_paused():
+    """Python's cycle collector paused while a job is generated and replayed: the job's tens of
+    thousands of event tuples and blocks make no cycles, and its passes over them (and every object
+    of a fresh process) cost the simulation time, not memory."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return replay_steps(pieces(), expandable_segments=setup.expandable_segments)
+        yield
     finally:
         if collecting:
             gc.enable()
 
 
-def replay_steps(pieces, expandable_segments: bool = False) -> Replay:
+def _replay_to_steady_state(model: ModelSpec, setup: Setup, fresh_process: bool, rank: int) -> Replay:
+    """`replay(events(...))` of one generated job, stopping at the allocator's steady state
+    (`replay_steps`); the steps are generated one at a time, the cycle collector paused."""
+    with cycle_collector_paused():
+        return replay_steps(step_pieces(model, setup, fresh_process, rank), setup.expandable_segments)
+
+
+def replay_steps(pieces, expandable_segments: bool = False, capacity_bytes: int | None = None) -> Replay:
     """`replay` of the pieces' events one after another (init, then one piece per training step; each
     piece with the last handle made before it), without running a step that cannot change the
     answer: one whose events are the last step run's (allocation sizes and streams, frees, in order;
@@ -926,10 +938,13 @@ def replay_steps(pieces, expandable_segments: bool = False) -> Replay:
     peak), the state left as it is, so the step after it is judged against the same step again.
     Exact: the result is `replay`'s of all the events, segments and releases included
     (`tests/test_sequence.py`). In a generated job that is typically the third step, once the second
-    left the cache as the first did."""
-    a = allocator.start(expandable_segments=expandable_segments)
+    left the cache as the first did. With a capacity (`allocator.replay`) the same holds (a step with
+    a retry returned segments, so the state after it differs), and the replay stops at an OOM."""
+    a = allocator.start(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
     model_step = None    # (state before, events, last handle before) of the last step run
     for k, (events, last) in enumerate(pieces):
+        if a.oom is not None:
+            break
         if k == 0:                              # init
             a.run(events)
             continue
