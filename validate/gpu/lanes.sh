@@ -3,7 +3,9 @@
 # each lane its matrices one after another, writing rows to $OUT as each job finishes. For jobs that
 # measure memory only (peaks are per process, so lanes sharing the GPU do not disturb them as long as
 # their peaks together fit it: a row whose job had to free cached blocks says so, measured_alloc_retries).
-#   usage: bash validate/gpu/lanes.sh SECONDS LANE...
+#   usage: bash validate/gpu/lanes.sh SECONDS LANE... [then LANE...]...
+#   (lanes before a "then" run side by side; the next group starts when they have all ended: lanes of
+#   emulated cards whose capacities together must stay within the GPU)
 #   LANE:  items separated by ";", each NPROC[f]:MATRIX[:VAR=VALUE,...]  (f: --fake-world; the
 #          variables are set for that item alone, e.g. VALIDATE_SNAPSHOT_DIR=$OUT/snap)
 #   e.g.   bash validate/gpu/lanes.sh 540 "64f:validate/matrices/a.json;256f:validate/matrices/b.json" "2f:..."
@@ -30,13 +32,20 @@ run_item() {   # NPROC[f]:MATRIX[:VAR=VALUE,...]
     --matrix $matrix --timeout 400 --out $OUT/$name.csv > $OUT/$name.log 2>&1
   echo "$name: $(grep -c '^\[' $OUT/$name.log) rows, $(( $(date +%s) - deadline + budget )) s"
 }
-pids=()
+run_group() {   # lanes side by side; the next group starts when they have all ended
+  local pids=() lane p
+  for lane in "$@"; do
+    ( IFS=';'; for item in $lane; do run_item "$item"; done ) &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait $p; done
+  pkill -f validate.worker
+}
+group=()
 for lane in "$@"; do
-  ( IFS=';'; for item in $lane; do run_item "$item"; done ) &
-  pids+=($!)
+  if [ "$lane" = then ]; then run_group "${group[@]}"; group=(); else group+=("$lane"); fi
 done
-for p in "${pids[@]}"; do wait $p; done
-pkill -f validate.worker
+[ ${#group[@]} -gt 0 ] && run_group "${group[@]}"
 for d in $OUT/*/; do   # allocator histories: compacted (the pickles stay behind)
   [ -d "$d" ] && ls $d/*.pickle >/dev/null 2>&1 && python3 -m validate snapshot --compact-to $OUT/histories $d/*.pickle && rm -r $d
 done
