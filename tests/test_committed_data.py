@@ -12,8 +12,9 @@ from validate.report import (concurrent, load, own_peak_allocated, report, start
 from validate.rows import measured_host_launch_s  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# HF-config rows (data/h200-hf-*.csv) are judged apart (validate.report.hf_section, tests/test_hf_validate.py).
-PATHS = sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if "/h200-hf-" not in p)
+# HF-config rows (data/h200-hf-*.csv) are judged apart (validate.report.hf_section, tests/test_hf_validate.py),
+# and so are the fake-world and emulated-card rows (data/h200-fake-*.csv, h200-cards-*.csv; tests/test_fake_world.py).
+from conftest import COMMITTED as PATHS  # noqa: E402
 
 
 pytestmark = pytest.mark.slow   # re-predicts every committed row (about a minute on two cores, once per session)

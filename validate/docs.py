@@ -32,9 +32,14 @@ EXAMPLES = {
 MAX_TABLE_ROWS = 3   # of a plan's ranked list; an estimate shows every stage
 
 
-def committed_paths() -> list[str]:
-    """The transcribed families' H200 rows (HF-config rows, data/h200-hf-*.csv, are judged apart: validate.report.hf_section)."""
-    return sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if "/h200-hf-" not in p)
+def committed_paths(kind: str = "real") -> list[str]:
+    """The committed H200 rows of one kind: "real" the transcribed families' jobs of real worlds (HF-config
+    rows, data/h200-hf-*.csv, are judged apart: validate.report.hf_section), "fake" rank 0 of a fake world
+    (data/h200-fake-*.csv), "cards" emulated smaller cards (data/h200-cards-*.csv)."""
+    paths = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
+    if kind != "real":
+        return [p for p in paths if f"/h200-{kind}-" in p]
+    return [p for p in paths if not any(f"/h200-{k}-" in p for k in ("hf", "fake", "cards"))]
 
 
 def supported_models() -> str:

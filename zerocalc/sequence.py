@@ -439,6 +439,7 @@ class _Stage:
         self.in_hooks = setup.stage == Stage.GRADIENTS or self.overlap   # gradients into buckets as they come
         self.reduce_stream = self.REDUCE_STREAM if self.overlap else 0
         self.grads, self.bucket, self.bucket_fill, self.partition_grads = {}, None, 0, None
+        self.extra_large = None                      # a gradient larger than the bucket, kept until reduced
         self.bucket_ranks: set[int] = set()
         self.bucket_params: list[int] = []
         self.micro_grads, self.later_micro_step = None, False   # stage 2's per-micro-step copy (GAS > 1)
@@ -486,11 +487,20 @@ class _Stage:
                            for _ in range(2 if self.overlap else 1)]
         if self.in_hooks:
             self._into_bucket(index, numel)
-            t.free(g)
+            self._release(g, numel)
         elif index in self.grads:                     # a later micro-step: added into .grad in place
             t.free(g)
         else:
             self.grads[index] = g                     # kept (ZeRO-1: moved at the boundary)
+
+    def _release(self, g: int, numel: int) -> None:
+        """A gradient put into the bucket: copied into its buffer and freed, or, larger than the bucket
+        with contiguous gradients (`extra_large_param_to_reduce`, stage_1_and_2.py:1443), reduced from
+        its own storage and kept until that reduction."""
+        if numel > self.setup.reduce_bucket_size:
+            self.extra_large = g
+        else:
+            self.t.free(g)
 
     def _into_bucket(self, index: int, numel: int) -> None:
         if self.bucket_fill + numel > self.setup.reduce_bucket_size and self.bucket_fill:
@@ -524,6 +534,9 @@ class _Stage:
                 self.partition_grads = self.t.alloc(self.b * numel, self.reduce_stream)
             elif self.micro_grads is None and self.setup.stage == Stage.GRADIENTS and self.later_micro_step:
                 self.micro_grads = self.t.alloc(self.b * numel)
+        if self.extra_large is not None:   # copied into the partition gradients or cleared
+            self.t.free(self.extra_large)
+            self.extra_large = None
         self.bucket_fill, self.bucket_ranks, self.bucket_params = 0, set(), []
 
     def end_backward(self, boundary: bool = True) -> None:
@@ -549,7 +562,7 @@ class _Stage:
             # ZeRO-1 moves the gradients into buckets now, in parameter order (stage_1_and_2.py:971).
             for index in sorted(self.grads):
                 self._into_bucket(index, self.model.param_numels[index])
-                t.free(self.grads.pop(index))
+                self._release(self.grads.pop(index), self.model.param_numels[index])
         self._reduce()
         t.free(*reversed(self.bucket))               # _release_ipg_buffers: the second first
         if self.micro_grads is not None:
