@@ -762,3 +762,28 @@ def markdown_anchors(gpu: pd.DataFrame) -> str:
         lines.append(f"| {stage} | {len(g)} | {_pct(g['zerocalc_err'].abs().mean())} | "
                      f"{_pct(g['paper_err'].abs().mean())} | {'none' if pd.isna(ds) else _pct(ds)} |")
     return "\n".join(lines)
+
+
+def card_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """For each row run on an emulated card (`allocator_capacity_bytes`: the caching allocator capped
+    there, as a card of that size leaves it after the CUDA context), zerocalc's verdict on that capacity
+    now (`Estimate.fits_device` at `gpu_memory_bytes` = the capacity + the calibrated context) beside
+    what the job did: ran (`ok`) or raised OutOfMemoryError (`oom`, and where: `oom_at`). Columns:
+    key, card_gib, capacity_bytes, predicted_fits, headroom_bytes, fits_source, outcome, oom_at,
+    agrees; `need_bytes` is the capacity less the headroom (the least the job runs in, predicted)."""
+    from zerocalc import calibration
+    context = calibration.default().get("device", {}).get("context_bytes", 0)
+    out = []
+    for _, r in df.iterrows():
+        cap = pd.to_numeric(r.get("allocator_capacity_bytes"), errors="coerce")
+        if pd.isna(cap) or r["outcome"] not in ("ok", "oom"):
+            continue
+        spec, setup = to_zerocalc(job_from_row(r.to_dict()))
+        e = estimate(spec, setup, gpu_memory_bytes=int(cap) + context)
+        out.append({"key": r["key"], "card_gib": round((int(cap) + context) / 2**30), "capacity_bytes": int(cap),
+                    "predicted_fits": bool(e.fits_device), "headroom_bytes": e.headroom_bytes,
+                    "need_bytes": int(cap) - e.headroom_bytes, "fits_source": e.fits_source,
+                    "outcome": r["outcome"], "oom_at": r.get("oom_at", ""),
+                    "retries": r.get("measured_alloc_retries"),
+                    "agrees": bool(e.fits_device) == (r["outcome"] == "ok")})
+    return pd.DataFrame(out)
