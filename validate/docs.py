@@ -14,7 +14,7 @@ import re
 from click.testing import CliRunner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md")
+DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md", "docs/scale.md", "docs/planning.md")
 SPEED = os.path.join(ROOT, "data", "speed.json")   # `python benchmarks/run_all.py --json data/speed.json`
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 
@@ -25,6 +25,7 @@ EXAMPLES = {
     "llama-3-8b-8x40gb": "estimate --model llama-3-8b --dp 8 --stage 2,3 --seq-len 4096 --activation-checkpointing "
                          "--gpu h100 --gpu-memory 40GB",
     "plan-70b": "plan --model llama-2-70b --gpu h100 --max-gpus 64 --seq-len 4096 --global-batch 1024 --zero-init",
+    "plan-70b-64": "plan --model llama-2-70b --gpu h100 --max-gpus 64 --seq-len 4096 --global-batch 64 --zero-init",
     "own-config": "estimate --hf-config docs/examples/llama-3-8b-config.json --ds-config "
                   "docs/examples/ds_config_zero3_offload.json --dp 8 --seq-len 4096 --activation-checkpointing "
                   "--gpu-memory 24GB",
@@ -177,6 +178,49 @@ def _accuracy(name: str, rows) -> str:
     raise KeyError(name)
 
 
+def _scale(name: str) -> str:
+    """The fake-world rows at N >= 8 and the emulated cards' verdicts (docs/scale.md, the README's line)."""
+    import pandas as pd
+
+    from validate import report as R
+    fake = R.committed_rows(committed_paths("fake"))
+    fake = fake[fake["nproc"].astype(int) >= 8]
+    capped = pd.to_numeric(fake.get("allocator_capacity_bytes", pd.Series(index=fake.index, dtype=float)),
+                           errors="coerce").notna()
+    fake = fake[~capped]
+    alloc = (fake["now_peak_allocated_bytes"] / fake["measured_peak_allocated_bytes"].astype(float) - 1)
+    reserved = (fake["now_peak_reserved_bytes"] / fake["measured_peak_reserved_bytes"].astype(float) - 1)
+    exact = int(((fake["now_state_bytes"] == fake["measured_state_bytes"].astype("int64"))
+                 & (fake["now_comm_bytes"] == fake["measured_comm_bytes"].astype("int64"))).sum())
+    cards = R.card_verdicts(R.load(committed_paths("cards")))
+    agree = int(cards["agrees"].sum()) if len(cards) else 0
+    if name == "summary":
+        p = fake["num_params"].astype(float)
+        return (f"Rank 0 of {fake['nproc'].astype(int).min()}–{fake['nproc'].astype(int).max():,}-GPU jobs "
+                f"measured on one H200 ([{len(fake)} jobs](docs/scale.md), {p.min() / 1e9:.1f}–{p.max() / 1e9:.0f}B): "
+                f"state and comm exact on {exact}; peak allocated within 3% on {int((alloc.abs() <= 0.03).sum())}, "
+                f"reserved within 8% on {int((reserved.abs() <= 0.08).sum())}. `fits` on {len(cards)} emulated "
+                f"24–94 GB cards near their limit: agreed with the out-of-memory outcome on {agree}.")
+    if name == "rows":
+        lines = ["| model | N | stage | zero.Init | micro × seq | GAS | ckpt | allocated GiB | error | reserved GiB | error |",
+                 "|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|"]
+        for (_, r), a, v in sorted(zip(fake.iterrows(), alloc, reserved),
+                                   key=lambda x: (float(x[0][1]["num_params"]), int(x[0][1]["nproc"]))):
+            lines.append(f"| {float(r['num_params']) / 1e9:.1f}B | {int(r['nproc']):,} | {int(r['stage'])} | "
+                         f"{'yes' if str(r['zero_init']) == 'True' else 'no'} | {r['micro_batch']} × {r['seq_len']} | "
+                         f"{r['gas']} | {'yes' if str(r['activation_checkpointing']) == 'True' else 'no'} | "
+                         f"{float(r['measured_peak_allocated_bytes']) / 2**30:.2f} | {a:+.1%} | "
+                         f"{float(r['measured_peak_reserved_bytes']) / 2**30:.2f} | {v:+.1%} |")
+        return "\n".join(lines)
+    if name == "cards":
+        lines = ["| card | jobs | zerocalc: fits | ran | zerocalc: NO | raised OOM | agree |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for card, g in cards.groupby("card_gib"):
+            lines.append(f"| {card} GB | {len(g)} | {int(g['predicted_fits'].sum())} | {int((g['outcome'] == 'ok').sum())} | "
+                         f"{int((~g['predicted_fits']).sum())} | {int((g['outcome'] == 'oom').sum())} | {int(g['agrees'].sum())} |")
+        return "\n".join(lines)
+    raise KeyError(name)
+
+
 def generate(name: str, rows) -> str:
     """The text of block `name`; `rows()` gives the re-predicted committed rows (only called when needed)."""
     if name == "models":
@@ -187,6 +231,8 @@ def generate(name: str, rows) -> str:
         return example(EXAMPLES[name.split(":", 1)[1]])
     if name.startswith("accuracy:"):
         return _accuracy(name.split(":", 1)[1], rows)
+    if name.startswith("scale:"):
+        return _scale(name.split(":", 1)[1])
     if name.startswith("speed:"):
         import json
         with open(SPEED) as f:
