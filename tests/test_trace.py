@@ -93,6 +93,40 @@ def test_a_biased_llama_traced_equals_the_transcribed(attention_bias, mlp_bias):
         (want.param_numels, want.trace, want.backward_trace, want.checkpointed_backward_trace, want.buffer_numels)
 
 
+def test_a_function_that_kernels_made_a_module_is_not_a_call():
+    """With `kernels` installed (transformers 5.25 requires it), `apply_rotary_pos_emb` is a module that
+    is nobody's child, and an attention calls it through a private copy: a hub layer (`kernel_layer_name`)
+    outside the model. The recorded calls are the model's own (`trace.module_calls`), the rotary's
+    operators belong to the attention; another module outside the model is still a call. Built by hand,
+    so that it runs without `kernels` too."""
+    class Rotary(torch.nn.Module):       # what `kernels.use_kernel_forward_from_hub` makes of a function
+        kernel_layer_name = "rotary_pos_emb"
+
+        def __init__(self, inner=None):
+            super().__init__()
+            self.__dict__["inner"] = inner   # the private copy, not a child (`use_kernelized_func`)
+
+        def forward(self, x):
+            return self.inner(x) if self.inner is not None else 2 * x
+
+    rotary, other = Rotary(Rotary()), torch.nn.Identity()
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return other(rotary(self.proj(x)))
+
+    model, calls = Attention(), []
+    with T.module_calls(model, lambda m, args: calls.append(("pre", m)),
+                        lambda m, args, out: calls.append(("post", m))):
+        model(torch.zeros(1, 4))
+    assert calls == [("pre", model), ("pre", model.proj), ("post", model.proj), ("pre", other), ("post", other),
+                     ("post", model)]
+
+
 def test_a_cached_profile_is_read_without_importing_torch(tmp_path):
     import json
     import subprocess

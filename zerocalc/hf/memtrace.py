@@ -10,7 +10,7 @@ where the stream is compared (`tests/test_memtrace.py`).
 import weakref
 from contextlib import contextmanager
 
-from zerocalc.hf.trace import _imports
+from zerocalc.hf.trace import _imports, module_calls
 
 
 def _new_storages(out, alive: dict):
@@ -105,22 +105,16 @@ def record(model, mode, input_ids, loss_fn=None):
         events.append(("exit", names.get(id(m), "?"), state["phase"]))
         state["module"] = stack.pop()
 
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-    h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
-    try:
-        with mode, unpacked_batch(), Recorder():
-            logits = model(input_ids=input_ids, use_cache=False).logits
-            state["phase"] = "loss"
-            loss = (loss_fn or (lambda x: torch.nn.functional.cross_entropy(
-                x.float().view(-1, x.shape[-1]), input_ids.view(-1))))(logits)
-            del logits
-            state["phase"] = "backward"
-            state["module"] = ""
-            loss.backward()
-            del loss
-    finally:
-        h1.remove()
-        h2.remove()
+    with module_calls(model, pre, post), mode, unpacked_batch(), Recorder():
+        logits = model(input_ids=input_ids, use_cache=False).logits
+        state["phase"] = "loss"
+        loss = (loss_fn or (lambda x: torch.nn.functional.cross_entropy(
+            x.float().view(-1, x.shape[-1]), input_ids.view(-1))))(logits)
+        del logits
+        state["phase"] = "backward"
+        state["module"] = ""
+        loss.backward()
+        del loss
     return events
 
 
@@ -176,16 +170,10 @@ def layers_kept_bytes(model, mode, batch: int, seq: int, with_head: bool = False
             skip = logits.untyped_storage()._cdata if logits is not None else None
             state["head"] = sum(alive[k] for k, n in born.items() if n > state["head_from"] and k != skip)
 
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-    h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
-    try:
-        with mode, unpacked_batch(), Counter():
-            ids = torch.zeros(batch, seq, dtype=torch.long)
-            logits = model(input_ids=ids, use_cache=False).logits
-            del logits
-    finally:
-        h1.remove()
-        h2.remove()
+    with module_calls(model, pre, post), mode, unpacked_batch(), Counter():
+        ids = torch.zeros(batch, seq, dtype=torch.long)
+        logits = model(input_ids=ids, use_cache=False).logits
+        del logits
     if state["first"] is None or state["last"] is None:
         raise RuntimeError("no decoder layer (GradientCheckpointingLayer) was called")
     layers = state["last"] - state["first"] - state["out"]
@@ -403,15 +391,13 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
             return model(input_ids=ids, use_cache=False).logits
     if checkpointing:
         set_checkpointing(model, True)
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-    h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
     try:
         with mode:
             ids = torch.zeros(batch, seq, dtype=torch.long)
             labels = torch.zeros(batch * seq, dtype=torch.long)
         alive[ids.untyped_storage()._cdata] = 0
         alive[labels.untyped_storage()._cdata] = 0
-        with mode, unpacked_batch(), in_linear(), Recorder():
+        with module_calls(model, pre, post), mode, unpacked_batch(), in_linear(), Recorder():
             logits = forward(model, ids)
             state["phase"] = "loss"
             events.append(("phase", "loss"))
@@ -422,8 +408,6 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
             loss.backward()
             del loss
     finally:
-        h1.remove()
-        h2.remove()
         for h in hooks:
             h.remove()
         if checkpointing:

@@ -2,11 +2,12 @@
 
 `AutoModelForCausalLM.from_config(cfg, dtype=bfloat16)` runs inside `FakeTensorMode` (no memory,
 no weights: a 70B model builds in seconds) with weight initialisation skipped; a forward over
-one short sequence, with a global forward pre-hook and hook, records the module calls as they nest,
-and whether each call's output requires grad. The parameter tensors are `named_parameters()`
-(tied weights once), each module's own ones `named_parameters(recurse=False)` mapped to them by
-identity. A decoder layer is a `GradientCheckpointingLayer` (what HF's checkpointing recomputes);
-an MoE block is a module with an `experts` child (what `set_z3_leaf_modules` is given).
+one short sequence, with a global forward pre-hook and hook, records the module calls as they nest
+(a function that `kernels` made a module is none: `module_calls`), and whether each call's output
+requires grad. The parameter tensors are `named_parameters()` (tied weights once), each module's own
+ones `named_parameters(recurse=False)` mapped to them by identity. A decoder layer is a
+`GradientCheckpointingLayer` (what HF's checkpointing recomputes); an MoE block is a module with an
+`experts` child (what `set_z3_leaf_modules` is given).
 
 torch and transformers are imported here only: `zerocalc` itself stays torch-free.
 """
@@ -14,6 +15,7 @@ import copy
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
@@ -89,6 +91,29 @@ def _requires_grad(out) -> bool:
     return False
 
 
+@contextmanager
+def module_calls(model, pre, post):
+    """`pre(m, args)` and `post(m, args, out)` around each module call (torch's global forward pre-hook
+    and hook), but a function that `kernels` made a module: its operators belong to the module calling
+    it, as when it was a function. With `kernels` installed (a dependency of transformers since 5.25,
+    optional before) `use_kernel_forward_from_hub` turns a decorated function (`apply_rotary_pos_emb`)
+    into a module instance that is the child of no module, and `use_kernelized_func` gives each module
+    calling it a private copy, called through it; both are hub layers (`kernel_layer_name`) outside the
+    model. Any other module outside the model is still seen (memtrace names it "?")."""
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    own = {id(m) for m in model.modules()}
+
+    def seen(m) -> bool:
+        return id(m) in own or not hasattr(m, "kernel_layer_name")
+    h1 = register_module_forward_pre_hook(lambda m, args: pre(m, args) if seen(m) else None)
+    h2 = register_module_forward_hook(lambda m, args, out: post(m, args, out) if seen(m) else None)
+    try:
+        yield
+    finally:
+        h1.remove()
+        h2.remove()
+
+
 def build(cfg):
     """The model on fake tensors, bf16, weights not initialised but tied as `from_config` ties them."""
     torch, transformers = _imports()
@@ -133,15 +158,9 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
         idx, children = stack.pop()
         stack[-1][1].append(CallNode(idx, tuple(children), _requires_grad(out)))
 
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-    h1, h2 = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
-    try:
-        with mode:
-            ids = torch.zeros(1, TRACE_TOKENS, dtype=torch.long)
-            model(input_ids=ids, use_cache=False)
-    finally:
-        h1.remove()
-        h2.remove()
+    with module_calls(model, pre, post), mode:
+        ids = torch.zeros(1, TRACE_TOKENS, dtype=torch.long)
+        model(input_ids=ids, use_cache=False)
     roots = stack[0][1]
     if len(roots) != 1:
         raise RuntimeError(f"expected one root call, recorded {len(roots)}")
