@@ -46,6 +46,17 @@ HAND = {   # tests/test_allocator.py's sequences, with the capacities (MiB) it r
 EXPANDABLE = ([_a("a", 40 * MiB), _a("b", 20 * MiB), _f("a"), _a("c", 50 * MiB, 7), _a("d", 30 * MiB)], [100, 118, 120])
 
 
+LLAMA = "llama 4 layers, stage 3"
+
+
+def events_of(name: str) -> list:
+    """A case's events by its name."""
+    if name == LLAMA:
+        model = from_architecture(Architecture("hf-llama", 32000, 1024, 4, 8, 8, 4096, False))
+        return sequence.events(model, Setup(stage=Stage.PARAMETERS, dp=2, seq_len=512))
+    return EXPANDABLE[0] if name == "expandable" else HAND[name][0]
+
+
 def cases():
     """(name, events, capacity bytes, expandable segments) of every case."""
     for name, (events, capacities) in HAND.items():
@@ -53,13 +64,12 @@ def cases():
             yield name, events, c * MiB, False
     for c in EXPANDABLE[1]:
         yield "expandable", EXPANDABLE[0], c * MiB, True
-    model = from_architecture(Architecture("hf-llama", 32000, 1024, 4, 8, 8, 4096, False))
-    events = sequence.events(model, Setup(stage=Stage.PARAMETERS, dp=2, seq_len=512))
+    events = events_of(LLAMA)
     least = allocator.smallest_capacity_bytes(events)
     reserved = allocator.replay(events).peak_reserved_bytes
     for c in sorted({least - 2 * MiB, least, least + 64 * MiB, (least + reserved) // 2 // (2 * MiB) * 2 * MiB,
                      reserved - 2 * MiB, reserved}):
-        yield "llama 4 layers, stage 3", events, c, False
+        yield LLAMA, events, c, False
 
 
 def simulated(events, capacity: int, expandable: bool = False) -> dict:
