@@ -6,6 +6,8 @@
 #   usage: bash validate/gpu/lanes.sh SECONDS LANE... [then LANE...]...
 #   (lanes before a "then" run side by side; the next group starts when they have all ended: lanes of
 #   emulated cards whose capacities together must stay within the GPU)
+#   or:    bash validate/gpu/lanes.sh SECONDS --pack ROOM_GIB ITEM...  (validate/gpu/pack.py: each matrix
+#   started as soon as the GPU has room for it; ITEM: NPROC[f]:MATRIX:GIB[:VAR=VALUE,...])
 #   LANE:  items separated by ";", each NPROC[f]:MATRIX[:VAR=VALUE,...]  (f: --fake-world; the
 #          variables are set for that item alone, e.g. VALIDATE_SNAPSHOT_DIR=$OUT/snap)
 #   e.g.   bash validate/gpu/lanes.sh 540 "64f:validate/matrices/a.json;256f:validate/matrices/b.json" "2f:..."
@@ -41,11 +43,15 @@ run_group() {   # lanes side by side; the next group starts when they have all e
   for p in "${pids[@]}"; do wait $p; done
   pkill -f validate.worker
 }
-group=()
-for lane in "$@"; do
-  if [ "$lane" = then ]; then run_group "${group[@]}"; group=(); else group+=("$lane"); fi
-done
-[ ${#group[@]} -gt 0 ] && run_group "${group[@]}"
+if [ "$1" = --pack ]; then   # --pack ROOM_GIB ITEM...: each matrix started when the GPU has room (pack.py)
+  python3 validate/gpu/pack.py $budget $2 $OUT "${@:3}"; pkill -f validate.worker
+else
+  group=()
+  for lane in "$@"; do
+    if [ "$lane" = then ]; then run_group "${group[@]}"; group=(); else group+=("$lane"); fi
+  done
+  [ ${#group[@]} -gt 0 ] && run_group "${group[@]}"
+fi
 for d in $OUT/*/; do   # allocator histories: compacted (the pickles stay behind)
   [ -d "$d" ] && ls $d/*.pickle >/dev/null 2>&1 && python3 -m validate snapshot --compact-to $OUT/histories $d/*.pickle && rm -r $d
 done
