@@ -192,8 +192,10 @@ def _scale(name: str) -> str:
     reserved = (fake["now_peak_reserved_bytes"] / fake["measured_peak_reserved_bytes"].astype(float) - 1)
     exact = int(((fake["now_state_bytes"] == fake["measured_state_bytes"].astype("int64"))
                  & (fake["now_comm_bytes"] == fake["measured_comm_bytes"].astype("int64"))).sum())
-    cards = R.card_verdicts(R.load(committed_paths("cards")))
-    agree = int(cards["agrees"].sum()) if len(cards) else 0
+    card_paths = committed_paths("cards")
+    cards = R.card_verdicts(R.load(card_paths)) if card_paths else pd.DataFrame(
+        columns=["card_gib", "predicted_fits", "outcome", "agrees"])
+    agree = int(cards["agrees"].sum())
     if name == "summary":
         p = fake["num_params"].astype(float)
         return (f"Rank 0 of {fake['nproc'].astype(int).min()}–{fake['nproc'].astype(int).max():,}-GPU jobs "
