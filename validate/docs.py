@@ -197,12 +197,12 @@ def _scale(name: str) -> str:
         columns=["card_gib", "predicted_fits", "outcome", "agrees"])
     agree = int(cards["agrees"].sum())
     if name == "summary":
-        p = fake["num_params"].astype(float)
-        return (f"Rank 0 of {fake['nproc'].astype(int).min()}–{fake['nproc'].astype(int).max():,}-GPU jobs "
-                f"measured on one H200 ([{len(fake)} jobs](docs/scale.md), {p.min() / 1e9:.1f}–{p.max() / 1e9:.0f}B): "
-                f"state and comm exact on {exact}; peak allocated within 3% on {int((alloc.abs() <= 0.03).sum())}, "
-                f"reserved within 8% on {int((reserved.abs() <= 0.08).sum())}. `fits` on {len(cards)} emulated "
-                f"24–94 GB cards near their limit: agreed with the out-of-memory outcome on {agree}.")
+        p, n = fake["num_params"].astype(float), fake["nproc"].astype(int)
+        exact_text = "exact" if exact == len(fake) else f"exact on {exact}"
+        return (f"At scale (rank 0 of {n.min()}–{n.max():,} GPUs on one H200, [{len(fake)} jobs](docs/scale.md), "
+                f"{p.min() / 1e9:.1f}–{p.max() / 1e9:.0f}B): state, comm {exact_text}; allocated within 3% on "
+                f"{int((alloc.abs() <= 0.03).sum())}, reserved within 8% on {int((reserved.abs() <= 0.08).sum())}; "
+                f"`fits` agreed with the OOM outcome on {agree} of {len(cards)} emulated 24–94 GB cards.")
     if name == "rows":
         lines = ["| model | N | stage | zero.Init | micro × seq | GAS | ckpt | allocated GiB | error | reserved GiB | error |",
                  "|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|"]
