@@ -239,6 +239,33 @@ axes[0, 0].legend(loc="lower right", fontsize=9)
 fig.tight_layout()
 fig.savefig(os.path.join(FIG, "generated_sequence.png"), dpi=100)
 plt.show()"""),
+    ("md", "## At scale: rank 0 of N, and smaller cards\n\nLeft: rank 0 of 8 to 1,024 GPUs measured on one H200 "
+           "(`validate run --fake-world`, `data/h200-fake-*.csv`), measured against predicted. Right: cards of 24-94 GB "
+           "emulated by capping the caching allocator (`data/h200-cards-*.csv`): each job's card over the least room "
+           "zerocalc says it runs in, and whether it ran or raised OutOfMemoryError (`docs/scale.md`)."),
+    ("code", """from validate.docs import committed_paths
+fake = R.committed_rows(committed_paths("fake"))
+fake = fake[fake["nproc"] >= 8]
+cards = R.card_verdicts(R.load(committed_paths("cards")))
+fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+for col, meas, marker, label in (("now_peak_allocated_bytes", "measured_peak_allocated_bytes", "o", "allocated"),
+                                 ("now_peak_reserved_bytes", "measured_peak_reserved_bytes", "x", "reserved")):
+    ax.scatter(fake[meas].astype(float) / GiB, fake[col] / GiB, marker=marker, c=np.log2(fake["nproc"]), cmap="viridis",
+               label=label)
+lim = [0, fake["measured_peak_reserved_bytes"].astype(float).max() / GiB * 1.1]
+ax.plot(lim, lim, "k:", lw=1)
+ax.set(xlabel="measured (GiB)", ylabel="predicted (GiB)", title=f"rank 0 of N = 8-1,024 ({len(fake)} jobs)")
+ax.legend(loc="upper left")
+ratio = cards["capacity_bytes"] / cards["need_bytes"]
+ran = cards["outcome"] == "ok"
+bx.scatter(cards.loc[ran, "card_gib"], ratio[ran], marker="o", color="tab:green", label="ran")
+bx.scatter(cards.loc[~ran, "card_gib"], ratio[~ran], marker="x", color="tab:red", label="OutOfMemoryError")
+bx.axhline(1, color="k", ls=":", lw=1)
+bx.set(xlabel="card (GB)", ylabel="card's room / predicted need", title=f"{int(cards['agrees'].sum())} of {len(cards)} as predicted")
+bx.legend(loc="upper left")
+fig.tight_layout()
+fig.savefig(os.path.join(FIG, "scale.png"), dpi=100)
+plt.show()"""),
     ("md", "## The case study's configuration\n\n`zerocalc estimate --model seed-gpt --dp 2 --stage 3 --dtype fp16 "
            "--micro-batch 2 --seq-len 1024 --prefetch-bucket-size 5e8 --param-persistence-threshold 1e6` against "
            "the jobs that ran exactly that (`docs/case-study.md`)."),

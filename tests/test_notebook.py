@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow   # runs the notebook: about a minute on two cores
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "predicted_vs_measured.ipynb")
 FIGURES = ("predicted_vs_measured.png", "error_per_configuration.png", "phase_breakdown.png", "step_time.png",
-           "step_time_crossval.png", "allocator_replay.png", "generated_sequence.png")
+           "step_time_crossval.png", "allocator_replay.png", "generated_sequence.png", "scale.png")
 
 
 def make_notebook():
