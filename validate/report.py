@@ -114,7 +114,7 @@ def load(paths) -> pd.DataFrame:
     frames, notes = [], []
     for p in paths:
         df, skipped = read_results(p)
-        frames.append(df.assign(source=p))
+        frames.append(df.copy().assign(source=p))   # a copy: read_results grows it a column at a time
         notes += skipped
     # A job run again in its file (--retry-failed) has several rows there: the last one counts. One
     # configuration measured in several files (a repeat) keeps a row per file.
