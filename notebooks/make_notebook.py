@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 cells = [
     ("md", "# Predicted vs measured\n\nzerocalc's current predictions against every H200 job committed in `data/`, "
            "with the ZeRO paper's formula and DeepSpeed's own estimator beside them. The tables are the README's "
-           "and `docs/accuracy.md`'s (`python -m validate report --markdown data/h200-*.csv` prints the first); "
+           "and `docs/accuracy.md`'s (`python -m validate report --markdown` prints the first); "
            "each figure is also written to `docs/figures/`."),
     ("code", """%matplotlib inline
 import glob, os, sys
@@ -42,7 +42,8 @@ def log_ticks(ax, lo, hi):
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_ticks(ticks, [f"{t:g}" for t in ticks])
         axis.set_minor_formatter(plt.NullFormatter())
-paths = sorted(p for p in glob.glob(os.path.join(ROOT, "data", "h200-*.csv")) if "/h200-hf-" not in p)
+from validate.docs import committed_paths
+paths = committed_paths()   # real worlds' rows; the fake-world and card rows have a section of their own
 # The test suite re-predicts the committed rows once and hands them over; run alone, the notebook does it (~1 min).
 cached = os.environ.get("ZEROCALC_COMMITTED_ROWS")
 ok = pd.read_pickle(cached) if cached else R.committed_rows(paths)
@@ -243,8 +244,7 @@ plt.show()"""),
            "(`validate run --fake-world`, `data/h200-fake-*.csv`), measured against predicted. Right: cards of 24-94 GB "
            "emulated by capping the caching allocator (`data/h200-cards-*.csv`): each job's card over the least room "
            "zerocalc says it runs in, and whether it ran or raised OutOfMemoryError (`docs/scale.md`)."),
-    ("code", """from validate.docs import committed_paths
-fake = R.committed_rows(committed_paths("fake"))
+    ("code", """fake = R.committed_rows(committed_paths("fake"))
 fake = fake[fake["nproc"] >= 8]
 cards = R.card_verdicts(R.load(committed_paths("cards")))
 fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))

@@ -128,13 +128,17 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
 
 
 @main.command()
-@click.argument("csv_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("csv_paths", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @click.option("--strict", is_flag=True, help="Exit 1 unless state and comm bytes match exactly on every ok row.")
 @click.option("--markdown", is_flag=True, help="Print only the summary table the README shows (markdown).")
 def report(csv_paths, strict, markdown):
-    """Errors of zerocalc's current predictions against the measured rows, per stage."""
+    """Errors of zerocalc's current predictions against the measured rows, per stage. Without
+    CSV_PATHS: the committed H200 rows of real worlds (data/h200-*.csv less the HF-config, fake-world
+    and emulated-card files), the README's table."""
+    from validate.docs import committed_paths
     from validate.report import report as make_report
     from validate.results_file import ResultsFileError
+    csv_paths = csv_paths or tuple(committed_paths())
     try:
         if markdown:
             from validate.report import committed_rows, markdown_summary
