@@ -883,7 +883,10 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
         # The micro-steps of one optimizer step: the first, one in the middle (the rest repeat it on
         # the same cache: simulating all five of GAS 5 gave the same reserved peak on 24 Llama and GPT
         # configurations, stages 0-2, N = 1 and 2, with and without checkpointing) and the boundary.
-        for micro in sorted({0, min(1, setup.gas - 1), setup.gas - 1}):
+        # Stage 3 carries nothing from one micro-step to the next (its gradients are reduced and added
+        # into the partitions as they come): the first and the boundary.
+        middle = () if s3 else (min(1, setup.gas - 1),)
+        for micro in sorted({0, *middle, setup.gas - 1}):
             if s3:
                 ds.fetch(backward=False)
             step.forward()
