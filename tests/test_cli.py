@@ -190,6 +190,25 @@ def test_hf_auto_values_resolve_from_the_hidden_size(tmp_path):
     assert inputs["param_persistence_threshold"] == 10 * 4096          # 10·h
 
 
+def test_trainer_s_auto_gas_is_its_default_of_one_said_in_one_line(tmp_path):
+    # HF docs' zero2 "auto" config: Trainer fills gradient_accumulation_steps from its own argument,
+    # whose default is 1; the natural command gives the micro-batch only. Communication at stage 2 is
+    # per optimizer step, so GAS 1 against GAS 2 is one reduce-scatter round against two.
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                               "train_batch_size": "auto", "zero_optimization": {"stage": 2}}))
+    args = ["--model", "llama-2-7b", "--dp", "8", "--micro-batch", "4", "--ds-config", str(cfg), "--format", "json"]
+    r = CliRunner().invoke(main, ["estimate", *args])
+    assert r.exit_code == 0, r.output
+    assert 'gradient_accumulation_steps "auto" taken as HF Trainer fills it by default: 1' in r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert doc["inputs"]["gas"] == 1 and doc["inputs"]["micro_batch"] == 4
+    two = json.loads(run(*args, "--gas", "2").output)
+    assert two["inputs"]["gas"] == 2
+    one_step = doc["estimates"][0]["comm"]["bytes_per_rank_per_step"]
+    assert two["estimates"][0]["comm"]["bytes_per_rank_per_step"] > one_step
+
+
 def test_unknown_ds_config_keys_warn_and_go_on(tmp_path):
     cfg = tmp_path / "ds.json"
     # DeepSpeed ignores unknown top-level keys but its ZeRO model forbids extra keys (pydantic extra="forbid")

@@ -394,6 +394,12 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
         for w in ds.warnings:
             click.echo(f"warning: {w}", err=True)
         missing = [n for n in ds.needs if opts.get(n.replace("-", "_")) is None]
+        if "gas" in missing:
+            # HF Trainer fills it from TrainingArguments.gradient_accumulation_steps, whose default is 1
+            opts["gas"] = 1
+            missing.remove("gas")
+            click.echo('note: gradient_accumulation_steps "auto" taken as HF Trainer fills it by default: 1 '
+                       "(give --gas for yours)", err=True)
         if missing:
             raise click.UsageError(f"the ds_config leaves {', '.join(missing)} at \"auto\": give "
                                    + " and ".join(f"--{n}" for n in missing))
