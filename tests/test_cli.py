@@ -209,6 +209,17 @@ def test_trainer_s_auto_gas_is_its_default_of_one_said_in_one_line(tmp_path):
     assert two["estimates"][0]["comm"]["bytes_per_rank_per_step"] > one_step
 
 
+@pytest.mark.parametrize("kind, name", [("OneBitAdam", "OneBitAdam"), ("ZeroOneAdam", "ZeroOneAdam"),
+                                        ("onebitlamb", "OneBitLamb")])
+def test_the_removed_one_bit_optimizers_are_refused_as_deepspeed_refuses_them(tmp_path, kind, name):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": kind},
+                               "zero_optimization": {"stage": 2}}))
+    r = CliRunner().invoke(main, ["estimate", "--params", "1e9", "--dp", "2", "--ds-config", str(cfg)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert f"optimizer.type = \"{kind}\": DeepSpeed 0.19.8's engine has no {name}" in r.output
+
+
 def test_unknown_ds_config_keys_warn_and_go_on(tmp_path):
     cfg = tmp_path / "ds.json"
     # DeepSpeed ignores unknown top-level keys but its ZeRO model forbids extra keys (pydantic extra="forbid")

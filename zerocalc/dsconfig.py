@@ -325,8 +325,10 @@ def read_precision(cfg: dict) -> tuple[dict, dict]:
 _DTYPES = {"fp32": "fp32", "float32": "fp32", "torch.float32": "fp32", "float": "fp32",
            "fp16": "fp16", "float16": "fp16", "torch.float16": "fp16", "half": "fp16",
            "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16"}
-_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "onebitadam": "adam", "fusedadam": "adam",
-               "zerooneadam": "adam", "onebitlamb": "adam", "lamb": "adam"}
+_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "fusedadam": "adam", "lamb": "adam"}
+# The 1-bit optimizers left DeepSpeed: 0.19.8's config still reads their names, but its engine
+# (`_configure_basic_optimizer`) knows none of them and looks each up in torch.optim, which has none.
+REMOVED_OPTIMIZERS = {"onebitadam": "OneBitAdam", "zerooneadam": "ZeroOneAdam", "onebitlamb": "OneBitLamb"}
 
 
 @dataclass(frozen=True)
@@ -467,6 +469,9 @@ def parse(cfg, hidden_size: int | None = None) -> DsConfig:
             momentum = (params or {}).get("momentum", 0)
             if name == "sgd":
                 out["optimizer"] = "sgd-momentum" if momentum not in (0, None, "auto") else "sgd"
+            elif name in REMOVED_OPTIMIZERS:
+                _fail("optimizer.type", kind, f"DeepSpeed 0.19.8's engine has no {REMOVED_OPTIMIZERS[name]} (the "
+                      "1-bit optimizers were removed; it stops with AttributeError): use \"AdamW\" or \"Lamb\"")
             elif name in _OPTIMIZERS:
                 out["optimizer"] = _OPTIMIZERS[name]
             else:
