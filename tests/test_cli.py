@@ -220,6 +220,36 @@ def test_the_removed_one_bit_optimizers_are_refused_as_deepspeed_refuses_them(tm
     assert f"optimizer.type = \"{kind}\": DeepSpeed 0.19.8's engine has no {name}" in r.output
 
 
+@pytest.mark.parametrize("zero, top, named", [
+    ({"stage": 3, "zero_hpz_partition_size": 8}, {}, "zero_optimization.zero_hpz_partition_size = 8"),
+    ({"stage": 3, "zero_quantized_weights": True}, {}, "zero_optimization.zero_quantized_weights = true"),
+    ({"stage": 3, "zero_quantized_gradients": True}, {}, "zero_optimization.zero_quantized_gradients = true"),
+    ({"stage": 3, "stage3_module_granularity_threshold": 100}, {},
+     "zero_optimization.stage3_module_granularity_threshold = 100"),
+    ({"stage": 2, "allgather_bucket_size": 2e8}, {}, "zero_optimization.allgather_bucket_size = 200000000"),
+    ({"stage": 3, "offload_param": {"device": "cpu", "pin_memory": False}}, {},
+     "zero_optimization.offload_param.pin_memory = false"),
+    ({"stage": 3, "offload_param": {"device": "cpu", "buffer_count": 8}}, {},
+     "zero_optimization.offload_param.buffer_count = 8"),
+    ({"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False}}, {},
+     "zero_optimization.offload_optimizer.pin_memory = false"),
+    ({"stage": 2}, {"tensor_parallel": {"autotp_size": 2}}, "tensor_parallel.autotp_size = 2"),
+    ({"stage": 3}, {"activation_checkpointing": {"partition_activations": True}},
+     "activation_checkpointing.partition_activations = true"),
+    ({"stage": 3}, {"activation_checkpointing": {"cpu_checkpointing": True}}, "activation_checkpointing.cpu_checkpointing = true"),
+])
+def test_a_field_whose_effect_is_not_modelled_is_named(tmp_path, zero, top, named):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero, **top}))
+    r = CliRunner().invoke(main, ["estimate", "--params", "1e9", "--dp", "8", "--ds-config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    assert f"warning: {named} is not modelled" in r.output
+    # at DeepSpeed's default, nothing to say
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": zero["stage"]}}))
+    assert "not modelled" not in CliRunner().invoke(main, ["estimate", "--params", "1e9", "--dp", "8",
+                                                           "--ds-config", str(cfg)]).output
+
+
 def test_unknown_ds_config_keys_warn_and_go_on(tmp_path):
     cfg = tmp_path / "ds.json"
     # DeepSpeed ignores unknown top-level keys but its ZeRO model forbids extra keys (pydantic extra="forbid")

@@ -387,6 +387,47 @@ _DEFAULTS = {"reduce_bucket_size": 500_000_000, "prefetch_bucket_size": 50_000_0
              "param_persistence_threshold": 100_000}
 
 
+# Fields DeepSpeed 0.19.8 acts on that move memory or traffic, which zerocalc does not model: given a
+# value other than DeepSpeed's default (its pydantic models: runtime/zero/config.py, offload_config.py,
+# tensor_parallel/config.py, activation_checkpointing/config.py), each is named in a warning, and the
+# answer is the default's.
+NOT_MODELLED_ZERO = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False,
+                     "zero_quantized_nontrainable_weights": False, "zero_quantized_gradients": False,
+                     "module_granularity_threshold": 0}
+NOT_MODELLED_OFFLOAD = {"offload_param": {"buffer_count": 5, "buffer_size": 100_000_000, "max_in_cpu": 1_000_000_000,
+                                          "pin_memory": True},
+                        "offload_optimizer": {"buffer_count": 4, "pin_memory": True}}
+NOT_MODELLED_CHECKPOINTING = {"partition_activations": False, "cpu_checkpointing": False,
+                              "contiguous_memory_optimization": False}
+
+
+def not_modelled(cfg: dict, zero: ZeroConfig) -> list[str]:
+    """One warning per field of `cfg` whose effect zerocalc does not model (see NOT_MODELLED_*)."""
+    out = []
+    said = lambda key, value: out.append(  # noqa: E731
+        f"{key} = {_show(value)} is not modelled: the answer is DeepSpeed's default's")
+    raw = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
+    spelled = {ZERO_ALIASES.get(k, k): k for k in raw}      # a field as the file spells it
+    for name, default in NOT_MODELLED_ZERO.items():
+        if name in zero.values and zero.values[name] != default:
+            said(f"zero_optimization.{spelled.get(name, name)}", zero.values[name])
+    if zero.stage in (1, 2) and zero.values.get("allgather_bucket_size", 500_000_000) != 500_000_000:
+        said("zero_optimization.allgather_bucket_size", zero.values["allgather_bucket_size"])
+    for block, defaults in NOT_MODELLED_OFFLOAD.items():
+        given = raw.get(block) if isinstance(raw.get(block), dict) else {}
+        for name, default in defaults.items():
+            if name in given and given[name] not in (default, "auto"):
+                said(f"zero_optimization.{block}.{name}", given[name])
+    tp = cfg.get("tensor_parallel") if isinstance(cfg.get("tensor_parallel"), dict) else {}
+    if tp.get("autotp_size") not in (None, 0, 1):
+        said("tensor_parallel.autotp_size", tp["autotp_size"])
+    ac = cfg.get("activation_checkpointing") if isinstance(cfg.get("activation_checkpointing"), dict) else {}
+    for name, default in NOT_MODELLED_CHECKPOINTING.items():
+        if name in ac and ac[name] != default:
+            said(f"activation_checkpointing.{name}", ac[name])
+    return out
+
+
 def parse(cfg, hidden_size: int | None = None) -> DsConfig:
     """DsConfig from a loaded ds_config. Raises DsConfigError naming key and value."""
     if not isinstance(cfg, dict):
@@ -398,6 +439,7 @@ def parse(cfg, hidden_size: int | None = None) -> DsConfig:
             raise DsConfigError(f"{removed}: removed in DeepSpeed 0.19.8, which refuses this key")
     out, warnings, needs = {}, [], []
     zero = read_zero(cfg.get("zero_optimization", {}))
+    warnings += not_modelled(cfg, zero)
     out["stage"] = zero.stage
     for name, setup_name in _MODELLED.items():
         if name in zero.values and name != "stage":
