@@ -9,8 +9,8 @@ polynomials in the batch, the sequence and the model's dimensions (`zerocalc/fam
 This module holds DeepSpeed's side, beside it (sizes in bytes; the H200 allocator histories in
 `data/snapshots/`, and DeepSpeed 0.19.8's `runtime/zero/stage_1_and_2.py`, `stage3.py`,
 `partition_parameters.py`, `fp16/fused_optimizer.py`):
-- init: the module's parameters as `model.to(device)` makes them, then DeepSpeed's flatten and
-  partition copies and their frees, per stage;
+- init: the module's parameters as `model.to(device)` makes them (under zero.Init, one at a time,
+  each partitioned as it is made), then DeepSpeed's flatten and partition copies and their frees, per stage;
 - each gradient the stream hands over (where DeepSpeed's hook takes it) through the hook for the
   stage: kept, bucketed, reduced;
 - step: DeepSpeed's norm, flatten, fp32 cast and Adam's lazily made moments (first step), per stage;
@@ -784,8 +784,9 @@ class _Stage3:
 def generated(model: ModelSpec, setup: Setup) -> bool:
     """Whether `events` generates this configuration: what the histories cover (seed-gpt —
     nn.MultiheadAttention whatever --attention says — and hf-llama with sdpa, bf16/fp16 through
-    DeepSpeed's ZeRO or FP16 optimizer, gradients in the training dtype; stages 0-2 with any number of
-    micro-steps, stage 3 with one; optimizer offload with one micro-step (at stage 3 in bf16),
+    DeepSpeed's ZeRO or FP16 optimizer, gradients in the training dtype; any number of micro-steps
+    (stage 3's checked at N = 16-64 as rank 0 of a fake world, docs/scale.md); optimizer offload with
+    one micro-step (at stage 3 in bf16),
     parameter offload beside it at N = 1; overlap_comm at stages 1/2 with one micro-step, without
     offload)."""
     arch = model.architecture
