@@ -345,6 +345,26 @@ def test_bad_output_or_matrix_is_a_one_line_error_before_any_launch(tmp_path, mo
         assert out.read_text() == "name,score\nx,1\n"
 
 
+def test_a_fake_world_of_trainer_jobs_is_refused_before_any_launch(tmp_path, monkeypatch):
+    """HF Trainer's path sets up its own distributed state: not run as rank 0 of a fake world."""
+    monkeypatch.setattr(runner, "launch_command", _no_launch)
+    result = CliRunner().invoke(validate_main, [
+        "run", "--backend", "cpu", "--nproc", "8", "--fake-world", "--hf-config", "validate/hf_configs/qwen3-0.6b.json",
+        "--trainer-ds-config", "zero2-auto", "--out", str(tmp_path / "rows.csv")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.startswith("Error: --fake-world runs DeepSpeed's engine directly")
+    assert not (tmp_path / "rows.csv").exists()
+
+
+def test_fake_world_jobs_are_their_own_configurations():
+    """A fake row never resumes or stands for a real one: its key says fake and hashes the flag."""
+    from validate.jobs import with_fake_world
+    job = make_job(Architecture("seed-gpt", 64, 16, 1, 2, 2, 64, False), 8, stage=3, seq_len=8, micro_batch=1)
+    fake = with_fake_world(job)
+    assert fake["key"] != job["key"] and "-n8fake-" in fake["key"] and "-n8-" in job["key"]
+    assert fake["fake_world"] is True and "fake_world" not in job
+
+
 def test_the_launcher_is_this_interpreters():
     """`validate run` started outside its virtual environment still launches DeepSpeed's launcher of
     the interpreter running it (no `deepspeed` on PATH needed)."""

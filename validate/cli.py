@@ -109,6 +109,9 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
                           micro_batch=_ints(micro_batches), gas=_ints(gases), reduce_bucket_size=_ints(rbs),
                           activation_checkpointing=[bool(x) for x in _ints(ckpt)])
     if fake_world:
+        if any(j.get("path") == "trainer" for j in job_list):
+            _fail("--fake-world runs DeepSpeed's engine directly; HF Trainer jobs (--trainer-ds-config, a matrix's "
+                  "path \"trainer\") are not run in a fake world: leave one of them out", 2)
         job_list = [J.with_fake_world(j) for j in job_list]
     try:
         check_output(out_csv)
