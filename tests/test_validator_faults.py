@@ -365,6 +365,23 @@ def test_fake_world_jobs_are_their_own_configurations():
     assert fake["fake_world"] is True and "fake_world" not in job
 
 
+@pytest.mark.parametrize("content", ["header", "failed job"])
+def test_fit_on_rows_without_a_gpu_measurement_is_a_one_line_error(tmp_path, content):
+    """A header alone, or only a job that failed (as CPU rows, they hold no device peak): nothing to fit."""
+    from validate.rows import COLUMNS, rejected_row
+    out = tmp_path / "rows.csv"
+    if content == "header":
+        out.write_text(",".join(COLUMNS) + "\n")
+    else:
+        job = make_job(Architecture("seed-gpt", 64, 16, 1, 2, 2, 64, False), 1, stage=0, seq_len=8, micro_batch=1)
+        results_file.append_row(str(out), rejected_row(job, "an injected reason", "cpu", "test"))
+    cal = tmp_path / "cal.json"
+    result = CliRunner().invoke(validate_main, ["fit", str(out), "--out", str(cal)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.startswith("Error: no GPU row with a measured peak in ") and result.output.count("\n") == 1
+    assert not cal.exists()
+
+
 def test_the_launcher_is_this_interpreters():
     """`validate run` started outside its virtual environment still launches DeepSpeed's launcher of
     the interpreter running it (no `deepspeed` on PATH needed)."""

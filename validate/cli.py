@@ -161,12 +161,12 @@ def report(csv_paths, strict, markdown):
               help="Calibration file to write.")
 def fit_cmd(csv_paths, out_path):
     """Fit the calibrated constants on a training split of GPU rows; report the held-out split."""
-    from validate.fit import fit
+    from validate.fit import NothingToFit, fit
     from validate.report import report as make_report
     from validate.results_file import ResultsFileError
     try:
         _, text = fit(list(csv_paths), out_path)
-    except ResultsFileError as err:
+    except (ResultsFileError, NothingToFit) as err:
         _fail(str(err), 2)
     click.echo(text)
     from zerocalc import calibration

@@ -410,9 +410,17 @@ def _allocator(fitted: pd.DataFrame, every: pd.DataFrame | None = None) -> dict:
     return entry
 
 
+class NothingToFit(ValueError):
+    """The rows given hold no GPU measurement to fit on (CPU rows, failed jobs, a header alone)."""
+
+
 def fit(paths, out_path=None) -> tuple[dict, str]:
+    """Raises NothingToFit where `paths` hold no measured GPU row of a transcribed family."""
     cal = json.loads(json.dumps(calibration.default()))
     df = gpu_rows(paths)
+    if df.empty:
+        raise NothingToFit(f"no GPU row with a measured peak in {', '.join(paths)}: the constants are fitted on "
+                           "jobs run with --backend cuda (CPU rows measure bytes only); nothing written")
     train = df[~df["held_out"]]
     lines = [f"{len(df)} GPU rows: {len(train)} for fitting, {len(df) - len(train)} held out"]
     act = [r for r in _llama_activation_rows(train, cal)]
