@@ -382,6 +382,23 @@ def test_fit_on_rows_without_a_gpu_measurement_is_a_one_line_error(tmp_path, con
     assert not cal.exists()
 
 
+@pytest.mark.parametrize("column, value, says", [
+    ("outcome", "7", "row 1 has outcome '7'; a results file's outcomes are ok, oom, error, crash, timeout"),
+    ("stage", "two", "row 1 has stage = 'two', not a number"),
+    ("predicted_state_bytes", "lots", "row 1 has predicted_state_bytes = 'lots', not a number")])
+def test_report_on_a_hand_edited_row_names_it(tmp_path, column, value, says):
+    """A results file edited by hand or by another tool: one Error line naming the row and the column."""
+    from validate.rows import rejected_row
+    out = tmp_path / "rows.csv"
+    job = make_job(Architecture("seed-gpt", 64, 16, 1, 2, 2, 64, False), 1, stage=0, seq_len=8, micro_batch=1)
+    row = rejected_row(job, "a reason", "cpu", "test")
+    row.update({"predicted_state_bytes": 123, column: value})
+    results_file.append_row(str(out), row)
+    result = CliRunner().invoke(validate_main, ["report", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output == f"Error: {out}: {says}\n"
+
+
 def test_the_launcher_is_this_interpreters():
     """`validate run` started outside its virtual environment still launches DeepSpeed's launcher of
     the interpreter running it (no `deepspeed` on PATH needed)."""

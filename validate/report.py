@@ -90,6 +90,27 @@ def configuration(row: dict, allocator: bool = True) -> str:
     return json.dumps(job, sort_keys=True)
 
 
+OUTCOMES = ("ok", "oom", "error", "crash", "timeout")   # what the runner writes (validate.rows, runner)
+_WHOLE = ("nproc", "stage", "gas", "micro_batch", "seq_len", "vocab_size", "hidden_size", "num_layers", "num_heads")
+
+
+def _check_types(df: pd.DataFrame, path: str) -> None:
+    """A results file edited by hand or by another tool: an outcome the runner never writes, or a
+    word where a count or a byte count belongs, is one ResultsFileError naming the row and column."""
+    if "outcome" in df:
+        bad = df[~df["outcome"].astype(str).isin(OUTCOMES)]
+        if len(bad):
+            raise results_file.ResultsFileError(
+                f"{path}: row {bad.index[0] + 1} has outcome {str(bad['outcome'].iloc[0])!r}; a results file's "
+                f"outcomes are {', '.join(OUTCOMES)}")
+    for col in [c for c in df.columns if c in _WHOLE or c.endswith("_bytes")]:
+        numbers = pd.to_numeric(df[col], errors="coerce")
+        bad = df[col].notna() & numbers.isna()
+        if bad.any():
+            i = bad.idxmax()
+            raise results_file.ResultsFileError(f"{path}: row {i + 1} has {col} = {str(df.at[i, col])!r}, not a number")
+
+
 def read_results(path: str) -> tuple[pd.DataFrame, list[str]]:
     """One results file's whole rows, and a note for each row skipped: a half row at the end (a sweep
     killed mid-write; the next resume drops it) or a row whose field count is not the header's (a row
@@ -101,6 +122,7 @@ def read_results(path: str) -> tuple[pd.DataFrame, list[str]]:
         raise results_file.ResultsFileError(f"{path} is not a validator results file (its header starts "
                                             f"{','.join(parsed.header[:3])[:60]!r})")
     df = pd.read_csv(io.StringIO(parsed.text), keep_default_na=False, na_values=[""])
+    _check_types(df, path)
     notes = [f"{path}: skipped a row whose field count is not the header's {len(parsed.header)} ({r[:50]!r}...)"
              for r in parsed.bad]
     if parsed.partial:
