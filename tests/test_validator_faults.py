@@ -399,6 +399,46 @@ def test_report_on_a_hand_edited_row_names_it(tmp_path, column, value, says):
     assert result.output == f"Error: {out}: {says}\n"
 
 
+def test_one_runner_per_file_through_any_link(tmp_path):
+    """Two runners given one results file by two names (a symbolic link) take one lock: the second is
+    refused rather than appending the same rows."""
+    real = tmp_path / "rows.csv"
+    link = tmp_path / "alias.csv"
+    link.symlink_to(real)
+    with results_file.OutputLock(str(real)):
+        with pytest.raises(results_file.ResultsFileError, match="another `validate run`"):
+            with results_file.OutputLock(str(link)):
+                pass
+    with results_file.OutputLock(str(link)):   # released: taken again through the link
+        pass
+
+
+def test_a_bad_validate_steps_is_refused_before_any_launch(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "launch_command", _no_launch)
+    monkeypatch.setenv("VALIDATE_STEPS", "2,x,1")
+    out = tmp_path / "rows.csv"
+    result = CliRunner().invoke(validate_main, ["run", "--backend", "cpu", "--nproc", "1", "--stages", "0",
+                                                "--hidden-size", "32", "--num-layers", "1", "--vocab-size", "64",
+                                                "--seq-len", "8", "--out", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "VALIDATE_STEPS='2,x,1': give three whole numbers W,P,T" in result.output and not out.exists()
+
+
+def test_a_sweep_whose_every_job_failed_says_so(tmp_path, monkeypatch):
+    """Every job refused (here by zerocalc: parameter offload at stage 2, not launched): the rows are kept,
+    and the command ends with one Error line naming the first, exit 2, not a quiet 'done'."""
+    monkeypatch.setattr(runner, "launch_command", _no_launch)
+    matrix = tmp_path / "m.json"
+    matrix.write_text(json.dumps({"nproc": 1, "architectures": [{"vocab_size": 64, "hidden_size": 32, "num_layers": 1,
+                                  "num_heads": 4}], "axes": {"stage": [1, 2], "offload_param": ["cpu"]}}))
+    out = tmp_path / "rows.csv"
+    result = CliRunner().invoke(validate_main, ["run", "--backend", "cpu", "--nproc", "1", "--matrix", str(matrix),
+                                                "--out", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.strip().splitlines()[-1].startswith("Error: every one of the 2 jobs failed; the first (")
+    assert [r["outcome"] for r in file_rows(str(out))] == ["error", "error"]
+
+
 def test_the_launcher_is_this_interpreters():
     """`validate run` started outside its virtual environment still launches DeepSpeed's launcher of
     the interpreter running it (no `deepspeed` on PATH needed)."""

@@ -128,6 +128,9 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
         _fail(str(err), 2)
     bad = [r for r in written if r["outcome"] != "ok"]
     click.echo(f"done: {len(written)} rows written, {len(bad)} not ok", err=True)
+    if written and len(bad) == len(written):   # the rows stay in --out; something common to every job is wrong
+        _fail(f"every one of the {len(written)} jobs failed; the first ({bad[0]['key']}): "
+              f"{bad[0]['outcome']}: {str(bad[0].get('error', ''))[:300]}", 2)
 
 
 @main.command()

@@ -238,7 +238,8 @@ class OutputLock:
     opened it first finds its inode gone and opens the new one)."""
 
     def __init__(self, csv_path: str):
-        self.path = csv_path + ".lock"
+        # the file's real path: two runners given it through different links take the same lock
+        self.path = os.path.realpath(csv_path) + ".lock"
         self.fd = None
 
     def __enter__(self):

@@ -108,6 +108,18 @@ def check_launcher() -> None:
                          "(pip install deepspeed==0.19.8) or run validate with the Python that has it")
 
 
+def check_steps() -> None:
+    """VALIDATE_STEPS (`validate.worker`), read before any launch: a value every worker would refuse
+    would otherwise cost a launch and a crash row per job."""
+    text = os.environ.get("VALIDATE_STEPS")
+    if text is None:
+        return
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or int(parts[2]) < 1:
+        raise SetupError(f"VALIDATE_STEPS={text!r}: give three whole numbers W,P,T (warm-up, phase and timed "
+                         "steps, T at least 1), e.g. 2,1,1, or unset it")
+
+
 def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: float = 600,
         include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False) -> list[dict]:
     """Run every job not yet in csv_path; return the rows written. Raises ResultsFileError (one line)
@@ -115,6 +127,7 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
     whole rows: run the same command again to resume), and SetupError without DeepSpeed. Jobs marked
     `fake_world` (all or none) run as rank 0 of nproc ranks in one process (`validate.worker`)."""
     check_launcher()
+    check_steps()
     results_file.check_output(csv_path)
     with results_file.OutputLock(csv_path):
         for d in lifeline.clean_orphans(shm_dir=SHM_DIR):
