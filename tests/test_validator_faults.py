@@ -98,6 +98,23 @@ def test_a_failing_write_leaves_whole_rows_and_the_resume_runs_the_job_once(tmp_
     assert {r["outcome"] for r in file_rows(out)} == {"ok"}
 
 
+def test_a_full_disk_while_a_column_is_added_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    """A row with a column the file lacks rewrites the file through OUT.tmp: if the disk fills then, the
+    file keeps its rows and header and no OUT.tmp is left beside it."""
+    from validate.rows import rejected_row
+    out = str(tmp_path / "rows.csv")
+    job = make_job(Architecture("seed-gpt", 64, 16, 1, 2, 2, 64, False), 1, stage=0, seq_len=8, micro_batch=1)
+    results_file.append_row(out, rejected_row(job, "first", "cpu", "test"))
+    before = open(out).read()
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(results_file.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        results_file.append_row(out, {**rejected_row(job, "second", "cpu", "test"), "a_new_column": 1})
+    assert open(out).read() == before and not os.path.exists(out + ".tmp")
+
+
 def test_a_half_row_is_skipped_by_report_and_dropped_on_resume(tmp_path, fake):
     """A sweep killed mid-write leaves a half row at the end: `validate report` reads the whole rows and
     says it skipped one (no ParserError); the resume cuts it off before appending, so the next row

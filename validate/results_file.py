@@ -213,11 +213,16 @@ def _add_columns(path: str, parsed: Parsed, missing: list[str]) -> list[str]:
     keeps the old file or the new one). Whole rows only: a half row at the end is dropped here too."""
     header = parsed.header + missing
     tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        f.write(render(header, parsed.rows, with_header=True))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.write(render(header, parsed.rows, with_header=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:   # a full disk, a signal: the old file stays whole, no half copy beside it
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     _fsync_dir(path)
     return header
 
