@@ -250,6 +250,26 @@ def test_a_field_whose_effect_is_not_modelled_is_named(tmp_path, zero, top, name
                                                            "--ds-config", str(cfg)]).output
 
 
+@pytest.mark.parametrize("given, name", [
+    ("LLAMA-2-7B", "llama-2-7b"), ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+    ("meta-llama/Meta-Llama-3-8B", "llama-3-8b"),            # Meta's prefix on the Hub
+    ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),               # the HF conversion: the same tensors
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"), ("google/gemma-2-9b-it", "gemma-2-9b")])
+def test_model_takes_any_case_and_hub_ids(given, name):
+    doc = lambda out: json.loads(out[out.index("{"):])  # noqa: E731  (a traced profile's note comes first)
+    by_hub = doc(run("--model", given, "--dp", "8", "--stage", "3", "--format", "json").output)
+    by_name = doc(run("--model", name, "--dp", "8", "--stage", "3", "--format", "json").output)
+    assert by_hub["inputs"]["model"] == name and by_hub["estimates"] == by_name["estimates"]
+
+
+@pytest.mark.parametrize("given, near", [("llama3-8b", "did you mean llama-3-8b"), ("qwen-2.5-7b", "did you mean qwen2.5-7b"),
+                                         ("Foo/Bar", "is not a shipped model; `zerocalc models`")])
+def test_an_unknown_model_says_the_nearest_and_how_to_bring_one(given, near):
+    r = CliRunner().invoke(main, ["estimate", "--model", given, "--dp", "8"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert near in r.output and "give --hf-config config.json" in r.output
+
+
 def test_unknown_ds_config_keys_warn_and_go_on(tmp_path):
     cfg = tmp_path / "ds.json"
     # DeepSpeed ignores unknown top-level keys but its ZeRO model forbids extra keys (pydantic extra="forbid")

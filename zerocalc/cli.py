@@ -29,6 +29,18 @@ class _Group(click.Group):
             raise InputFailure(str(err))
 
 
+class _ModelName(click.ParamType):
+    """--model: a shipped name in any case or a Hugging Face Hub id (`resolve.canonical_name`); a near
+    miss is answered with the nearest names and how to pass a config.json."""
+    name = "NAME"
+
+    def convert(self, value, param, ctx):
+        found = resolve.canonical_name(str(value))
+        if found is None:
+            self.fail(resolve.unknown_model(str(value)), param, ctx)
+        return found
+
+
 class _Parsed(click.ParamType):
     """A click type from one of zerocalc.units' parsers, then a range check from zerocalc.inputs;
     a ValueError becomes a usage error naming the option."""
@@ -187,8 +199,9 @@ def model_options(f):
     """What is trained: --params, --model, --hf-config and the architecture overrides."""
     for opt in reversed([
         click.option("--params", type=COUNT, help="Parameter count P: 7e9, 7B, 350M."),
-        click.option("--model", "model_name", type=click.Choice(resolve.names()),
-                     help="A shipped architecture (`zerocalc models` lists them)."),
+        click.option("--model", "model_name", type=_ModelName(),
+                     help="A shipped architecture (`zerocalc models` lists them), by name or Hub id "
+                          "(Qwen/Qwen2.5-7B-Instruct)."),
         click.option("--hf-config", type=click.Path(),
                      help="A Hugging Face config.json (any file name) or a model directory; a model_type "
                           "without a shipped profile is read from its code (pip install 'zerocalc[trace]')."),

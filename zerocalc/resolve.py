@@ -25,6 +25,44 @@ def names() -> list[str]:
     return sorted(set(_arch.PRESETS) | set(_profile.shipped()))
 
 
+# What a Hub repository's name adds to the model's: its organisation ("meta-llama/"), Meta's own
+# prefix, and the suffixes of a variant with the same tensors (an instruction-tuned or HF-converted copy).
+_HUB_PREFIXES = ("meta-",)
+_HUB_SUFFIXES = ("-instruct", "-chat", "-hf", "-base", "-it")
+
+
+def canonical_name(given: str) -> str | None:
+    """The --model name `given` stands for: a shipped name in any case, or a Hugging Face Hub id
+    (`Qwen/Qwen2.5-7B-Instruct`, `meta-llama/Meta-Llama-3-8B`); None if it stands for none."""
+    known = set(names())
+    name = given.strip().lower().rsplit("/", 1)[-1]
+    for candidate in _hub_variants(name):
+        if candidate in known:
+            return candidate
+    return None
+
+
+def _hub_variants(name: str):
+    yield name
+    for prefix in _HUB_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            yield name
+    for suffix in _HUB_SUFFIXES:
+        if name.endswith(suffix):
+            yield name[:-len(suffix)]
+
+
+def unknown_model(given: str) -> str:
+    """What to say of a --model name that stands for no shipped model: the nearest names, and how to
+    bring any model."""
+    import difflib
+    near = difflib.get_close_matches(given.strip().lower().rsplit("/", 1)[-1], names(), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(near)}? " if near else ""
+    return (f"{given!r} is not a shipped model; {hint}`zerocalc models` lists them. Any other model: download "
+            "its config.json from the Hub and give --hf-config config.json")
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
