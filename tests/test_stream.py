@@ -142,7 +142,7 @@ LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, an
 
 @lru_cache(maxsize=None)
 def _llama_stream(arch):
-    _, cfg, _ = __import__("validate.models", fromlist=["_hf_config"])._hf_config(asdict(arch), "sdpa")
+    _, cfg, _ = __import__("zerocalc.hf.families", fromlist=["_hf_config"])._hf_config(asdict(arch), "sdpa")
     return memtrace.step_stream(cfg.to_dict(), "sdpa")
 
 

@@ -4,7 +4,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from validate.models import build_model  # noqa: E402
+from zerocalc.hf.families import build_model  # noqa: E402
 from zerocalc import arch as A  # noqa: E402
 
 pytestmark = pytest.mark.slow   # builds the models with torch and transformers (the quick loop: -m 'not slow')
@@ -43,7 +43,7 @@ def test_presets_have_their_published_sizes():
 @pytest.mark.parametrize("family", ["seed-gpt", "hf-llama"])
 def test_recomputation_stops_before_each_layers_down_projection(family):
     """What zerocalc.timing counts for checkpointing, measured on torch (CPU): non-reentrant
-    checkpointing (the validator's, validate/models.py) rebuilds each layer's matmuls but the last,
+    checkpointing (the validator's, zerocalc/hf/families.py) rebuilds each layer's matmuls but the last,
     the MLP's down projection (early stop), and not the head. Matmul FLOPs of backward with
     checkpointing less without = the recomputation, worked by hand from the layer's matrices; and a
     forward's FLOPs leave out the embedding, which is read by index (`timing.lookup_params`)."""

@@ -15,7 +15,7 @@ import traceback
 import torch
 
 from validate import hf_models, lifeline, measure
-from validate.models import HFCausalLM, build_model
+from zerocalc.hf.families import HFCausalLM, build_model
 
 def _steps_override():
     """VALIDATE_STEPS="W,P,T" sets WARMUP_STEPS, PHASE_STEPS and TIMED_STEPS: host-memory rows need only

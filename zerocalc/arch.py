@@ -3,7 +3,7 @@
 DeepSpeed pads and partitions per parameter tensor (stage 3) or per flat group (stages 1/2), and
 keeps small tensors whole at stage 3, so an exact answer needs the tensor list, not only P. The
 lists below follow `module.parameters()` order for the three families the validator trains
-(`validate/models.py`); `tests/test_validate_models.py` checks them against torch, tensor by tensor.
+(`zerocalc/hf/families.py`); `tests/test_validate_models.py` checks them against torch, tensor by tensor.
 """
 from dataclasses import dataclass, replace
 

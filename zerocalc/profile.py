@@ -281,7 +281,7 @@ def to_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True,
     """The ModelSpec of a profile: its tensors, its forward and backward hook traces (derived from
     the calls as `arch.trace` / `arch.backward_trace` derive them from the transcribed ones; Hugging
     Face's checkpointing re-enters below the layer's own hooks), its buffers. wrapper: the validator
-    trains the model inside a module that returns the logits (`validate.models.HFCausalLM`): one
+    trains the model inside a module that returns the logits (`zerocalc.hf.families.HFCausalLM`): one
     parameter-less call around the model. z3_leaf_moe: an MoE block is one stage-3 fetch unit.
     `transcribed` says whether the tensors and trace equal a transcribed family's, whose
     allocation sequence (`zerocalc.sequence`) then applies."""

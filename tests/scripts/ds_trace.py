@@ -9,7 +9,7 @@ import deepspeed
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from validate.models import build_model  # noqa: E402
+from zerocalc.hf.families import build_model  # noqa: E402
 from validate.worker import freeze_imports  # noqa: E402
 
 

@@ -3,7 +3,7 @@ integer polynomial in the batch, the sequence and the model's dimensions: one st
 serves every width, depth, head count and vocabulary, where a traced model's stream
 (`memtrace.step_stream`) holds one config's dimensions.
 
-How (`family_stream`): the validator's own model of the family (`validate.models.build_model`: the
+How (`family_stream`): the validator's own model of the family (`zerocalc.hf.families.build_model`: the
 seed's GPT, Hugging Face's Llama) is traced on fake tensors (`memtrace.record_step`, with and without
 checkpointing, with and without DeepSpeed's stage-3 linear) once at random dimensions and the six
 (B, s) shapes, which says which of (1, s, B·s, B·s², B, s²) each size has, then at further random
@@ -105,7 +105,7 @@ def _record_keywords():
     """`memtrace.record_step`'s keywords for the validator's models: called on the token ids, their
     layers the seed's blocks or Hugging Face's decoder layers, checkpointed as the validator does."""
     from transformers.modeling_layers import GradientCheckpointingLayer
-    from validate.models import SeedBlock, SeedGPT
+    from zerocalc.hf.families import SeedBlock, SeedGPT
     from zerocalc.hf.optrace import hf_checkpointing
 
     def set_checkpointing(model, on):

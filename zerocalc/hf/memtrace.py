@@ -377,7 +377,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
         if id(m) in index and state["phase"] == "forward":
             events.append(("Lend", index[id(m)]))
 
-    if set_checkpointing is None:     # as the validator enables it (validate.models.build_model)
+    if set_checkpointing is None:     # as the validator enables it (zerocalc.hf.families.build_model)
         def set_checkpointing(model, on):
             import warnings
             with warnings.catch_warnings():

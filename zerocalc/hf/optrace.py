@@ -242,11 +242,11 @@ def _round(x):
 
 
 def fake_validator_model(a, attention: str):
-    """(model, mode): the validator's model of Architecture `a` (`validate.models.build_model`) built in
+    """(model, mode): the validator's model of Architecture `a` (`zerocalc.hf.families.build_model`) built in
     training mode on fake tensors in bf16, buffers in the parameters' dtype (`to_model_dtype`)."""
     torch, _ = _imports()
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from validate.models import build_model
+    from zerocalc.hf.families import build_model
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -308,14 +308,14 @@ FAMILY_STEPS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 def family_steps() -> dict:
-    """`stack_counts` of the transcribed families as the validator builds them (`validate.models`), at
+    """`stack_counts` of the transcribed families as the validator builds them (`zerocalc.hf.families`), at
     the dimensions of their dispatch test: vocabulary 128, width 64, 4 heads (Llama 2 key/value heads),
     FFN 160, untied. What a layer dispatches does not depend on its widths, but Llama's eager attention
     repeats grouped key/value heads (two copies forward, their sums backward): with as many key/value
     heads as heads its layer dispatches 2 operators fewer backward (`config_steps` counts each config's
     own). Keys "family/attention"; nn.MultiheadAttention is the seed's whatever the attention setting."""
     torch, _ = _imports()
-    from validate.models import SeedGPT    # the validator's own models
+    from zerocalc.hf.families import SeedGPT    # the validator's own models
     from zerocalc.arch import Architecture
 
     def build_layers(family, attention, k):

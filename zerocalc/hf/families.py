@@ -1,6 +1,9 @@
-"""The model zoo the validator trains: the case study's GPT and Hugging Face GPT-2 / Llama built from
-a config with random weights. Parameter order and shapes must equal zerocalc's architecture
-enumeration (`zerocalc.arch.param_numels`); tests/test_validate_models.py checks that."""
+"""The transcribed families as torch modules: the case study's GPT and Hugging Face GPT-2 / Llama built
+from an Architecture with random weights. The validator trains them (`validate.worker`), and the
+families' allocation streams and operator counts are traced from them (`zerocalc.hf.familystream`,
+`zerocalc.hf.optrace`), so they live beside the tracer (the `trace` extra), below the validator.
+Parameter order and shapes must equal zerocalc's architecture enumeration (`zerocalc.arch.param_numels`);
+tests/test_validate_models.py checks that."""
 import torch
 import torch.nn as nn
 
