@@ -83,6 +83,19 @@ def to_zerocalc(job: dict):
     return spec, setup
 
 
+def steps_override(text: str | None) -> tuple[int, int, int] | None:
+    """VALIDATE_STEPS="W,P,T": the worker's warm-up, phase and timed steps instead of its own
+    (`validate.worker`); None where unset or empty. Raises ValueError saying what to give, which the
+    runner checks before any launch."""
+    if not text:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or int(parts[2]) < 1:
+        raise ValueError(f"VALIDATE_STEPS={text!r}: give three whole numbers W,P,T (warm-up, phase and timed "
+                         "steps, T at least 1), e.g. 2,1,1, or unset it")
+    return tuple(int(p) for p in parts)
+
+
 def with_fake_world(job: dict) -> dict:
     """The job run as rank 0 of its nproc ranks in one process (torch's fake process group): its own
     key, so that a fake row never resumes or stands for a real one."""

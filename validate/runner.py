@@ -21,7 +21,7 @@ import threading
 import time
 
 from validate import lifeline, results_file, rows
-from validate.jobs import to_worker
+from validate.jobs import steps_override, to_worker
 from validate.results_file import ResultsFileError, append_row, done_keys  # noqa: F401  (the runner's file API)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # where `validate` and `zerocalc` live
@@ -109,15 +109,12 @@ def check_launcher() -> None:
 
 
 def check_steps() -> None:
-    """VALIDATE_STEPS (`validate.worker`), read before any launch: a value every worker would refuse
-    would otherwise cost a launch and a crash row per job."""
-    text = os.environ.get("VALIDATE_STEPS")
-    if text is None:
-        return
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) != 3 or not all(p.isdigit() for p in parts) or int(parts[2]) < 1:
-        raise SetupError(f"VALIDATE_STEPS={text!r}: give three whole numbers W,P,T (warm-up, phase and timed "
-                         "steps, T at least 1), e.g. 2,1,1, or unset it")
+    """VALIDATE_STEPS (`jobs.steps_override`), read before any launch: a value every worker would
+    refuse would otherwise cost a launch and a crash row per job."""
+    try:
+        steps_override(os.environ.get("VALIDATE_STEPS"))
+    except ValueError as err:
+        raise SetupError(str(err))
 
 
 def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: float = 600,

@@ -15,14 +15,9 @@ import traceback
 import torch
 
 from validate import hf_models, lifeline, measure
+from validate.jobs import steps_override
 from zerocalc.hf.families import HFCausalLM, build_model
 
-def _steps_override():
-    """VALIDATE_STEPS="W,P,T" sets WARMUP_STEPS, PHASE_STEPS and TIMED_STEPS: host-memory rows need only
-    the first steps (the host peak is set at initialize and the first step), and their step times are
-    not kept as timing rows."""
-    text = os.environ.get("VALIDATE_STEPS")
-    return tuple(int(x) for x in text.split(",")) if text else None
 
 
 WARMUP_STEPS = 2      # optimizer steps before measuring: Adam state and the stage-3 trace (frozen after
@@ -35,8 +30,10 @@ if os.environ.get("VALIDATE_FEW_STEPS"):
     # Bytes only (the CPU tests): state and communication are read after the comm-logged step, so one
     # phase step and one timed step keep every column filled at a third of the steps.
     PHASE_STEPS, TIMED_STEPS = 1, 1
-if _steps_override():
-    WARMUP_STEPS, PHASE_STEPS, TIMED_STEPS = _steps_override()
+# VALIDATE_STEPS="W,P,T" sets them (`jobs.steps_override`): host-memory rows need only the first steps
+# (the host peak is set at initialize and the first step), memory-only rows a few.
+if os.environ.get("VALIDATE_STEPS"):
+    WARMUP_STEPS, PHASE_STEPS, TIMED_STEPS = steps_override(os.environ["VALIDATE_STEPS"])
 # VALIDATE_ONE_JOB=1: a fresh process per job, so each job's host memory starts from the runtime's own
 # baseline (freed pinned blocks stay cached in torch's host allocator, and freed heap is not always
 # given back to the system, which would sit under the next job's host peak).

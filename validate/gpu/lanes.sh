@@ -20,7 +20,7 @@ cat $OUT/env.txt
 t0=$(date +%s)
 python3 -c 'from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()' > $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
 echo "FusedAdam built in $(( $(date +%s) - t0 )) s"
-if grep -lq '"offload_optimizer": "cpu"' $(echo "$@" | tr ';' '\n' | sed -E 's/^[0-9]+f?://; s/:.*//') 2>/dev/null; then
+if grep -lq '"offload_optimizer": "cpu"' $(printf '%s\n' "$@" | tr ';' '\n' | sed -E 's/^~?[0-9]+f?://; s/:.*//') 2>/dev/null; then
   python3 -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()' >> $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
 fi
 deadline=$(( $(date +%s) + budget ))

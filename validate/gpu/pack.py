@@ -39,9 +39,9 @@ def main(seconds: float, room_gib: float, out: str, items: list[str]) -> None:
                 cmd = ["timeout", str(int(left)), sys.executable, "-m", "validate", "run", "--backend", "cuda",
                        "--nproc", it["nproc"], "--include", "localhost:0", "--matrix", it["matrix"], "--timeout", "400",
                        "--out", os.path.join(out, name + ".csv")] + (["--fake-world"] if it["fake"] else [])
-                log = open(os.path.join(out, name + ".log"), "w")
-                running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                 env={**os.environ, **it["env"]}), it))
+                with open(os.path.join(out, name + ".log"), "w") as log:   # the child keeps its own copy
+                    running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                     env={**os.environ, **it["env"]}), it))
                 print(f"{time.time() - deadline + seconds:5.0f} s: {name} ({it['gib']:.0f} GiB; {used + it['gib']:.0f} in use)",
                       flush=True)
                 used += it["gib"]
