@@ -35,11 +35,15 @@ def canonical_name(given: str) -> str | None:
     """The --model name `given` stands for: a shipped name in any case, or a Hugging Face Hub id
     (`Qwen/Qwen2.5-7B-Instruct`, `meta-llama/Meta-Llama-3-8B`); None if it stands for none."""
     known = set(names())
-    name = given.strip().lower().rsplit("/", 1)[-1]
-    for candidate in _hub_variants(name):
+    for candidate in _hub_variants(_repo_name(given)):
         if candidate in known:
             return candidate
     return None
+
+
+def _repo_name(given: str) -> str:
+    """A Hub id's repository name, lower case ("meta-llama/Llama-3.1-8B" -> "llama-3.1-8b")."""
+    return given.strip().lower().rsplit("/", 1)[-1]
 
 
 def _hub_variants(name: str):
@@ -57,7 +61,7 @@ def unknown_model(given: str) -> str:
     """What to say of a --model name that stands for no shipped model: the nearest names, and how to
     bring any model."""
     import difflib
-    near = difflib.get_close_matches(given.strip().lower().rsplit("/", 1)[-1], names(), n=3, cutoff=0.6)
+    near = difflib.get_close_matches(_repo_name(given), names(), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(near)}? " if near else ""
     return (f"{given!r} is not a shipped model; {hint}`zerocalc models` lists them. Any other model: download "
             "its config.json from the Hub and give --hf-config config.json")
