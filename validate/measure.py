@@ -9,7 +9,8 @@ import time
 
 import torch
 
-_WALK_MODULES = ("deepspeed", "torch", "validate", "transformers", "collections")
+# Whose objects the state walk follows: the models trained are zerocalc.hf.families' (HFCausalLM, SeedGPT).
+_WALK_MODULES = ("deepspeed", "torch", "validate", "zerocalc", "transformers", "collections")
 # Storages this small are scalars (grad norm, overflow flag, inf/nan tracker, loss scale): reported
 # apart as the named residual, not compared against the state model.
 SCALAR_BYTES = 8
