@@ -462,3 +462,20 @@ def test_the_table_says_which_columns_an_offload_keeps_on_the_host(flags, says):
     if flags[:2] == ["--stage", "2"]:
         e = json.loads(run("--params", "7e9", "--dp", "8", *flags, "--format", "json").output)["estimates"][0]
         assert (e["per_rank_bytes"]["optimizer_states"], e["peak_bytes"]) == (10_500_000_000, 28_000_000_000)
+
+
+def test_the_column_legend_is_printed_on_request():
+    """The table and the notes about this answer by default; what each column counts behind --explain."""
+    plain, explained = run("--params", "7e9", "--dp", "8"), run("--params", "7e9", "--dp", "8", "--explain")
+    assert plain.exit_code == explained.exit_code == 0
+    assert "GiB per rank:" not in plain.output and "What each column counts: --explain." in plain.output
+    assert "GiB per rank:" in explained.output and "--explain." not in explained.output
+    assert "Peak set by" in plain.output   # a note about this answer stays
+
+
+def test_one_rank_says_its_logged_collectives_cross_no_wire():
+    """At N = 1 DeepSpeed still logs its gradient all-reduce (measured on H200, data/h200-t2-n1-s3.csv),
+    so comm GB is not 0 while the wire volume is: the table says why, only then."""
+    one, eight = run("--params", "7e9", "--dp", "1", "--stage", "0"), run("--params", "7e9", "--dp", "8", "--stage", "0")
+    assert "N = 1: DeepSpeed still calls its collectives" in one.output
+    assert "N = 1" not in eight.output

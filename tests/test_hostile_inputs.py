@@ -208,3 +208,31 @@ def test_reserved_is_never_below_allocated_at_a_million_tokens():
     e = json.loads(r.stdout)["estimates"][0]
     assert e["peak_reserved_bytes"] >= e["peak_bytes"]
     assert e["peak_reserved_worst_bytes"] >= e["peak_reserved_bytes"]
+
+
+@pytest.mark.parametrize("command", ["report", "fit", "crossval", "host"])
+def test_validate_without_pandas_says_how_to_get_it(tmp_path, command):
+    """pandas comes with the validate extra, not with zerocalc: without it, one line and exit 2."""
+    import subprocess
+    import sys
+    rows = tmp_path / "rows.csv"
+    rows.write_text("key,outcome\nk,ok\n")
+    code = ("import sys; sys.modules['pandas'] = None; from validate.cli import main; "
+            f"main([{command!r}, {str(rows)!r}])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"Error: `python -m validate {command}` needs pandas: pip install "
+                                "'zerocalc[validate]' (or pip install pandas)")
+
+
+def test_report_on_one_row_prints_only_the_tables_it_has_rows_for(tmp_path):
+    """A fake-world row has state, comm and peaks but no step time: no empty step-time tables."""
+    from validate.report import report
+    one = tmp_path / "one.csv"
+    with open("data/h200-fake-a-n256.csv") as f:
+        one.write_text("".join(f.readlines()[:2]))
+    text, _ = report([str(one)])
+    assert "Resident state bytes" in text and "Step time on the fitted hosts" not in text
+    for i, line in enumerate(text.splitlines()):
+        if line.startswith("stage  rows"):
+            assert text.splitlines()[i + 1][:5].strip().isdigit(), line   # a header is followed by a row

@@ -70,6 +70,18 @@ def test_sweep_cli_takes_fp16_as_the_two_byte_rows_bf16_gives(tmp_path):
     assert bad.exit_code == 2 and "fp8: give bf16, fp16 or fp32" in bad.output
 
 
+def test_sweep_cli_writes_byte_counts_as_whole_numbers():
+    from click.testing import CliRunner
+    from zerocalc.cli import main
+    r = CliRunner().invoke(main, ["sweep", "--params", "7e9", "--dp", "3", "--stage", "0"])
+    assert r.exit_code == 0, r.output
+    header, row = [ln.split(",") for ln in r.output.splitlines()]
+    # 2 B params + 4 B master + 8 B Adam per parameter, written as an integer (not 98000000000.0)
+    assert row[header.index("resident_bytes")] == "98000000000"
+    # the ring all-reduce of 2 B gradients: 2·(N-1)/N · 2·P = 18,666,666,666.67, rounded to the byte
+    assert row[header.index("wire_bytes")] == "18666666667"
+
+
 def test_grid_by_its_axes_equals_the_same_points_one_by_one():
     """Broadcasting over the grid's axes gives, byte for byte, what the formulas give on the flat
     list of its points (every quantity on every point, `np.select` over the stages)."""

@@ -35,6 +35,15 @@ def _fail(message: str, code: int):
     sys.exit(code)
 
 
+def _needs_pandas(command: str) -> None:
+    """The tables and fits are pandas': one line saying how to get it, not an ImportError."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        _fail(f"`python -m validate {command}` needs pandas: pip install 'zerocalc[validate]' (or pip install "
+              "pandas)", 2)
+
+
 @main.command()
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), required=True)
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks (GPUs or CPU processes).")
@@ -141,6 +150,7 @@ def report(csv_paths, strict, markdown):
     """Errors of zerocalc's current predictions against the measured rows, per stage. Without
     CSV_PATHS: the committed H200 rows of real worlds (data/h200-*.csv less the HF-config, fake-world
     and emulated-card files), the README's table."""
+    _needs_pandas("report")
     from validate.docs import committed_paths
     from validate.report import report as make_report
     from validate.results_file import ResultsFileError
@@ -164,6 +174,7 @@ def report(csv_paths, strict, markdown):
               help="Calibration file to write.")
 def fit_cmd(csv_paths, out_path):
     """Fit the calibrated constants on a training split of GPU rows; report the held-out split."""
+    _needs_pandas("fit")
     from validate.fit import NothingToFit, fit
     from validate.report import report as make_report
     from validate.results_file import ResultsFileError
@@ -183,6 +194,7 @@ def fit_cmd(csv_paths, out_path):
 def docs_cmd(check):
     """Rewrite the generated blocks of README.md and docs/accuracy.md (supported models, the examples'
     output, the accuracy tables) from the code and the committed rows in data/ (about a minute)."""
+    _needs_pandas("docs")
     from validate.docs import stale, write_all
     if check:
         bad = stale()
@@ -201,6 +213,7 @@ def crossval_cmd(csv_paths):
     ran) predicted by the time constants fitted on the other three, so that every configuration is
     judged as one the fit never saw, and how far each constant moves between the folds. Writes
     nothing; a few seconds."""
+    _needs_pandas("crossval")
     from validate.fit import cross_validate_time, cross_validation_report
     try:
         timed, sections = cross_validate_time(list(csv_paths), progress=lambda m: click.echo(m, err=True))
@@ -215,6 +228,7 @@ def host_cmd(csv_paths):
     """Host memory per rank: each row's measured peak resident set (VmHWM) beside zerocalc.host's
     prediction now and the one written in the row at its run, and pinned bytes, as a markdown table
     (docs/host-memory.md)."""
+    _needs_pandas("host")
     from validate.host_report import host_rows, markdown_table
     rows = host_rows(list(csv_paths))
     if not rows:

@@ -247,9 +247,10 @@ def _rel(pred, meas):
 
 
 def _table(df, pred, meas, label, exact, target=None):
-    """Per stage: rows, how many are exact (or within `target`), mean and max relative error."""
+    """Per stage: rows, how many are exact (or within `target`), mean and max relative error; after a
+    blank line, or nothing where no row has the measurement."""
     head = "exact" if exact else "in tgt"
-    lines = [f"{label}", f"{'stage':>5} {'rows':>5} {head:>6} {'mean |err|':>11} {'max |err|':>10}"]
+    lines = ["", f"{label}", f"{'stage':>5} {'rows':>5} {head:>6} {'mean |err|':>11} {'max |err|':>10}"]
     for stage, g in df.groupby("stage"):
         g = g[g[meas].notna()]
         if g.empty:
@@ -257,7 +258,7 @@ def _table(df, pred, meas, label, exact, target=None):
         err = _rel(g[pred].astype(float), g[meas].astype(float)).abs()
         same = int((g[pred].astype("int64") == g[meas].astype("int64")).sum()) if exact else int((err <= target).sum())
         lines.append(f"{stage:>5} {len(g):>5} {same!s:>6} {err.mean():>10.2%} {err.max():>10.2%}")
-    return lines
+    return lines if len(lines) > 3 else []
 
 
 def _within_own_steps(timed: pd.DataFrame) -> list[str]:
@@ -591,9 +592,9 @@ def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
     if ok.empty:
         return "\n".join(lines + hf_lines), hf_exact and not hf_ok.empty
     ok = repredict(ok, df) if rows is None else rows
-    lines += [""] + _table(ok, "now_state_bytes", "measured_state_bytes",
+    lines += _table(ok, "now_state_bytes", "measured_state_bytes",
                            "Resident state bytes per rank after a step (max over ranks); exact = to the byte", True)
-    lines += [""] + _table(ok, "now_comm_bytes", "measured_comm_bytes",
+    lines += _table(ok, "now_comm_bytes", "measured_comm_bytes",
                            "Logged communication bytes per optimizer step (all collectives)", True)
     exact = bool((ok["now_state_bytes"] == ok["measured_state_bytes"].astype("int64")).all()
                  and (ok["now_comm_bytes"] == ok["measured_comm_bytes"].astype("int64")).all())
@@ -603,13 +604,13 @@ def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
         gpu = gpu.assign(own_peak=own_peak_allocated(gpu),
                          split=held_out_rows(gpu).map({True: "held-out", False: "train"}))
         for split, g in [("all", gpu)] + list(gpu.groupby("split")):
-            lines += [""] + _table(g, "now_peak_allocated_bytes", "own_peak",
+            lines += _table(g, "now_peak_allocated_bytes", "own_peak",
                                    f"Peak allocated (max_memory_allocated less what an earlier engine left), {split}"
                                    f" rows; target 5%", False, 0.05)
         offloaded = (gpu["offload_optimizer"] != "none") | (gpu["offload_param"] != "none")
         if offloaded.any():
             off = gpu[offloaded].assign(measured_host=gpu["measured_host_state_bytes"].astype(float))
-            lines += [""] + _table(off, "now_host_bytes", "measured_host", "Host state bytes per rank (offloaded "
+            lines += _table(off, "now_host_bytes", "measured_host", "Host state bytes per rank (offloaded "
                                    "master, moments, gradients, parameters), GPU rows with offload", True)
             exact = exact and bool((off["now_host_bytes"] == off["measured_host"].astype("int64")).all())
         expandable = expandable_rows(gpu)
@@ -621,38 +622,38 @@ def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
                             (expandable, "rows run with expandable_segments:True that started clean")):
             clean = gpu[started_clean(gpu) & rows_]
             if not clean.empty:
-                lines += [""] + _table(clean, "now_peak_reserved_bytes", "measured_peak_reserved_bytes",
+                lines += _table(clean, "now_peak_reserved_bytes", "measured_peak_reserved_bytes",
                                        f"Peak reserved (max_memory_reserved), {name}; target 10%", False, 0.10)
         lines += reserved_growth(gpu)
         whole = timed_whole_steps(gpu)
         timed = gpu[whole]
         for split, g in [("all", timed)] + list(timed.groupby("split")):
-            lines += [""] + _table(g, "now_step_s", "measured_step_s", f"Step time (median of whole steps timed as "
+            lines += _table(g, "now_step_s", "measured_step_s", f"Step time (median of whole steps timed as "
                                    f"training runs; on the row's own host speed where probed before each step), "
                                    f"{split} rows; target 15%", False, 0.15)
         probed = timed[[measured_host_launch_s(r.to_dict()) is not None for _, r in timed.iterrows()]]
         if not probed.empty:
             for col, name in (("now_step_s", "on each row's own host speed"),
                               ("now_step_fitted_host_s", "on the fitted hosts' median speed")):
-                lines += [""] + _table(probed, col, "measured_step_s", f"Step time, rows whose host speed was probed "
+                lines += _table(probed, col, "measured_step_s", f"Step time, rows whose host speed was probed "
                                        f"before each timed step, {name}; target 15%", False, 0.15)
-        lines += [""] + _table(timed, "now_step_fitted_host_s", "measured_step_s", "Step time on the fitted hosts' "
+        lines += _table(timed, "now_step_fitted_host_s", "measured_step_s", "Step time on the fitted hosts' "
                                "median speed, as `zerocalc estimate --gpu h200` prints it, all rows (within 15%)",
                                False, 0.15)
         timed_off = timed[offloaded[whole]]
         for split, g in [("all", timed_off)] + list(timed_off.groupby("split")):
-            lines += [""] + _table(g, "now_step_s", "measured_step_s", f"Step time with CPU offload, {split} rows "
+            lines += _table(g, "now_step_s", "measured_step_s", f"Step time with CPU offload, {split} rows "
                                    "(included above); target 15%", False, 0.15)
         if not timed.empty:
             lines += [""] + _within_own_steps(timed) + _host_speed(timed)
         for pred, meas, name in (("now_forward_s", "measured_forward_s", "forward"),
                                  ("now_backward_s", "measured_backward_s", "backward"),
                                  ("now_step_phase_s", "measured_step_phase_s", "optimizer step")):
-            lines += [""] + _table(timed, pred, meas, f"Step time, {name} phase alone (phase-synchronized steps), "
+            lines += _table(timed, pred, meas, f"Step time, {name} phase alone (phase-synchronized steps), "
                                    "all rows (within 15%)", False, 0.15)
         old = gpu[~whole]
         if not old.empty:
-            lines += [""] + _table(old, "now_step_s", "measured_step_s", "Step time of the earlier protocol (phase-"
+            lines += _table(old, "now_step_s", "measured_step_s", "Step time of the earlier protocol (phase-"
                                    "synchronized, two jobs per host at times; not fitted, for reference)", False, 0.15)
         if not timed.empty:
             confs = by_configuration(timed)
@@ -661,17 +662,17 @@ def report(paths, rows: pd.DataFrame | None = None) -> tuple[str, bool]:
             if n:
                 lines.append(f"Of those configurations' {n} rows, the best single prediction per configuration puts "
                              f"{best} within 15% (every row: {n}); this model {model}")
-            lines += [""] + _table(confs, "now_step_s", "measured_step_s", f"Step time per configuration (median over "
+            lines += _table(confs, "now_step_s", "measured_step_s", f"Step time per configuration (median over "
                                    f"its jobs; {int((confs['jobs'] > 1).sum())} of {len(confs)} timed in more than one "
                                    "job); target 15%", False, 0.15)
             lines += _floor(confs, timed)
             if "split" in confs:   # the split is by configuration (fit.held_out): all its jobs on one side
                 held = confs[confs["split"] == "held-out"]
-                lines += [""] + _table(held, "now_step_s", "measured_step_s", f"Step time per configuration, held-out "
+                lines += _table(held, "now_step_s", "measured_step_s", f"Step time per configuration, held-out "
                                        f"configurations ({len(held)} of {len(confs)}); target 15%", False, 0.15)
             if not probed.empty:   # the host's speed known while each counted job was timed
                 pc = by_configuration(probed)
-                lines += [""] + _table(pc, "now_step_s", "measured_step_s", f"Step time per configuration, only its "
+                lines += _table(pc, "now_step_s", "measured_step_s", f"Step time per configuration, only its "
                                        f"jobs probed before each timed step (median over them, each on its own host "
                                        f"speed; {len(pc)} of the {len(confs)} configurations); target 15%", False, 0.15)
     scal = ok["measured_scalar_bytes"].max() if "measured_scalar_bytes" in ok else 0

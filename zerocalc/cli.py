@@ -355,11 +355,12 @@ def _host_memory(given, hw):
               help="Calibrated constants: a shipped name or a JSON file written by `python -m validate fit`.")
 @host_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option("--explain", is_flag=True, help="Also say what each column of the table counts.")
 def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, host_memory, gpu_name, peak_tflops,
                  intra_node_gbps,
                  inter_node_gbps, calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us, ds_config, fmt,
-                 **opts):
+                 explain, **opts):
     """Per-rank bytes and communication per step for ZeRO stages 0–3.
 
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
@@ -440,7 +441,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
                  for s in setups]
     for note in resolve.notes(spec, [s.stage for s in setups]):
         click.echo(f"note: {note}", err=True)
-    click.echo(render.render(estimates, fmt, host_note))
+    click.echo(render.render(estimates, fmt, host_note, explain))
     if fmt == "table":   # below the table (JSON carries zero_init and dtype in its inputs)
         for note in (_dtype_note(ds, opts.get("dtype")), _zero_init_note(setups, ds, opts.get("zero_init"))):
             if note:
@@ -462,7 +463,8 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 @click.option("--min-gpus", "fewest", is_flag=True, help="Answer the fewest GPUs that can train this.")
 @click.option("--price-per-gpu-hour", type=_float("price"), help="Rank by cost per token.")
 @click.option("--top", type=_int("top"), default=10, show_default=True)
-@click.option("--explain", is_flag=True, help="Also list the rejected candidates and why.")
+@click.option("--explain", is_flag=True,
+              help="Also say what each column counts, and list the setups left out, grouped by reason.")
 @click.option("--expandable-segments", is_flag=True,
               help="Judge fit with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less reserved).")
 @click.option("--zero-init/--no-zero-init", default=False, help=(

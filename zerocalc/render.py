@@ -2,6 +2,7 @@
 import csv
 import io
 import json
+import re
 
 from dataclasses import fields
 
@@ -64,14 +65,13 @@ def _fits_note(estimates) -> list[str]:
     allocator's replay against it (`Estimate.at_capacity`: simulated, its reserved past the card)."""
     if all(e.at_capacity is None for e in estimates):
         return ["fits = reserved + CUDA context/NCCL <= --gpu-memory (tight: not at the worst miss of the reserved",
-                "prediction measured, which can OOM); paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]
+                "prediction measured, which can OOM);"]
     where = "" if {e.fits_source for e in estimates} == {"allocator"} else \
         " (where simulated; else reserved + CUDA context/NCCL <= --gpu-memory)"
     return ["fits = reserved + CUDA context/NCCL <= --gpu-memory, or else the job's allocation sequence runs on",
             f"--gpu-memory less CUDA context/NCCL without OOM{where}, the allocator freeing its cached segments",
             "and retrying where a cudaMalloc fails, as PyTorch's does (tight: runs only thanks to those retries,",
-            "or not at the worst miss of the reserved prediction measured, which can OOM);",
-            "paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]
+            "or not at the worst miss of the reserved prediction measured, which can OOM);"]
 
 
 def _fits_on(e) -> str:
@@ -101,7 +101,29 @@ def _row(e) -> list[str]:
             f"{gib(e.host.peak_bytes):.1f}", f"{gib(e.host_node_bytes):.1f}", fits]
 
 
-def as_table(estimates, host_note: str | None = None) -> str:
+def _legend(estimates) -> list[str]:
+    """What each column of `as_table` counts (`estimate --explain`)."""
+    e0 = estimates[0]
+    sources = {e.reserved_source for e in estimates}
+    lines = ["GiB per rank: params, grads and buffers at their largest in a step, optim = fp32 master + moments;",
+             "peak = predicted max_memory_allocated and the phase that sets it; reserved = max_memory_reserved;",
+             *(_fits_note(estimates) if e0.gpu_memory_bytes is not None else
+               ["fits on = the smallest GPU (16-80 GB, 141 GB) holding reserved + CUDA context/NCCL (tight: not at",
+                "the reserved prediction's worst measured miss, which can OOM; then the one that holds that too);"]),
+             "paper = ZeRO paper figure 1 (2+2+12 bytes/param);",
+             "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes);",
+             "host/rank = the process's peak resident host memory (runtime, the model built on the CPU, DeepSpeed's",
+             f"pinned and pageable buffers; docs/host-memory.md); host/node = host/rank × {e0.host_ranks} ranks per node;",
+             "fits also needs host/node <= --host-memory where given, and NO names the side that does not fit.",
+             "reserved: " + ("the job's allocation sequence through PyTorch's caching allocator, simulated"
+                             if sources == {"simulated"} else "allocated × the reserved/allocated ratio measured "
+                             "on H200" if sources == {"ratio"} else "simulated from the allocation sequence "
+                             "where it is generated, a measured ratio elsewhere") + " (docs/reserved-memory.md)."]
+    return lines
+
+
+def as_table(estimates, host_note: str | None = None, explain: bool = False) -> str:
+    """The table and the notes that concern this answer; `explain`: the column legend too."""
     e0 = estimates[0]
     s, m = e0.setup, e0.model
     head = (f"{m.name}: P = {m.num_params:,} ({m.num_params / 1e9:.3g}B), N = {s.dp}, {s.dtype}, "
@@ -117,17 +139,11 @@ def as_table(estimates, host_note: str | None = None) -> str:
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
-    lines += ["",
-              "GiB per rank: params, grads and buffers at their largest in a step, optim = fp32 master + moments;",
-              "peak = predicted max_memory_allocated and the phase that sets it; reserved = max_memory_reserved;",
-              *(_fits_note(estimates) if e0.gpu_memory_bytes is not None else
-                ["fits on = the smallest GPU (16-80 GB, 141 GB) holding reserved + CUDA context/NCCL (tight: not at",
-                 "the reserved prediction's worst measured miss, which can OOM; then the one that holds that too);",
-                 "paper = ZeRO paper figure 1 (2+2+12 bytes/param);"]),
-              "comm = logged GB per optimizer step per rank; ×P = ring wire volume / (P · comm dtype bytes);",
-              "host/rank = the process's peak resident host memory (runtime, the model built on the CPU, DeepSpeed's",
-              f"pinned and pageable buffers; docs/host-memory.md); host/node = host/rank × {e0.host_ranks} ranks per node;",
-              "fits also needs host/node <= --host-memory where given, and NO names the side that does not fit."]
+    lines.append("")
+    if explain:
+        lines += _legend(estimates)
+    elif any(e.at_capacity is not None for e in estimates):   # a verdict this answer took from the allocator
+        lines += _fits_note(estimates)
     on_host = [what for what, kind in (("optim with optimizer offload", "offload_optimizer"),
                                        ("params with parameter offload", "offload_param"))
                if any(getattr(e.setup, kind) != "none" for e in estimates)]
@@ -136,14 +152,6 @@ def as_table(estimates, host_note: str | None = None) -> str:
     if e0.host_memory_bytes is not None:
         lines.append(f"Host memory: {gib(e0.host_memory_bytes):.0f} GiB per node"
                      + (f" ({host_note})" if host_note else "") + ".")
-    sources = {e.reserved_source for e in estimates}
-    lines.append("reserved: " + ("the job's allocation sequence through PyTorch's caching allocator, simulated"
-                                 if sources == {"simulated"} else "allocated × the reserved/allocated ratio measured "
-                                 "on H200" if sources == {"ratio"} else "simulated from the allocation sequence "
-                                 "where it is generated, a measured ratio elsewhere") + " (docs/reserved-memory.md).")
-    if e0.gpu_memory_bytes is None:
-        lines.append("To check one GPU, give its memory (--gpu-memory 32GiB: a 32 GB card; 32GB is 32e9 bytes) "
-                     "or --gpu.")
     tight = [e for e in estimates if e.fits and not e.fits_worst_case and not e.setup.expandable_segments]
     if tight:
         lines.append("tight: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lowered reserved on every H200 "
@@ -175,6 +183,14 @@ def as_table(estimates, host_note: str | None = None) -> str:
         lines.append("Step time needs an architecture and --seq-len.")
     if e0.activation_bytes is None:
         lines.append("Activations are not counted: give --model/--hf-config with --seq-len and --micro-batch.")
+    if e0.setup.dp == 1:
+        lines.append("N = 1: DeepSpeed still calls its collectives on the one rank (comm GB, as its comms logger "
+                     "counts them); nothing crosses a wire (×P 0).")
+    if e0.gpu_memory_bytes is None:
+        lines.append("To check one GPU, give its memory (--gpu-memory 32GiB: a 32 GB card; 32GB is 32e9 bytes) "
+                     "or --gpu.")
+    if not explain:
+        lines.append("What each column counts: --explain.")
     return "\n".join(lines)
 
 
@@ -208,11 +224,11 @@ def as_csv(estimates) -> str:
     return buf.getvalue().rstrip("\n")
 
 
-def render(estimates, fmt: str, host_note: str | None = None) -> str:
+def render(estimates, fmt: str, host_note: str | None = None, explain: bool = False) -> str:
     """host_note: where the host's memory came from when the user did not give it (a preset's
-    assumption); the table prints it, JSON carries it in inputs."""
+    assumption); the table prints it, JSON carries it in inputs. explain: the table's column legend."""
     if fmt == "table":
-        return as_table(estimates, host_note)
+        return as_table(estimates, host_note, explain)
     if fmt == "json":
         return as_json(estimates, host_note)
     return as_csv(estimates)
@@ -270,13 +286,15 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
-    lines += ["", "GiB/GPU = predicted reserved peak + CUDA context, and fits: yes, or tight (not at the reserved",
-              "prediction's worst measured miss, which can OOM), both as `estimate` gives them for the row's setup",
-              "(candidates are screened with a calibrated reserved ratio; a row the allocator simulation rejects is",
-              "dropped: --explain lists it);",
-              "step = one optimizer step; wire = share of the step waiting on bytes crossing the link; calls = stage 3's",
-              "share spent per all-gather call (its hook issuing it and waiting), not wire time;",
-              "host/node = GiB of host memory per node: each rank's peak resident set × its ranks (docs/host-memory.md)."]
+    lines.append("")
+    if rejected is not None:   # --explain: what each column counts
+        lines += ["GiB/GPU = predicted reserved peak + CUDA context, and fits: yes, or tight (not at the reserved",
+                  "prediction's worst measured miss, which can OOM), both as `estimate` gives them for the row's setup",
+                  "(candidates are screened with a calibrated reserved ratio; a row the allocator simulation rejects is",
+                  "dropped: --explain lists it);",
+                  "step = one optimizer step; wire = share of the step waiting on bytes crossing the link; calls = stage 3's",
+                  "share spent per all-gather call (its hook issuing it and waiting), not wire time;",
+                  "host/node = GiB of host memory per node: each rank's peak resident set × its ranks (docs/host-memory.md)."]
     if any(c.estimate.at_capacity is not None for c in ranked):
         lines.append("A row whose GiB/GPU exceeds the card runs only because the allocator frees its cached segments "
                      "and retries a failed cudaMalloc, as PyTorch's does: tight (docs/reserved-memory.md).")
@@ -287,13 +305,29 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
         lines.append(f"Step time calibrated on H200 runs: {acc['within_15pct']} of {acc['rows']} measured steps within "
                      f"15% of the model (mean {acc['mean_abs_error']:.0%}{_by_configuration(acc)}; README).")
     if rejected is not None:
-        lines += ["", "Rejected:"]
-        for c in rejected:
-            if c.rejected:
-                s = c.setup
-                lines.append(f"  {s.dp:4d} GPUs stage {int(s.stage)} offload {s.offload_optimizer}/{s.offload_param} "
-                             f"micro {s.micro_batch} ckpt {'on' if s.activation_checkpointing else 'off'}: {c.rejected}")
+        lines += _rejections([c for c in rejected if c.rejected])
+    else:
+        lines.append("What each column counts, and every setup left out and why: --explain.")
     return "\n".join(lines)
+
+
+def _rejected_setup(c) -> str:
+    s = c.setup
+    return (f"{s.dp} GPUs stage {int(s.stage)} offload {s.offload_optimizer}/{s.offload_param} micro {s.micro_batch} "
+            f"ckpt {'on' if s.activation_checkpointing else 'off'}: {c.rejected}")
+
+
+def _rejections(rejected) -> list[str]:
+    """`plan --explain`'s rejected setups grouped by reason (its numbers aside), most common first, each
+    with the one closest to fitting (the least memory; else the fewest GPUs)."""
+    groups: dict[str, list] = {}
+    for c in rejected:
+        groups.setdefault(re.sub(r"\d[\d,.]*", "…", c.rejected), []).append(c)
+    lines = ["", f"Rejected: {len(rejected)} setups, by reason (the one closest to fitting under each):"]
+    for reason, cs in sorted(groups.items(), key=lambda g: -len(g[1])):
+        closest = min(cs, key=lambda c: (c.estimate.device_bytes if c.estimate else 0, c.setup.dp))
+        lines += [f"  {len(cs):4d} × {reason}", f"         e.g. {_rejected_setup(closest)}"]
+    return lines
 
 
 def _by_regime(acc: dict, estimates) -> list[str]:

@@ -209,11 +209,16 @@ def evaluate(g, optimizer_state_bytes: int = 8, reduce_bucket_size: int = 500_00
     return {name: np.broadcast_to(v, shape).ravel() for name, v in out.items()}
 
 
+def _whole_bytes(out: dict) -> dict:
+    """`evaluate`'s columns with the byte counts as integers (a ring's (N-1)/N share rounded to the byte)."""
+    return {k: np.rint(v).astype(np.int64) if k.endswith("_bytes") else v for k, v in out.items()}
+
+
 def table(g, out: dict) -> dict:
-    """The sweep's columns in order, as flat arrays: the axes (integers), then `evaluate`'s, with
-    the peak phase by name."""
+    """The sweep's columns in order, as flat arrays: the axes and byte counts (integers), then the
+    others of `evaluate`, with the peak phase by name."""
     cols = {k: g[k].astype(np.int64) for k in AXES}
-    cols.update(out)
+    cols.update(_whole_bytes(out))
     cols["peak_phase"] = PHASES[out["peak_phase"]]
     return cols
 
@@ -230,6 +235,6 @@ def sweep(**axes):
     except ImportError:
         return table(g, out)
     frame = {k: g[k].astype(np.int64) for k in AXES}
-    frame.update(out)
+    frame.update(_whole_bytes(out))
     frame["peak_phase"] = pd.Categorical.from_codes(out["peak_phase"], PHASES)
     return pd.DataFrame(frame)
