@@ -585,3 +585,70 @@ def test_a_ds_config_with_trainer_auto_values_is_timed_as_a_trainer_step(tmp_pat
     assert float(rows["auto"]["trainer_s"]) == pytest.approx(3 * k["trainer_s_per_micro_step"]
                                                              + 291 * k["trainer_zero_grad_s_per_tensor"])
     assert float(rows["auto"]["step_s"]) - float(rows["plain"]["step_s"]) == pytest.approx(float(rows["auto"]["trainer_s"]))
+
+
+def _ds(tmp_path, name, cfg):
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def plan_with(ds_path, *args, code=0):
+    r = CliRunner().invoke(main, ["plan", "--model", "llama-3-8b", "--gpu", "a100-40g", "--max-gpus", "32",
+                                  "--seq-len", "2048", "--ds-config", ds_path, "--format", "json", *args])
+    assert r.exit_code == code, r.output
+    return json.loads(r.stdout) if code == 0 else r.output
+
+
+def test_plan_keeps_what_the_ds_config_sets_and_chooses_the_rest(tmp_path):
+    """Stage 3 with optimizer offload, micro-batch 2, train_batch_size 64: every row shown keeps them,
+    its GAS 64 / (2 × N), and only the GPU count and checkpointing vary."""
+    path = _ds(tmp_path, "ds.json", {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+                                     "bf16": {"enabled": True},
+                                     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})
+    doc = plan_with(path, "--top", "50")
+    assert doc["ranked"]
+    for c in doc["ranked"]:
+        assert (c["stage"], c["offload_optimizer"], c["offload_param"], c["micro_batch"]) == (3, "cpu", "none", 2)
+        assert c["gas"] == 64 // (2 * c["dp"]) and c["zero_init"] is False
+    assert {c["dp"] for c in doc["ranked"]} == {1, 2, 4, 8, 16, 32}
+    # the ds_config's batch and --global-batch must agree
+    out = plan_with(path, "--global-batch", "32", code=2)
+    assert "--global-batch 32 contradicts the ds_config's train_batch_size 64" in out
+
+
+def test_a_plan_row_from_a_ds_config_is_what_estimate_gives_for_it(tmp_path):
+    path = _ds(tmp_path, "ds.json", {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+                                     "bf16": {"enabled": True}, "zero_optimization": {"stage": 2,
+                                                                                      "reduce_bucket_size": 1e8}})
+    row = plan_with(path)["ranked"][0]
+    assert row["reduce_bucket_size"] == 100_000_000 and row["gas"] == 64 // (2 * row["dp"])
+    r = CliRunner().invoke(main, ["estimate", "--model", "llama-3-8b", "--ds-config", path, "--dp", str(row["dp"]),
+                                  "--seq-len", "2048", "--attention", "sdpa", "--gpu", "a100-40g", "--format", "json",
+                                  "--activation-checkpointing" if row["activation_checkpointing"] else
+                                  "--no-activation-checkpointing"])
+    assert r.exit_code == 0, r.output
+    e = json.loads(r.output)["estimates"][0]
+    assert (e["stage"], e["device_bytes"]) == (2, row["device_bytes"])
+    assert e["time"]["step_s"] == pytest.approx(row["time"]["step_s"])
+
+
+def test_a_trainer_ds_config_leaves_batch_to_the_plan_and_builds_under_zero_init(tmp_path):
+    """HF Trainer's "auto" values are the plan's to choose; Trainer builds stage-3 models under zero.Init."""
+    path = _ds(tmp_path, "auto.json", {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                                       "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
+                                       "zero_optimization": {"stage": 3}})
+    assert "give --global-batch (sequences per optimizer step), or a ds_config that sets train_batch_size" in \
+        plan_with(path, code=2)
+    doc = plan_with(path, "--global-batch", "64", "--top", "50")
+    assert {c["micro_batch"] for c in doc["ranked"]} > {1} and all(c["zero_init"] and c["hf_trainer"]
+                                                                    for c in doc["ranked"])
+    assert all(c["micro_batch"] * c["gas"] * c["dp"] == 64 for c in doc["ranked"])
+
+
+def test_a_ds_config_fixing_micro_batch_and_accumulation_grows_the_global_batch_with_the_gpus(tmp_path):
+    path = _ds(tmp_path, "fixed.json", {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
+                                        "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}})
+    doc = plan_with(path, "--top", "50")
+    assert doc["ranked"] and all((c["micro_batch"], c["gas"]) == (4, 8) for c in doc["ranked"])
+    assert "grows with the GPUs" in doc["note"]

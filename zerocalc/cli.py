@@ -270,6 +270,20 @@ ZERO_INIT_HELP = ("Stage 3: the model is built under deepspeed.zero.Init, as HF 
                   "on the GPU at init) [default: on when the ds_config has HF Trainer \"auto\" values, else off].")
 
 
+def _read_ds_config(path, spec):
+    """The parsed ds_config (`dsconfig.DsConfig`), its warnings on stderr; a config DeepSpeed would
+    refuse is one line naming the file, the key and the value."""
+    hidden = spec.architecture.hidden_size if spec.architecture else None
+    try:
+        ds = dsconfig.parse(dsconfig.load(path), hidden)
+    except dsconfig.DsConfigError as err:
+        msg = str(err)
+        raise InputFailure(msg if msg.startswith(f"{path}:") else f"{path}: {msg}")
+    for w in ds.warnings:
+        click.echo(f"warning: {w}", err=True)
+    return ds
+
+
 def _zero_init_note(setups, ds, flag) -> str | None:
     """The header line that says whether stage 3 is modelled under zero.Init, and why."""
     if not any(s.stage == 3 for s in setups):
@@ -399,14 +413,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     stages = _stages(stage_text)
     ds = None
     if ds_config is not None:
-        hidden = spec.architecture.hidden_size if spec.architecture else None
-        try:
-            ds = dsconfig.parse(dsconfig.load(ds_config), hidden)
-        except dsconfig.DsConfigError as err:
-            msg = str(err)
-            raise InputFailure(msg if msg.startswith(f"{ds_config}:") else f"{ds_config}: {msg}")
-        for w in ds.warnings:
-            click.echo(f"warning: {w}", err=True)
+        ds = _read_ds_config(ds_config, spec)
         missing = [n for n in ds.needs if opts.get(n.replace("-", "_")) is None]
         if "gas" in missing:
             # HF Trainer fills it from TrainingArguments.gradient_accumulation_steps, whose default is 1
@@ -458,8 +465,13 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
                    "preset's typical 8-GPU host, printed as an assumption].")
 @click.option("--max-gpus", type=_int("max_gpus"), default=8, show_default=True, help="The GPU budget.")
 @click.option("--seq-len", type=_int("seq_len"), required=True)
-@click.option("--global-batch", type=_int("global_batch"), required=True, help="Sequences per optimizer step.")
-@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="bf16", show_default=True)
+@click.option("--global-batch", type=_int("global_batch"),
+              help="Sequences per optimizer step [default: the ds_config's train_batch_size; without one, "
+                   "micro-batch × GPUs × its gradient_accumulation_steps, where it fixes both].")
+@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), help="[default: bf16, or the ds_config's]")
+@click.option("--ds-config", type=click.Path(dir_okay=False),
+              help="Your ds_config.json: plan keeps what it sets (stage, offload, buckets, thresholds, and "
+                   "micro-batch and accumulation unless \"auto\") and chooses the rest.")
 @click.option("--min-gpus", "fewest", is_flag=True, help="Answer the fewest GPUs that can train this.")
 @click.option("--price-per-gpu-hour", type=_float("price"), help="Rank by cost per token.")
 @click.option("--top", type=_int("top"), default=10, show_default=True)
@@ -467,16 +479,16 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
               help="Also say what each column counts, and list the setups left out, grouped by reason.")
 @click.option("--expandable-segments", is_flag=True,
               help="Judge fit with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less reserved).")
-@click.option("--zero-init/--no-zero-init", default=False, help=(
+@click.option("--zero-init/--no-zero-init", default=None, help=(
     "Stage-3 candidates are built under deepspeed.zero.Init, as HF Trainer builds them [default: off, "
-    "the model is built outside it, as a plain script does]."))
+    "the model is built outside it, as a plain script does; on for a ds_config written for HF Trainer]."))
 @click.option("--calibration", "calibration_name", default="h200", show_default=True)
 @host_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-             ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, host_memory, max_gpus, seq_len, global_batch, dtype, fewest,
-             price_per_gpu_hour, top, explain, expandable_segments, zero_init, calibration_name, cpu_adam_rate,
-             host_link_gbps, host_launch_us, fmt):
+             ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, host_memory, max_gpus, seq_len, global_batch, dtype,
+             ds_config, fewest, price_per_gpu_hour, top, explain, expandable_segments, zero_init, calibration_name,
+             cpu_adam_rate, host_link_gbps, host_launch_us, fmt):
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
 
     Enumerates stage × offload × GPU count (powers of two, whole nodes past one) × micro-batch ×
@@ -493,6 +505,8 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
       zerocalc plan --model llama-3-8b --gpu a100-40g --max-gpus 64 --seq-len 4096 --global-batch 256 --min-gpus
       # Cheapest per token at $2.50 per GPU-hour, with every rejected setup and why
       zerocalc plan --model llama-2-7b --gpu h100 --seq-len 4096 --global-batch 512 --price-per-gpu-hour 2.5 --explain
+      # How many GPUs with your own ds_config (its stage, offload and buckets kept)
+      zerocalc plan --hf-config config.json --ds-config ds_config.json --gpu a100-80g --max-gpus 64 --seq-len 2048
     """
     from zerocalc import plan
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
@@ -500,16 +514,44 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     if spec.architecture is None:   # activations and step time need a shape: a Llama-like one of exactly P
         spec = _shaped(spec.num_params)
     note = render.shape_note(spec)
-    init_note = (f"zero.Init: {'on' if zero_init else 'off'} for stage-3 candidates ("
-                 + ("--zero-init" if zero_init else "default; --zero-init if the model is built under it, as HF "
-                                                    "Trainer does") + ")")
+    ds = _read_ds_config(ds_config, spec) if ds_config is not None else None
+    space = plan.from_ds_config(ds) if ds else plan.Space()
+    fields = {k: v for k, v in (ds.fields if ds else {}).items() if k not in ("stage", "offload_optimizer",
+                                                                               "offload_param")}
+    if ds is not None and ds.from_trainer:
+        fields["hf_trainer"] = True
+    fields["dtype"] = dtype or fields.get("dtype", "bf16")
+    fields["zero_init"] = zero_init if zero_init is not None else bool(ds and ds.from_trainer)
+    if "optimizer" in fields:
+        fields["optimizer"] = OPTIMIZERS[fields["optimizer"]]
+    if ds is not None and ds.train_batch_size:
+        if global_batch is not None and global_batch != ds.train_batch_size:
+            raise click.UsageError(f"--global-batch {global_batch} contradicts the ds_config's train_batch_size "
+                                   f"{ds.train_batch_size}: give one or make them agree")
+        global_batch = ds.train_batch_size
+    if global_batch is None and space.gas is None:
+        raise click.UsageError("give --global-batch (sequences per optimizer step)" + (
+            ", or a ds_config that sets train_batch_size or gradient_accumulation_steps" if ds else ""))
+    if ds is not None:
+        kept = [f"stage {space.stages[0]:d}", "offload " + "/".join(space.offloads[0])] + \
+            ([f"micro-batch {ds.micro_batch}"] if ds.micro_batch else []) + ([f"GAS {ds.gas}"] if ds.gas else []) + \
+            ([f"global batch {ds.train_batch_size}"] if ds.train_batch_size else [])
+        ds_note = f"From {ds_config}: {', '.join(kept)} and its buckets kept; the rest chosen" + (
+            " (the global batch is micro-batch × GPUs × GAS, so it grows with the GPUs)." if global_batch is None else ".")
+        note = f"{note}\n{ds_note}" if note else ds_note
+    init_note = (f"zero.Init: {'on' if fields['zero_init'] else 'off'} for stage-3 candidates ("
+                 + ("--zero-init" if zero_init else "the ds_config is HF Trainer's, which builds under it"
+                    if fields["zero_init"] else "default; --zero-init if the model is built under it, as HF "
+                                                "Trainer does") + ")")
     cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
     hw = hardware.gpu(gpu_name)
     memory = gpu_memory or hw.memory_bytes
-    base = Setup(dtype=dtype, seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments,
-                 zero_init=zero_init)
+    try:
+        base = Setup(seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments, **fields)
+    except (TypeError, ValueError) as err:
+        raise click.UsageError(str(err))
     host_memory, host_note = _host_memory(host_memory, hw)
-    cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal, host_memory, explain)
+    cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal, host_memory, explain, space)
     dropped = []
     if fewest:
         best = plan.fewest_gpus(cands)

@@ -17,6 +17,23 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
+class Space:
+    """What `plan` may choose. A ds_config fixes what it sets (`from_ds_config`): its stage and offload,
+    and its micro-batch and accumulation where they are numbers, not "auto"."""
+    stages: tuple[Stage, ...] = tuple(Stage)
+    offloads: tuple[tuple[str, str], ...] = OFFLOADS
+    micro_batches: tuple[int, ...] = MICRO_BATCHES
+    gas: int | None = None        # fixed: only setups whose micro-batch × GPUs × gas is the global batch
+
+
+def from_ds_config(ds) -> Space:
+    """The choices a parsed ds_config (`dsconfig.DsConfig`) leaves to `plan`."""
+    f = ds.fields
+    return Space(stages=(Stage(f["stage"]),), offloads=((f["offload_optimizer"], f["offload_param"]),),
+                 micro_batches=(ds.micro_batch,) if ds.micro_batch else MICRO_BATCHES, gas=ds.gas)
+
+
+@dataclass(frozen=True)
 class Candidate:
     setup: Setup
     estimate: Estimate | None
@@ -65,29 +82,42 @@ def host_rejection(h: host.HostBytes, ranks: int, host_memory_bytes: int) -> str
             f"{h.peak_bytes / 2**30:.1f} GiB, {h.peak_phase} peak), has {host_memory_bytes / 2**30:.1f}")
 
 
-def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int, gpu_memory_bytes: int,
+def _batch(global_batch: int | None, micro: int, n: int, gas: int | None) -> tuple[int | None, str | None]:
+    """(GAS, None) for micro-batch × N GPUs, or (None, why not). global_batch None: a fixed gas sets it."""
+    if global_batch is None:
+        return gas, None
+    if global_batch % (micro * n):
+        return None, f"global batch {global_batch} is not a multiple of micro-batch {micro} × {n} GPUs"
+    if gas is not None and global_batch != micro * n * gas:
+        return None, f"global batch {global_batch} is not micro-batch {micro} × {n} GPUs × the ds_config's GAS {gas}"
+    return global_batch // (micro * n), None
+
+
+def candidates(model: ModelSpec, hw: Hardware, base: Setup, global_batch: int | None, gpu_memory_bytes: int,
                min_gpus: int = 1, max_gpus: int = 8, cal: dict | None = None,
-               host_memory_bytes: int | None = None, explain: bool = True) -> list[Candidate]:
+               host_memory_bytes: int | None = None, explain: bool = True, space: Space = Space()) -> list[Candidate]:
     """host_memory_bytes: the host's memory per node; a node holds min(N, GPUs per node) ranks.
     explain=False: a candidate its host cannot hold is rejected on that alone, its GPU side not
     estimated (estimate None, the reason the host's only), for a caller that shows no rejected
-    candidate (`zerocalc plan` without --explain); the candidates that fit are the same."""
+    candidate (`zerocalc plan` without --explain); the candidates that fit are the same.
+    global_batch None: each GPU count's own, micro-batch × N × `space.gas` (a ds_config fixing both)."""
+    if global_batch is None and space.gas is None:
+        raise ValueError("a plan without a global batch needs a fixed gradient accumulation")
     out = []
     for n in gpu_counts(min_gpus, max_gpus, hw.gpus_per_node):
-        for stage in Stage:
-            for offload_optimizer, offload_param in OFFLOADS:
+        for stage in space.stages:
+            for offload_optimizer, offload_param in space.offloads:
                 if (offload_optimizer != "none" and stage == Stage.DISABLED) or \
                         (offload_param != "none" and stage != Stage.PARAMETERS):
                     continue
-                for micro in MICRO_BATCHES:
+                for micro in space.micro_batches:
                     for ckpt in (False, True):
-                        divides = global_batch % (micro * n) == 0
+                        gas, why = _batch(global_batch, micro, n, space.gas)
                         setup = replace(base, stage=stage, dp=n, micro_batch=micro, activation_checkpointing=ckpt,
                                         offload_optimizer=offload_optimizer, offload_param=offload_param,
-                                        gas=global_batch // (micro * n) if divides else base.gas)
-                        if not divides:
-                            out.append(Candidate(setup, None, f"global batch {global_batch} is not a multiple of "
-                                                              f"micro-batch {micro} × {n} GPUs"))
+                                        gas=gas or base.gas)
+                        if why:
+                            out.append(Candidate(setup, None, why))
                             continue
                         ranks = min(n, hw.gpus_per_node)
                         if not explain and host_memory_bytes is not None:
