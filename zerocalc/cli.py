@@ -118,7 +118,9 @@ def _model(params, model, hf_config, overrides):
         if model is not None:
             spec = resolve.preset_spec(model, arch_flags)
         elif hf_config is not None:
-            spec = resolve.hf_config_spec(hf_config, arch_flags)
+            spec, said = resolve.hf_config_spec(hf_config, arch_flags)
+            if said:
+                click.echo(f"note: {said}", err=True)
         elif all(arch_flags.get(k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads")):
             h = arch_flags["hidden_size"]
             a = _arch.Architecture(

@@ -113,12 +113,13 @@ def _refuse_constant(name):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_json_object(path: str, what: str) -> dict:
-    """A JSON object from a file (an HF config.json, a calibration): a list, a number, NaN or
-    nesting deeper than Python's parser goes is refused with the file named."""
+def load_json_object(path: str, what: str, constants: bool = False) -> dict:
+    """A JSON object from a file (an HF config.json, a calibration): a list, a number, or nesting
+    deeper than Python's parser goes is refused with the file named; NaN and Infinity too unless
+    `constants` (transformers reads a config.json with Python's json, which takes them)."""
     text = read_text(path, what)
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant)
+        doc = json.loads(text, **({} if constants else {"parse_constant": _refuse_constant}))
     except json.JSONDecodeError as err:
         raise InputError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})")
     except ValueError as err:   # NaN / Infinity

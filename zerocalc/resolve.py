@@ -7,6 +7,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from zerocalc import arch as _arch
+from zerocalc import configmatch as _configmatch
 from zerocalc import profile as _profile
 from zerocalc.inputs import check_hf_config, load_json_object
 from zerocalc.model import ModelSpec, from_architecture
@@ -109,10 +110,11 @@ def _override_config(d: dict, overrides: dict) -> dict:
 
 
 def read_config(path: str) -> tuple[dict, str]:
-    """(config.json's contents, the file read) of a file or a model directory."""
+    """(config.json's contents, the file read) of a file or a model directory. JSON is read as
+    transformers reads it (Python's json: `Infinity` and `NaN` are numbers, as in Nemotron-H's file)."""
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     # file named in every error; sizes type- and range-checked (`zerocalc.inputs`)
-    return check_hf_config(load_json_object(file, "Hugging Face config.json"), file), file
+    return check_hf_config(load_json_object(file, "Hugging Face config.json", constants=True), file), file
 
 
 def _transcribed(d: dict) -> bool:
@@ -124,44 +126,101 @@ def _transcribed(d: dict) -> bool:
         and d.get("head_dim") in (None, d.get("hidden_size", 0) // max(d.get("num_attention_heads", 1), 1))
 
 
-def _shipped_match(d: dict) -> str | None:
-    """The shipped profile traced from exactly this config, if any."""
-    digest = _config_digest(d)
-    for name, file in _profile.shipped().items():
-        with open(file) as f:
-            if json.load(f).get("source", {}).get("config_sha256") == digest:
-                return name
-    return None
-
-
-def _config_digest(d: dict) -> str:
-    import hashlib
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-
-def _traced(d: dict, label: str, given: str) -> ModelSpec:
+def _implemented_types() -> tuple[str, set]:
+    """(which transformers, the model types it implements): the installed one's, else those of the
+    transformers the shipped profiles were made with (`zerocalc/hf/matching.json`)."""
     try:
-        from zerocalc.hf import trace
+        import transformers
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+        return f"transformers {transformers.__version__}", set(CONFIG_MAPPING.keys())
+    except ImportError:
+        recorded = _configmatch.recorded()
+        return f"transformers {recorded.get('transformers', '')}".strip(), set(recorded.get("model_types", ()))
+
+
+def _refuse_remote_code(d: dict, given: str) -> None:
+    """A model_type transformers does not implement is built by its repository's own code (its config's
+    `auto_map`: chatglm, internlm2, baichuan, ...), which zerocalc never runs: refused with what works."""
+    kind = d.get("model_type")
+    which, known = _implemented_types()
+    if not known or kind in known:
+        return
+    code = " (its auto_map points at the repository's own code)" if "auto_map" in d else ""
+    raise ValueError(f"{given}: model_type {kind!r} is not one {which} implements{code}, and zerocalc runs no "
+                     f"remote code; give --params P (its parameter count), or the shape flags {SHAPE_FLAGS}")
+
+
+def _nearest(near: str | None, diff: list[str], d: dict) -> str:
+    """What to say of the nearest shipped model a config is not."""
+    if near is None:
+        return ""
+    return (f"; it is not the shipped {near}, which differs in {_configmatch.describe(d, near, diff)}: if those "
+            f"keys do not matter to you, --model {near} answers without torch")
+
+
+def _failure_file(d: dict) -> str | None:
+    """Where a failed trace of `d` is kept (beside the trace cache, under its key: another torch,
+    transformers or TRACE_VERSION tries again), or None without the extra."""
+    from zerocalc.hf import trace
+    try:
+        return os.path.join(trace.cache_dir(), trace.cache_key(d) + ".failed")
+    except ImportError:
+        return None
+
+
+def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
+    """The traced profile's ModelSpec. A config that fails to trace is kept as failed with the reason,
+    not traced again on every call: the message says which file to delete to try again."""
+    _refuse_remote_code(d, given)
+    failed = _failure_file(d)
+    if failed is None:
+        raise ValueError(f"{given}: model_type {d.get('model_type')!r} is read from its own code, which needs "
+                         f"the trace extra: {INSTALL}; or give --params P, or the shape flags {SHAPE_FLAGS}"
+                         + nearest)
+    retry = f"(kept in {failed}: delete it to trace again)"
+    if os.path.exists(failed):
+        with open(failed, encoding="utf-8", errors="replace") as f:
+            reason = f.read().strip()
+        raise ValueError(f"{given}: transformers could not build model_type {d.get('model_type')!r} when last "
+                         f"traced: {reason} {retry}{nearest}")
+    from zerocalc.hf import trace
+    try:
         p = trace.cached_trace(d, label)
     except ImportError:
-        raise ValueError(f"{given}: model_type {d.get('model_type')!r} is read from its own code, which needs "
-                         f"the trace extra: {INSTALL}; or give --params P, or the shape flags {SHAPE_FLAGS}")
-    except (ValueError, TypeError, RuntimeError) as err:
-        raise ValueError(f"{given}: transformers could not build model_type {d.get('model_type')!r}: {err}")
+        raise ValueError(f"{given}: tracing model_type {d.get('model_type')!r} needs the trace extra: {INSTALL}; "
+                         f"or give --params P, or the shape flags {SHAPE_FLAGS}" + nearest)
+    except Exception as err:     # whatever the model's own code raises on this config
+        reason = f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
+        os.makedirs(os.path.dirname(failed), exist_ok=True)
+        with open(failed, "w", encoding="utf-8") as f:
+            f.write(reason + "\n")
+        raise ValueError(f"{given}: transformers could not build model_type {d.get('model_type')!r}: {reason} "
+                         f"{retry}{nearest}")
     return _profile.to_model_spec(p, label)
 
 
-def hf_config_spec(path: str, overrides: dict) -> ModelSpec:
+def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
+    """(the ModelSpec of a config.json or model directory, a note on how it was read). A config that
+    is a shipped model by the keys that build it (`zerocalc.configmatch`) is that model, under its
+    name, as --model NAME gives it; else a transcribed family's, else traced."""
     d, file = read_config(path)
     label = f"{file} ({describe_overrides(overrides)})" if overrides else file
     if overrides:
         d = _override_config(d, overrides)
-    if _transcribed(d):
-        return from_architecture(_arch.from_hf_config(d), label)
-    name = _shipped_match(d)
+    name, near, diff = _configmatch.match(d)
     if name is not None:
-        return _profile.to_model_spec(_profile.shipped_profile(name), label)
-    return _traced(d, label, file)
+        spec = preset_spec(name, {})
+        ignored = sorted(_configmatch.ignored(d))
+        said = f"{file} is the shipped {name} (the keys that build the model are equal" + \
+            (f"; ignored: {', '.join(ignored)})" if ignored else ")")
+        return (replace(spec, name=label) if overrides else spec), said
+    if _transcribed(d):
+        return from_architecture(_arch.from_hf_config(d), label), None
+    nearest = _nearest(near, diff, d)
+    spec = _traced(d, label, file, nearest)
+    said = f"{file} traced: it is not the shipped {near}, which differs in " \
+        f"{_configmatch.describe(d, near, diff)}" if near else None
+    return spec, said
 
 
 def notes(spec: ModelSpec, stages) -> list[str]:

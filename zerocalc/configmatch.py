@@ -1,0 +1,157 @@
+"""Which shipped profile a config.json is: by the keys that build the model, not by the file's bytes.
+
+A Hub config.json carries keys the shipped one lacks (`torch_dtype`, `transformers_version`,
+`initializer_range`, ...) and keys at their defaults (`attention_bias: false`). It is the shipped
+model NAME when, for every key zerocalc does not ignore (IGNORED, IGNORED_IF), transformers builds
+the same config from it as from NAME's: each such key the file gives holds a value that
+`zerocalc.hf.ship.match_record` found, with transformers, to resolve NAME's config unchanged
+(`accept`), and every key NAME's config needs is given (`required`: those whose default differs).
+Any other key, or another value, decides: the config is then traced, or refused naming the key.
+
+Torch-free: the records are JSON (`zerocalc/hf/matching.json`), made by `python -m zerocalc.hf.ship`.
+"""
+import json
+import os
+from functools import lru_cache
+
+# Keys that decide none of the tensors, activations or operations zerocalc reads (state, the module
+# calls, the traced allocation stream, the operators and FLOPs), with why. Checked, with torch, by
+# tests/test_configmatch.py tracing small configs of every shipped model type with each changed.
+IGNORED = {
+    "_name_or_path": "where the file was loaded from",
+    "architectures": "zerocalc builds the model_type's causal LM (AutoModelForCausalLM.from_config), "
+                     "whatever classes the file lists",
+    "transformers_version": "the version that wrote the file; a profile records the one that traced it",
+    "torch_dtype": "the checkpoint's storage dtype: the training dtype is the setup's (--dtype, the "
+                   "ds_config's fp16/bf16), to which DeepSpeed's engine casts the module",
+    "dtype": "transformers 5's name for torch_dtype",
+    "bos_token_id": "read by tokenisation and generation only",
+    "eos_token_id": "read by tokenisation and generation only",
+    "pad_token_id": "nn.Embedding's padding_idx: the same weight and embedding operator; only the "
+                    "padding row's initial value and its gradient (zeroed inside the same kernel) differ",
+    "initializer_range": "the spread of the initial weights: values, not shapes",
+    "cache_implementation": "the KV cache generate() builds; training runs without one (use_cache)",
+    "use_cache": "zerocalc's trace, as the validator, calls the model with use_cache=False whatever "
+                 "the config says (HF Trainer does under gradient checkpointing)",
+    "rope_theta": "the rotary base: the values of inv_freq, not its shape or the operators",
+    "rms_norm_eps": "a constant inside the norm's operators",
+    "layer_norm_eps": "a constant inside the norm's operators",
+    "layer_norm_epsilon": "a constant inside the norm's operators",
+    "router_aux_loss_coef": "weighs the router's auxiliary loss, computed only with output_router_logits",
+}
+
+# Rope types whose rotary tables depend on max_position_embeddings only in their values: the others
+# ("dynamic", "longrope") compare the sequence length with it at run time and may switch tables.
+_STATIC_ROPE = (None, "default", "linear", "llama3", "yarn")
+# Model types whose positions are rotary only: no table or buffer is sized by max_position_embeddings
+# (the rotary module keeps it for the dynamic rope types alone).
+ROTARY_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2",
+                "gemma3_text", "phi3", "olmo2", "gpt_neox", "deepseek_v2")
+# Qwen's configs set sliding_window to None (0 for qwen2_moe) and every layer to full attention
+# unless use_sliding_window is true; max_window_layers is read only then.
+_QWEN_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+
+
+def _rope_type(d: dict):
+    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    return rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else "?"
+
+
+def _window_off(d: dict) -> bool:
+    return d.get("model_type") in _QWEN_TYPES and d.get("use_sliding_window", False) is False
+
+
+# Keys ignored only where a condition on the config holds: (condition, why).
+IGNORED_IF = {
+    "max_position_embeddings": (
+        lambda d: d.get("model_type") in ROTARY_TYPES and _rope_type(d) in _STATIC_ROPE,
+        "rotary positions: no table or buffer has that length, and a static rope type's tables do not "
+        "switch on it"),
+    "sliding_window": (_window_off, "Qwen with use_sliding_window false: every layer attends fully"),
+    "max_window_layers": (_window_off, "Qwen with use_sliding_window false: every layer attends fully"),
+    "hidden_act": (lambda d: d.get("model_type") in ("gemma2", "gemma3_text"),
+                   "Gemma's MLP reads hidden_activation; hidden_act is read by no module"),
+}
+
+
+def why_ignored(key: str, d: dict) -> str | None:
+    """Why zerocalc ignores `key` in config `d` (present or not), or None where it decides."""
+    if key in IGNORED:
+        return IGNORED[key]
+    cond, why = IGNORED_IF.get(key, (None, None))
+    return why if cond is not None and cond(d) else None
+
+
+def ignored(d: dict) -> dict[str, str]:
+    """The keys of config `d` zerocalc ignores, with why."""
+    return {k: why for k in d if (why := why_ignored(k, d)) is not None}
+
+
+def same(a, b) -> bool:
+    """JSON values equal as transformers reads them: 1 == 1.0, but true is no number."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def differences(d: dict, record: dict) -> list[str]:
+    """The deciding keys on which config `d` and a shipped model's record differ, sorted: a key `d`
+    gives with a value that does not resolve to the record's config, or a required key it lacks."""
+    if d.get("model_type") != record["model_type"]:
+        return ["model_type"]
+    accept = record["accept"]
+    out = {k for k, v in d.items() if k != "model_type" and why_ignored(k, d) is None
+           and not any(same(v, a) for a in accept.get(k, ()))}
+    out |= {k for k in record["required"] if k not in d and why_ignored(k, d) is None}
+    return sorted(out)
+
+
+RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf", "matching.json")
+
+
+@lru_cache(maxsize=1)
+def recorded() -> dict:
+    """matching.json: {"transformers": the version that made it, "model_types": those it implements,
+    "profiles": {name: record}} ({} before `python -m zerocalc.hf.ship --matching` made it)."""
+    try:
+        with open(RECORDS) as f:
+            return json.load(f)
+    except OSError:
+        return {}
+
+
+def records() -> dict:
+    """{name: match record} of every shipped profile."""
+    return recorded().get("profiles", {})
+
+
+def match(d: dict) -> tuple[str | None, str | None, list[str]]:
+    """(the shipped name `d` is, or None; else the nearest shipped name of its model_type and the keys
+    it differs in, or None and [])."""
+    near, near_diff = None, []
+    for name, record in sorted(records().items()):
+        diff = differences(d, record)
+        if not diff:
+            return name, None, []
+        if diff != ["model_type"] and (near is None or len(diff) < len(near_diff)):
+            near, near_diff = name, diff
+    return None, near, near_diff
+
+
+def describe(d: dict, name: str, keys: list[str], most: int = 4) -> str:
+    """`key = value (NAME: value)` for the first `most` keys, for a message."""
+    record = records()[name]
+    shipped = record["config"]
+
+    def show(k):
+        mine = json.dumps(d[k], allow_nan=True) if k in d else "absent"
+        theirs = json.dumps(shipped[k], allow_nan=True) if k in shipped else "absent"
+        return f"{k} {mine} ({name}: {theirs})"
+    more = f" and {len(keys) - most} more" if len(keys) > most else ""
+    return ", ".join(show(k) for k in keys[:most]) + more
