@@ -21,6 +21,8 @@ IGNORED = {
     "_name_or_path": "where the file was loaded from",
     "architectures": "zerocalc builds the model_type's causal LM (AutoModelForCausalLM.from_config), "
                      "whatever classes the file lists",
+    "auto_map": "the repository's own classes, which transformers uses only with trust_remote_code; "
+                "zerocalc builds transformers' own class of the model_type (one it lacks is refused)",
     "transformers_version": "the version that wrote the file; a profile records the one that traced it",
     "torch_dtype": "the checkpoint's storage dtype: the training dtype is the setup's (--dtype, the "
                    "ds_config's fp16/bf16), to which DeepSpeed's engine casts the module",
@@ -34,6 +36,9 @@ IGNORED = {
     "use_cache": "zerocalc's trace, as the validator, calls the model with use_cache=False whatever "
                  "the config says (HF Trainer does under gradient checkpointing)",
     "rope_theta": "the rotary base: the values of inv_freq, not its shape or the operators",
+    "rope_local_base_freq": "Gemma 3's rotary base of its local layers: values only",
+    "task_specific_params": "pipelines' generation settings",
+    "output_past": "GPT-2's old name for use_cache",
     "rms_norm_eps": "a constant inside the norm's operators",
     "layer_norm_eps": "a constant inside the norm's operators",
     "layer_norm_epsilon": "a constant inside the norm's operators",
@@ -105,8 +110,8 @@ def differences(d: dict, record: dict) -> list[str]:
     gives with a value that does not resolve to the record's config, or a required key it lacks."""
     if d.get("model_type") != record["model_type"]:
         return ["model_type"]
-    accept = record["accept"]
-    out = {k for k, v in d.items() if k != "model_type" and why_ignored(k, d) is None
+    accept, inert = record["accept"], set(record.get("inert", ()))
+    out = {k for k, v in d.items() if k != "model_type" and k not in inert and why_ignored(k, d) is None
            and not any(same(v, a) for a in accept.get(k, ()))}
     out |= {k for k in record["required"] if k not in d and why_ignored(k, d) is None}
     return sorted(out)
@@ -131,17 +136,17 @@ def records() -> dict:
     return recorded().get("profiles", {})
 
 
-def match(d: dict) -> tuple[str | None, str | None, list[str]]:
-    """(the shipped name `d` is, or None; else the nearest shipped name of its model_type and the keys
-    it differs in, or None and [])."""
-    near, near_diff = None, []
+def match(d: dict) -> tuple[list[str], str | None, list[str]]:
+    """(the shipped names `d` is: several where shipped models are one architecture, as Llama-3.1-70B and
+    Llama-3.3-70B; else [], the nearest shipped name of its model_type and the keys it differs in)."""
+    names, near, near_diff = [], None, []
     for name, record in sorted(records().items()):
         diff = differences(d, record)
         if not diff:
-            return name, None, []
-        if diff != ["model_type"] and (near is None or len(diff) < len(near_diff)):
+            names.append(name)
+        elif diff != ["model_type"] and (near is None or len(diff) < len(near_diff)):
             near, near_diff = name, diff
-    return None, near, near_diff
+    return (names, None, []) if names else ([], near, near_diff)
 
 
 def describe(d: dict, name: str, keys: list[str], most: int = 4) -> str:

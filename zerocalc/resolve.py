@@ -207,11 +207,13 @@ def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
     label = f"{file} ({describe_overrides(overrides)})" if overrides else file
     if overrides:
         d = _override_config(d, overrides)
-    name, near, diff = _configmatch.match(d)
-    if name is not None:
+    names, near, diff = _configmatch.match(d)
+    if names:
+        name = names[0]
         spec = preset_spec(name, {})
         ignored = sorted(_configmatch.ignored(d))
-        said = f"{file} is the shipped {name} (the keys that build the model are equal" + \
+        same = f", the same model as {', '.join(names[1:])}" if names[1:] else ""
+        said = f"{file} is the shipped {name}{same} (the keys that build the model are equal" + \
             (f"; ignored: {', '.join(ignored)})" if ignored else ")")
         return (replace(spec, name=label) if overrides else spec), said
     if _transcribed(d):

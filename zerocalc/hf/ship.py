@@ -42,31 +42,73 @@ def _defaults(kind: str) -> dict:
             if p.default is not inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD}
 
 
+# Keys published config.json files carry that a config class may not take as a parameter: tried too.
+HUB_KEYS = ("rope_scaling", "attention_bias", "mlp_bias", "head_dim", "attention_dropout", "sliding_window",
+            "use_sliding_window", "max_window_layers", "sliding_window_pattern", "rope_local_base_freq",
+            "pretraining_tp", "embd_pdrop", "resid_pdrop", "attn_pdrop", "output_router_logits",
+            "original_max_position_embeddings", "partial_rotary_factor", "layer_types", "use_mrope", "qkv_bias", "sliding_window_size",
+            "aux_loss_alpha", "ep_size", "scoring_func", "seq_aux", "output_router_logits")
+# Values tried on a key to find it inert (its value changes nothing but itself).
+_PROBES = (None, False, True, 0, 1, 2, 6, 4096, 0.1, "x")
+
+
+def model_reads(d: dict) -> set[str]:
+    """The config attributes the model's own code reads while it is built and runs one forward (on fake
+    tensors), through the config's attribute map too (gpt2's hidden_size is n_embd)."""
+    import torch
+    cfg = T.hf_config(d)
+    reads, cls = set(), type(cfg)
+
+    class Spy(cls):
+        def __getattribute__(self, name):
+            reads.add(name)
+            if not name.startswith("__") and name != "attribute_map":
+                reads.add(cls.__getattribute__(self, "attribute_map").get(name, name))
+            return cls.__getattribute__(self, name)
+    Spy.__name__ = Spy.__qualname__ = cls.__name__     # AutoModelForCausalLM looks the class up by name
+    cfg.__class__ = Spy
+    model, mode = T.build(cfg)
+    with mode:
+        model(input_ids=torch.zeros(1, T.TRACE_TOKENS, dtype=torch.long), use_cache=False)
+    return reads
+
+
 def match_record(d: dict) -> dict:
     """What a config.json may hold and still be the model of config `d` (`configmatch.differences`):
-    accept: per key, the values that leave transformers' config of `d` unchanged when set in `d`
-    (the value of `d`, the one transformers resolves it to, the class default, null), each tried;
-    required: the keys of `d` whose absence changes it (their default differs). Keys zerocalc ignores
-    whatever the model are left out."""
+    accept: per key, the values that leave transformers' config of `d` unchanged when set in `d` (the
+    value of `d`, the one transformers resolves it to, the class default, null), each tried, or that
+    change only that key where the model never reads it; inert: the keys the model never reads whose
+    every probed value changes nothing but themselves (any value then); required: the keys of `d`
+    whose absence changes the config. Keys zerocalc ignores whatever the model are left out."""
     base = resolved(d)
     if base is None:
         raise ValueError(f"transformers refuses the shipped config of model_type {d.get('model_type')!r}")
     defaults = _defaults(d["model_type"])
-    accept, required = {}, []
-    for key in sorted(set(d) | set(base) | set(defaults)):
+    reads = model_reads(d)
+    accept, required, inert = {}, [], []
+    for key in sorted(set(d) | set(base) | set(defaults) | set(HUB_KEYS)):
         if key in configmatch.IGNORED or key == "model_type":
             continue
+
+        def equivalent(v) -> bool:
+            r = resolved({**d, key: v})
+            if r is None:
+                return False
+            return r == base or (key not in reads and {k: x for k, x in r.items() if k != key} ==
+                                 {k: x for k, x in base.items() if k != key})
+        if key not in reads and key not in d and all(equivalent(v) for v in _PROBES):
+            inert.append(key)
+            continue
         tried = [d[key]] if key in d else []
-        for v in (base.get(key), defaults.get(key), None):
-            if key in base or key in defaults or v is None:
-                v = json.loads(json.dumps(v, default=str))
-                if not any(configmatch.same(v, t) for t in tried) and resolved({**d, key: v}) == base:
-                    tried.append(v)
+        for v in (base.get(key), defaults.get(key), None, *(_PROBES if key not in reads else ())):
+            v = json.loads(json.dumps(v, default=str))
+            if not any(configmatch.same(v, t) for t in tried) and equivalent(v):
+                tried.append(v)
         if tried:
             accept[key] = tried
         if key in d and resolved({k: v for k, v in d.items() if k != key}) != base:
             required.append(key)
-    return {"model_type": d["model_type"], "config": d, "accept": accept, "required": required}
+    return {"model_type": d["model_type"], "config": d, "accept": accept, "required": required, "inert": inert}
 
 
 def write_matching() -> None:
