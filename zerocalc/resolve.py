@@ -161,8 +161,8 @@ def _nearest(near: str | None, diff: list[str], d: dict) -> str:
 def _failure_file(d: dict) -> str | None:
     """Where a failed trace of `d` is kept (beside the trace cache, under its key: another torch,
     transformers or TRACE_VERSION tries again), or None without the extra."""
-    from zerocalc.hf import trace
     try:
+        from zerocalc.hf import trace
         return os.path.join(trace.cache_dir(), trace.cache_key(d) + ".failed")
     except ImportError:
         return None

@@ -1,0 +1,255 @@
+"""A config.json is a shipped model by the keys that build it (`zerocalc.configmatch`): the Hub's own
+files of every shipped model answer without torch exactly as --model NAME; a deciding key changed gets
+a trace, or without torch a message naming it; failures kept; any config.json, however odd, is one
+Error line."""
+import builtins
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from zerocalc import configmatch as M
+from zerocalc import profile as P
+from zerocalc.cli import main
+from zerocalc.hf import ship
+
+HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hub-configs")
+SOURCES = json.load(open(os.path.join(HUB, "sources.json")))
+ARGS = ("estimate", "--dp", "8", "--stage", "2,3", "--seq-len", "1024", "--format", "json")
+# A value of each ignored key unlike any shipped config's
+IGNORED_VALUES = {"_name_or_path": "someone/fine-tune", "architectures": ["SomethingForCausalLM"],
+                  "auto_map": {"AutoModelForCausalLM": "modeling_x.X"}, "transformers_version": "4.99.0",
+                  "torch_dtype": "float32", "dtype": "float16", "bos_token_id": 7, "eos_token_id": [7, 8],
+                  "pad_token_id": 3, "initializer_range": 0.5, "cache_implementation": "static", "use_cache": False,
+                  "rope_theta": 1234.0, "rope_local_base_freq": 99.0, "task_specific_params": {"x": {}},
+                  "output_past": False, "rms_norm_eps": 0.01, "layer_norm_eps": 0.01, "layer_norm_epsilon": 0.01,
+                  "router_aux_loss_coef": 0.5}
+
+
+def _run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+# Shipped names that are one architecture: a file is read as the first, with the same numbers.
+SAME_MODEL = {"llama-3.3-70b": "llama-3.1-70b"}
+
+
+def _as_model(got, want, name):
+    """`got` (--hf-config) prints what `want` (--model name) does, but the name of a twin."""
+    assert got.exit_code == 0 and want.exit_code == 0, got.output
+    twin = SAME_MODEL.get(name, name)
+    assert got.stdout.replace(f'"{twin}"', f'"{name}"') == want.stdout
+    assert f"is the shipped {twin}" in got.stderr
+
+
+def _write(tmp_path, d, name="config.json"):
+    f = tmp_path / name
+    f.write_text(json.dumps(d))
+    return str(f)
+
+
+@pytest.fixture
+def no_trace(monkeypatch):
+    """As without the trace extra: zerocalc.hf cannot be imported."""
+    real = builtins.__import__
+
+    def blocked(name, *a, **k):
+        if name == "zerocalc.hf" or name.startswith("zerocalc.hf.") or name in ("torch", "transformers"):
+            raise ImportError(name)
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", blocked)
+
+
+def test_every_ignored_key_has_a_value_here_and_a_reason():
+    assert set(M.IGNORED) == set(IGNORED_VALUES)
+    assert all(len(why) > 20 for why in list(M.IGNORED.values()) + [w for _, w in M.IGNORED_IF.values()])
+
+
+def test_the_match_records_are_those_of_the_shipped_configs():
+    """matching.json holds one record per shipped profile, made from the shipped config as it is now
+    (`python -m zerocalc.hf.ship --matching` after a config changes)."""
+    assert set(M.records()) == set(P.shipped())
+    for name, path in ship.configs().items():
+        with open(path) as f:
+            assert M.records()[name]["config"] == json.load(f), name
+
+
+@pytest.mark.parametrize("name", sorted(P.shipped()))
+def test_a_shipped_config_with_every_ignored_key_answers_as_model_name(name, tmp_path):
+    with open(ship.configs()[name]) as f:
+        d = {**json.load(f), **IGNORED_VALUES}
+    _as_model(_run(*ARGS, "--hf-config", _write(tmp_path, d)), _run(*ARGS, "--model", name), name)
+
+
+@pytest.mark.parametrize("file", sorted(f[:-5] for f in os.listdir(HUB) if f != "sources.json"))
+def test_the_hubs_config_json_of_every_shipped_model_answers_as_model_name(file):
+    """The files as published (tests/data/hub-configs/sources.json: the repository of each). Two
+    shipped names are one architecture (Llama-3.1-70B, Llama-3.3-70B): the file is read as the first,
+    the numbers are the same."""
+    name = file.removesuffix("-instruct")
+    _as_model(_run(*ARGS, "--hf-config", os.path.join(HUB, file + ".json")), _run(*ARGS, "--model", name), name)
+
+
+def test_every_hub_config_answers_without_torch_in_under_a_second():
+    code = ("import glob, json, os, sys, time; from click.testing import CliRunner; from zerocalc.cli import main\n"
+            "worst = 0\n"
+            f"for f in sorted(glob.glob({HUB!r} + '/*.json')):\n"
+            "    if f.endswith('sources.json'): continue\n"
+            "    t = time.process_time()\n"
+            "    r = CliRunner().invoke(main, ['estimate', '--hf-config', f, '--dp', '8', '--format', 'json'])\n"
+            "    assert r.exit_code == 0, (f, r.output)\n"
+            "    worst = max(worst, time.process_time() - t)\n"
+            "print(worst, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1:] == ["[]"]
+    assert float(out[0]) < 1.0
+
+
+def _qwen():
+    with open(os.path.join(HUB, "qwen2.5-7b-instruct.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("key, value", [("intermediate_size", 18432), ("attention_dropout", 0.1),
+                                        ("hidden_act", "gelu"), ("tie_word_embeddings", True),
+                                        ("use_sliding_window", True), ("a_key_nobody_knows", 1)])
+def test_a_deciding_key_changed_without_torch_names_the_key_and_the_model(key, value, tmp_path, no_trace):
+    r = _run("estimate", "--hf-config", _write(tmp_path, {**_qwen(), key: value}))
+    assert r.exit_code == 2
+    assert f" {key} " in r.output.split("differs in", 1)[1] and "--model qwen2.5-7b answers without torch" in r.output
+    assert "pip install 'zerocalc[trace]'" in r.output and "Traceback" not in r.output
+
+
+def test_a_deciding_key_changed_with_torch_is_traced(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from zerocalc.hf import trace
+    traced = []
+
+    def fake(d, name=""):
+        traced.append(d)
+        return P.shipped_profile("qwen2.5-7b")
+    monkeypatch.setattr(trace, "cached_trace", fake)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    d = {**_qwen(), "attention_dropout": 0.1}
+    r = _run("estimate", "--hf-config", _write(tmp_path, d), "--stage", "2")
+    assert r.exit_code == 0, r.output
+    assert traced == [d]
+    assert "traced: it is not the shipped qwen2.5-7b, which differs in attention_dropout 0.1" in r.stderr
+
+
+def test_qwen_without_sliding_window_ignores_the_window_keys():
+    """Qwen's config sets sliding_window to None and every layer to full attention when
+    use_sliding_window is false: the Instruct file's 131072 and the base file's null are one model."""
+    d = _qwen()
+    assert d["sliding_window"] == 131072 and d["max_position_embeddings"] == 32768
+    assert M.match(d)[0] == ["qwen2.5-7b"]
+    assert M.match({**d, "use_sliding_window": True})[0] == []
+
+
+def test_max_position_embeddings_decides_under_a_dynamic_rope():
+    d = _qwen()
+    assert M.match({**d, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})[0] == []
+    assert M.why_ignored("max_position_embeddings", {**d, "rope_scaling": {"rope_type": "dynamic"}}) is None
+    assert M.why_ignored("max_position_embeddings", {"model_type": "gpt2"}) is None
+
+
+def test_a_failed_trace_is_kept_with_its_reason_until_its_file_is_deleted(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from zerocalc.hf import trace
+    calls = []
+
+    def failing(d, name=""):
+        calls.append(1)
+        raise KeyError("layer_norm_type")
+    monkeypatch.setattr(trace, "cached_trace", failing)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    f = _write(tmp_path, {**_qwen(), "hidden_act": "made_up"})
+    first = _run("estimate", "--hf-config", f)
+    again = _run("estimate", "--hf-config", f)
+    assert first.exit_code == again.exit_code == 2 and len(calls) == 1
+    assert "KeyError: 'layer_norm_type'" in first.output and "when last traced: KeyError" in again.output
+    kept = [p for p in os.listdir(tmp_path / "cache" / "zerocalc" / "profiles") if p.endswith(".failed")]
+    assert len(kept) == 1 and f"{kept[0]}: delete it to trace again" in again.output.replace("\n", "")
+    os.remove(tmp_path / "cache" / "zerocalc" / "profiles" / kept[0])
+    _run("estimate", "--hf-config", f)
+    assert len(calls) == 2
+
+
+def test_infinity_and_nan_are_read_as_transformers_reads_them(tmp_path, no_trace):
+    """Nemotron-H's config.json holds `"time_step_limit": [0.0, Infinity]`: Python's json (which
+    transformers uses) reads it; zerocalc then says the model needs the trace, not that it is bad JSON."""
+    text = ('{"model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 4096, "num_hidden_layers": 52, '
+            '"time_step_limit": [0.0, Infinity], "time_step_floor": NaN}')
+    f = tmp_path / "config.json"
+    f.write_text(text)
+    r = _run("estimate", "--hf-config", str(f))
+    assert r.exit_code == 2
+    assert "not valid JSON" not in r.output and "needs the trace extra" in r.output
+
+
+@pytest.mark.parametrize("kind", ["chatglm", "internlm2", "baichuan", "kimi_k2"])
+def test_remote_code_model_types_are_told_what_works(kind, tmp_path):
+    d = {"model_type": kind, "auto_map": {"AutoModelForCausalLM": "modeling_x.X"}, "hidden_size": 4096,
+         "num_hidden_layers": 32, "vocab_size": 65024}
+    r = _run("estimate", "--hf-config", _write(tmp_path, d))
+    assert r.exit_code == 2
+    assert f"model_type '{kind}' is not one transformers" in r.output and "remote code" in r.output
+    assert "--params" in r.output and "pip install" not in r.output
+
+
+@pytest.mark.parametrize("text", [
+    "[1, 2]", "42", '"llama"', "null", "{}", '{"model_type": 7}', '{"model_type": ""}',
+    '{"hidden_size": 4096}',                                                    # no model_type
+    '{"model_type": "llama", "hidden_size": "4096"}',                           # a string for a size
+    '{"model_type": "qwen2", "num_hidden_layers": 1e400}',                      # a float infinity
+    '{"model_type": "qwen2", "hidden_size": 123456789012345678901234567890}',   # huge
+    '{"model_type": "qwen2", "vocab_size": -5}',
+    '{"model_type": "qwen2", "tie_word_embeddings": "yes"}',
+    '{"model_type": "qwen2", "rope_scaling": [1, 2], "hidden_size": 64, "num_hidden_layers": 2}',
+    '{"model_type": "qwen2", ' * 3000 + '}' * 3000,                             # too deep / not JSON
+    "\ufeff{bad json", "{\"model_type\": \"llama\"}\x00",
+])
+def test_an_odd_config_json_is_one_error_line(text, tmp_path, no_trace):
+    f = tmp_path / "config.json"
+    f.write_text(text)
+    r = _run("estimate", "--hf-config", str(f))
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.output.count("Error") == 1
+
+
+def test_an_odd_config_that_the_model_code_refuses_is_one_error_line(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from zerocalc.hf import trace
+
+    def weird(d, name=""):
+        raise AttributeError("'NoneType' object has no attribute 'get'")
+    monkeypatch.setattr(trace, "cached_trace", weird)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    r = _run("estimate", "--hf-config", _write(tmp_path, {"model_type": "qwen2", "rope_scaling": [1, 2]}))
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "AttributeError" in r.output and "delete it to trace again" in r.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "llama-3.2-1b", "gemma-3-1b", "pythia-160m"])
+def test_the_ignored_keys_change_nothing_traced(name):
+    """The shipped config with every key zerocalc ignores changed (IGNORED, and IGNORED_IF where it
+    applies: another max_position_embeddings, Qwen's window keys, Gemma's hidden_act) traces to the
+    shipped profile: the same tensors, module calls, kept activations, allocation stream, operators."""
+    pytest.importorskip("transformers")
+    from zerocalc.hf import trace
+    with open(ship.configs()[name]) as f:
+        d = json.load(f)
+    changed = {**d, **IGNORED_VALUES, "max_position_embeddings": 2 * d["max_position_embeddings"]}
+    if d["model_type"] == "qwen2":
+        changed.update(sliding_window=1000, max_window_layers=3)
+    if d["model_type"] == "gemma3_text":
+        changed["hidden_act"] = "relu"
+    assert set(changed) - set(d) <= set(M.ignored(changed)) | {"max_window_layers"}
+    got, want = P.to_json(trace.trace(changed, name)), P.to_json(P.shipped_profile(name))
+    for key in ("source", "dims"):
+        got.pop(key), want.pop(key)
+    assert got == want
