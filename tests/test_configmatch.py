@@ -115,7 +115,7 @@ def _qwen():
 
 @pytest.mark.parametrize("key, value", [("intermediate_size", 18432), ("attention_dropout", 0.1),
                                         ("hidden_act", "gelu"), ("tie_word_embeddings", True),
-                                        ("use_sliding_window", True), ("a_key_nobody_knows", 1)])
+                                        ("num_key_value_heads", 8), ("a_key_nobody_knows", 1)])
 def test_a_deciding_key_changed_without_torch_names_the_key_and_the_model(key, value, tmp_path, no_trace):
     r = _run("estimate", "--hf-config", _write(tmp_path, {**_qwen(), key: value}))
     assert r.exit_code == 2
