@@ -253,3 +253,9 @@ def test_the_ignored_keys_change_nothing_traced(name):
     for key in ("source", "dims"):
         got.pop(key), want.pop(key)
     assert got == want
+
+
+def test_a_hub_id_not_shipped_gets_the_address_of_its_config_json():
+    r = _run("estimate", "--model", "deepseek-ai/DeepSeek-V3", "--dp", "8")
+    assert r.exit_code == 2 and "did you mean deepseek-v2-lite?" in r.output
+    assert "https://huggingface.co/deepseek-ai/DeepSeek-V3/resolve/main/config.json" in r.output.replace("\n", "")

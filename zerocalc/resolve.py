@@ -60,12 +60,15 @@ def _hub_variants(name: str):
 
 def unknown_model(given: str) -> str:
     """What to say of a --model name that stands for no shipped model: the nearest names, and how to
-    bring any model."""
+    bring any model (for a Hub id, the address of its config.json)."""
     import difflib
     near = difflib.get_close_matches(_repo_name(given), names(), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(near)}? " if near else ""
-    return (f"{given!r} is not a shipped model; {hint}`zerocalc models` lists them. Any other model: download "
-            "its config.json from the Hub and give --hf-config config.json")
+    repo = given.strip()
+    where = (f"download https://huggingface.co/{repo}/resolve/main/config.json" if repo.count("/") == 1
+             else "download its config.json from the Hub")
+    return (f"{given!r} is not a shipped model; {hint}`zerocalc models` lists them. Any other model: {where} "
+            "and give --hf-config config.json (a shipped model's own file is recognised, without torch)")
 
 
 def flag(name: str) -> str:
