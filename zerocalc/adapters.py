@@ -185,7 +185,8 @@ def _in_out(m: Module, p: Profile) -> tuple[int, int]:
 # ---------------------------------------------------------------- the adapted profile
 
 def with_lora(p: Profile, lora: Lora) -> tuple[Profile, tuple[bool, ...]]:
-    """The profile of `get_peft_model(model, LoraConfig(...))`, and which of its tensors train."""
+    """The profile of `get_peft_model(model, LoraConfig(...))`, and which of its tensors train (the
+    tensors LoRA adds are those named `.lora_`: `added`)."""
     check_lora(lora)
     wrapped = set(targets(p, lora))
     params, trainable, modules, new_index = [], [], [], {}
@@ -328,10 +329,12 @@ def spec(p: Profile, lora: Lora | None = None, freeze: tuple[str, ...] = (), nam
         p = replace(p, calls=regrad(p, trainable))
     if trainable is not None and not any(trainable):
         raise ValueError("nothing trains: every parameter is frozen")
+    # PEFT makes its adapters in fp32 (autocast_adapter_dtype): `ModelSpec.wide`
+    wide = tuple(".lora_" in t.name for t in p.params) if lora is not None else None
     label = name or p.name
     if lora is not None and name:
         label = f"{name} + {lora.describe()}"
     if freeze:
         label += " (frozen: " + ", ".join(freeze) + ")"
     s = to_model_spec(p, label, z3_leaf_moe=z3_leaf_moe, wrapper=wrapper)
-    return replace(s, trainable=trainable)
+    return replace(s, trainable=trainable, wide=wide)

@@ -17,7 +17,8 @@ from math import ceil
 
 from zerocalc.model import ModelSpec
 from zerocalc import stage3_trace
-from zerocalc.partition import partition
+from zerocalc.partition import partition, persistent_mask
+from zerocalc.states import wide_stage3_elements
 from zerocalc.training import Setup, Stage
 
 # Stage 0 all-reduces gradients in buckets of this many elements, whatever reduce_bucket_size says
@@ -114,11 +115,15 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     # tensors (8 B), fp16's overflow flag, and an all-gather of the persistent parameters' shards
     # (frozen ones too: `persistent_parameters` holds every one).
     it = stage3_trace.simulate(model, setup)
+    # PEFT's fp32 adapters under zero.Init are gathered in fp32 (`states.wide_stage3_elements`)
+    widen = wide_stage3_elements(model, setup) != (0, 0)
     out = []
     for phase in ("forward", "backward"):
         calls, elements = it.all_gathers(phase)
         if elements:
-            out.append(_coll("all_gather_into_tensor", phase, k * calls, k * elements, b, n))
+            gather = _coll("all_gather_into_tensor", phase, k * calls, k * elements, b, n)
+            wide = getattr(it, phase + "_wide_elements") if widen and not it.copies else 0
+            out.append(_widened(gather, k * wide * (4 - b), n) if wide else gather)
     out.append(_coll("reduce_scatter_tensor", "backward", k * ceil(n * tpart.stage3_shard / setup.reduce_bucket_size),
                      k * n * tpart.stage3_shard, c, n))
     # The gradient norm per sub-group: fp64 (8 B) on the device, fp32 (4 B) when the optimizer is offloaded.
@@ -127,8 +132,20 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     if setup.dtype == "fp16":
         out.append(_coll("all_reduce", "step", 1, 1, 1, n))
     if part.persistent_shard and n > 1:
-        out.append(_coll("all_gather_into_tensor", "step", 1, part.persistent_shard, b, n))
+        gather = _coll("all_gather_into_tensor", "step", 1, part.persistent_shard, b, n)
+        wide = _wide_persistent_shard(model, setup) if widen else 0
+        out.append(_widened(gather, wide * (4 - b), n) if wide else gather)
     return tuple(out)
+
+
+def _widened(c: Collective, extra_bytes: int, n: int) -> Collective:
+    """The collective with `extra_bytes` more logged (fp32 tensors among 16-bit ones)."""
+    return Collective(c.op, c.phase, c.calls, c.elements, c.bytes + extra_bytes, _wire(c.op, c.bytes + extra_bytes, n))
+
+
+def _wide_persistent_shard(model: ModelSpec, setup: Setup) -> int:
+    mask = persistent_mask(model.param_numels, setup)
+    return sum(ceil(x / setup.dp) for x, m in zip(model.wide_numels(), mask) if m)
 
 
 def total_bytes(colls: tuple[Collective, ...]) -> int:

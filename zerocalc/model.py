@@ -19,6 +19,9 @@ class ModelSpec:
                                  # allocation sequence (zerocalc.sequence) applies
     trainable: tuple[bool, ...] | None = None   # per parameter tensor, `requires_grad`; None: every one trains
                                                 # (LoRA and frozen parameters: `zerocalc.adapters`)
+    wide: tuple[bool, ...] | None = None        # per tensor: made in fp32 after the model (PEFT's adapters,
+                                                # `autocast_adapter_dtype`): a model built under zero.Init
+                                                # keeps them fp32 at stage 3 (`zerocalc.states`)
 
     def backward(self, checkpointing: bool) -> tuple[tuple[int, ...], ...]:
         """Backward's modules in hook order (recomputed layers included when checkpointing)."""
@@ -57,6 +60,12 @@ class ModelSpec:
 
     def _trains(self, i: int) -> bool:
         return self.trainable is None or self.trainable[i]
+
+    def wide_numels(self) -> tuple[int, ...]:
+        """Each tensor's elements where it is `wide`, else 0."""
+        if self.wide is None:
+            return (0,) * len(self.param_numels)
+        return tuple(n if w else 0 for n, w in zip(self.param_numels, self.wide))
 
     @cached_property
     def largest_trainable_numel(self) -> int:

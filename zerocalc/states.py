@@ -11,7 +11,7 @@ by `tests/test_against_deepspeed.py` on real 2-rank CPU jobs.
 from dataclasses import dataclass
 
 from zerocalc.model import ModelSpec
-from zerocalc.partition import max_grads_in_partition, partition
+from zerocalc.partition import max_grads_in_partition, partition, persistent_mask
 from zerocalc.training import Setup, Stage
 
 MASTER_BYTES = 4   # fp32 master weights
@@ -54,6 +54,25 @@ def _module_buffers_bytes(model: ModelSpec, setup: Setup) -> int:
 def buffer_element_bytes(setup: Setup) -> int:
     """Bytes of a module buffer's element as `_module_buffers_bytes` counts it (the rule above)."""
     return setup.param_bytes if setup.zero_init and setup.stage == Stage.PARAMETERS else 4
+
+
+def wide_stage3_elements(model: ModelSpec, setup: Setup) -> tuple[int, int]:
+    """(partition elements, whole persistent elements) of the tensors a stage-3 rank holds in fp32
+    although training is 16-bit: PEFT makes its adapters in fp32 (`get_peft_model`'s
+    `autocast_adapter_dtype=True`), and the engine casts parameters to the training dtype only for a
+    model not built under zero.Init (`_cast_module_mixed_precision`, `runtime/engine.py`), so after a
+    zero.Init build the adapters are partitioned, kept whole and gathered in fp32 (measured on 2-rank
+    CPU jobs, validate/matrices/cpu-lora.json). Their gradients are reduced in the communication dtype
+    and their master is fp32 as any other's. (0, 0) elsewhere."""
+    if not (setup.stage == Stage.PARAMETERS and setup.zero_init and setup.mixed_precision and model.wide):
+        return 0, 0
+    wide = model.wide_numels()
+    mask = persistent_mask(model.param_numels, setup)
+    shards = sum(-(-x // setup.dp) for x in wide)
+    whole = sum(setup.dp * -(-x // setup.dp) for x, m in zip(wide, mask) if m) if setup.dp > 1 else 0
+    if setup.dp == 1 and setup.offload_param != "none":
+        whole = sum(-(-x // setup.dp) for x, m in zip(wide, mask) if m)
+    return shards, whole
 
 
 def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
@@ -110,6 +129,8 @@ def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
     s3, s3_t = part.stage3_shard, tpart.stage3_shard
     whole = part.persistent_shard if setup.dp == 1 and setup.offload_param != "none" else part.persistent
     params = b * (s3 + whole)
+    wide_shard, wide_whole = wide_stage3_elements(model, setup)
+    params += (MASTER_BYTES - b) * (wide_shard + wide_whole)
     grads = setup.grad_accum_bytes * s3_t
     ipg = setup.comm_bytes * setup.reduce_bucket_size if setup.contiguous_gradients else 0
     # Offload: the same tensors (their total measured on 2-rank CPU jobs), on the host: master, moments
