@@ -195,3 +195,43 @@ def test_shipped_profile_and_trace_agree():
     traced = adapters.spec(trace.trace(cfg, "qwen2.5-0.5b", activations=False, steps=False), lora)
     assert (shipped.param_numels, shipped.trainable, shipped.trace) == (traced.param_numels, traced.trainable,
                                                                        traced.trace)
+
+
+# ---------------------------------------------------------------- the command line
+
+def test_cli_lora_and_freeze():
+    from click.testing import CliRunner
+    from zerocalc.cli import main
+    run = lambda *a: CliRunner().invoke(main, list(a))   # noqa: E731
+    r = run("estimate", "--model", "llama-3.2-1b", "--lora-rank", "16", "--stage", "2", "--format", "json")
+    assert r.exit_code == 0, r.output
+    inputs = json.loads(r.stdout)["inputs"]
+    assert (inputs["trainable_params"], inputs["frozen_params"]) == (11_272_192, 1_235_814_400)
+    r = run("estimate", "--model", "llama-3.2-1b", "--freeze", "embed_tokens", "--stage", "2", "--format", "csv")
+    assert r.exit_code == 0 and r.stdout.splitlines()[0].endswith("trainable_params,frozen_params")
+    for args, message in ((("--lora-rank", "0"), "rank must be a positive"),
+                          (("--lora-rank", "8", "--lora-targets", "qkv"), "its linear modules: model.layers.{i}"),
+                          (("--freeze", "vision_tower"), "matches no module"),
+                          (("--lora-rank", "8", "--freeze", "embed_tokens"), "PEFT already freezes")):
+        r = run("estimate", "--model", "llama-3.2-1b", *args)
+        assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+    r = run("estimate", "--params", "7e9", "--lora-rank", "8")
+    assert r.exit_code == 2 and "need the model's modules" in r.output
+
+
+def test_cli_peft_config_and_plan(tmp_path):
+    from click.testing import CliRunner
+    from zerocalc.cli import main
+    cfg = tmp_path / "adapter_config.json"
+    cfg.write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"],
+                               "use_dora": True}))
+    r = CliRunner().invoke(main, ["estimate", "--model", "qwen2.5-0.5b", "--peft-config", str(cfg)])
+    assert r.exit_code == 2 and "DoRA at ZeRO stage 3" in r.output
+    r = CliRunner().invoke(main, ["estimate", "--model", "qwen2.5-0.5b", "--peft-config", str(cfg), "--stage", "0,1,2"])
+    assert r.exit_code == 0 and "DoRA r8 q_proj,v_proj" in r.output, r.output
+    cfg.write_text(json.dumps({"peft_type": "PREFIX_TUNING"}))
+    r = CliRunner().invoke(main, ["estimate", "--model", "qwen2.5-0.5b", "--peft-config", str(cfg)])
+    assert r.exit_code == 2 and "not other PEFT methods" in r.output
+    r = CliRunner().invoke(main, ["plan", "--model", "llama-3-8b", "--lora-rank", "16", "--gpu", "a100-40g",
+                                  "--seq-len", "2048", "--global-batch", "16", "--max-gpus", "2"])
+    assert r.exit_code == 0 and "trainable" in r.output, r.output
