@@ -128,6 +128,42 @@ def set_moe_leaves(model) -> list[str]:
     return [c.__name__ for c in classes]
 
 
+def lora_of(job: dict):
+    """The job's LoRA as zerocalc reads it (`zerocalc.adapters.Lora`), from its PEFT LoraConfig keywords
+    ("lora": {"r": 16, "target_modules": "all-linear", ...}); None without."""
+    if not job.get("lora"):
+        return None
+    from zerocalc import adapters
+    return adapters.from_peft_config({"peft_type": "LORA", **job["lora"]}, f"{job.get('key', 'job')}: lora")
+
+
+def apply_adapters(model, job: dict):
+    """What the job trains: modules frozen by its "freeze" patterns (zerocalc's `--freeze` meaning:
+    `adapters.freeze_mask`), then PEFT's `get_peft_model` with its "lora" LoraConfig keywords (after the
+    model is built, under zero.Init at stage 3, as PEFT users do: DeepSpeed converts the new
+    parameters at `initialize`). The model itself where the job has neither."""
+    if job.get("freeze"):
+        from zerocalc.adapters import _expand_ranges, _module_matches
+        for pattern in job["freeze"]:
+            names = _expand_ranges(pattern)
+            hit = [m for n, m in model.named_modules() if n and any(_module_matches(x, n) for x in names)]
+            if not hit:
+                raise ValueError(f"freeze {pattern!r} matches no module")
+            for m in hit:
+                for p in m.parameters():
+                    p.requires_grad_(False)
+    if job.get("lora"):
+        import peft
+        model = peft.get_peft_model(model, peft.LoraConfig(**job["lora"]))
+    return model
+
+
+def trained_parameters(model) -> list:
+    """What the job hands DeepSpeed's optimizer: the parameters that require grad (as HF Trainer's
+    optimizer takes them), every one for a model with none frozen."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 class SpecRecorder:
     """What zerocalc needs of a model it has no architecture for, read from the model being trained:
     each parameter's element count in `module.parameters()` order (`ds_numel` once zero.Init has
@@ -136,10 +172,13 @@ class SpecRecorder:
     SCALAR_BYTES; read on the device after the engine is built)."""
 
     def __init__(self, model):
+        import torch
         self.model = model
         params = list(model.parameters())
         index = {id(p): i for i, p in enumerate(params)}
         self.param_numels = [int(getattr(p, "ds_numel", p.numel())) for p in params]
+        self.trainable = [bool(p.requires_grad) for p in params]
+        self.fp32 = [p.dtype == torch.float32 for p in params]   # PEFT's adapters in a 16-bit model
         self.trace, self._done, self._hooks = [], False, []
         for m in model.modules():
             own = tuple(index[id(p)] for p in m.parameters(recurse=False) if id(p) in index)
@@ -164,7 +203,12 @@ class SpecRecorder:
             if key not in seen and nbytes > SCALAR_BYTES:
                 seen.add(key)
                 buffers.append(nbytes)
-        return {"param_numels": self.param_numels, "trace": self.trace, "buffer_bytes": buffers}
+        out = {"param_numels": self.param_numels, "trace": self.trace, "buffer_bytes": buffers}
+        if not all(self.trainable):
+            out["trainable"] = self.trainable
+        if any(self.fp32) and not all(self.fp32):
+            out["fp32"] = self.fp32
+        return out
 
 
 def model_spec(job: dict, buffer_element_bytes: int = 4):
@@ -178,7 +222,9 @@ def model_spec(job: dict, buffer_element_bytes: int = 4):
     if not s:
         return None
     return ModelSpec(job["arch"]["family"], tuple(s["param_numels"]), tuple(tuple(t) for t in s["trace"]),
-                     tuple(-(-b // buffer_element_bytes) for b in s["buffer_bytes"]))
+                     tuple(-(-b // buffer_element_bytes) for b in s["buffer_bytes"]),
+                     trainable=tuple(s["trainable"]) if "trainable" in s else None,
+                     wide=tuple(s["fp32"]) if "fp32" in s else None)
 
 
 _TRACED = {}
@@ -191,13 +237,16 @@ def traced_spec(job: dict):
     path's logits wrapper counted. None where the trace extra is missing or the trace fails."""
     cfg = job["hf"]["config"]
     wrapper = job.get("path", "engine") == "engine"
-    key = (json.dumps(cfg, sort_keys=True), wrapper)
+    key = (json.dumps(cfg, sort_keys=True), wrapper, json.dumps(job.get("lora"), sort_keys=True),
+           json.dumps(job.get("freeze")))
     if key not in _TRACED:
         try:
-            from zerocalc import profile
+            from zerocalc import adapters, profile
             from zerocalc.hf import trace
-            _TRACED[key] = profile.to_model_spec(trace.cached_trace(cfg, job["hf"].get("name") or ""),
-                                                 job["hf"].get("name"), wrapper=wrapper)
+            traced = trace.cached_trace(cfg, job["hf"].get("name") or "")
+            lora, freeze = lora_of(job), tuple(job.get("freeze") or ())
+            _TRACED[key] = adapters.spec(traced, lora, freeze, job["hf"].get("name"), wrapper=wrapper) \
+                if lora or freeze else profile.to_model_spec(traced, job["hf"].get("name"), wrapper=wrapper)
         except (ImportError, ValueError, TypeError, RuntimeError):
             _TRACED[key] = None
     return _TRACED[key]

@@ -204,6 +204,7 @@ def run_job(job: dict, device) -> dict:
     try:
         args = training_arguments(job, ds, out_dir, cuda)     # before the model: zero.Init at stage 3
         model = hf_models.build(job["hf"]["config"], job["dtype"], False, job["attention"])
+        model = hf_models.apply_adapters(model, job)   # LoRA (PEFT) and frozen modules, where the job has them
         leaves = hf_models.set_moe_leaves(model) if job["stage"] == 3 else []
         recorder = hf_models.SpecRecorder(model)
         n = steps(job) * job["micro_batch"] * job["gas"]

@@ -34,7 +34,8 @@ def job_key(job: dict) -> str:
     payload = {k: v for k, v in job.items() if k != "key" and not (k in DEFAULTS and DEFAULTS[k] == v)}
     digest = hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     a = job["arch"]
-    family = a["family"] + ("-trainer" if job.get("path") == "trainer" else "")
+    family = a["family"] + ("-trainer" if job.get("path") == "trainer" else "") + \
+        (f"-lora{job['lora'].get('r', 8)}" if job.get("lora") else "") + ("-frozen" if job.get("freeze") else "")
     fake = "fake" if job.get("fake_world") else ""
     return (f"{family}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}{fake}"
             f"-b{job['micro_batch']}x{job['seq_len']}-gas{job['gas']}-{digest}")
@@ -65,6 +66,8 @@ def make_hf_job(entry: dict, nproc: int, **setup) -> dict:
         job["zero_init"] = True
     job.update(setup)
     job.update(path=path, nproc=nproc, arch=arch, hf={"name": name, "config": cfg, **hf_models.moe_dims(cfg)})
+    if job.get("lora") is not None:
+        hf_models.lora_of(job)   # a LoraConfig zerocalc cannot read is refused before any launch
     job["key"] = job_key(job)
     return job
 
@@ -123,7 +126,8 @@ def grid(arches: list[_arch.Architecture], nproc: int, **axes) -> list[dict]:
 
 
 MATRIX_KEYS = ("nproc", "architectures", "axes", "jobs", "about", "hf_models", "hf_axes")
-HF_JOB_KEYS = ("path", "ds_config", "timed_steps", "shared_gpu")   # an HF job's own fields
+HF_JOB_KEYS = ("path", "ds_config", "timed_steps", "shared_gpu",   # an HF job's own fields
+               "lora", "freeze")   # PEFT LoraConfig keywords; module patterns frozen (`hf_models.apply_adapters`)
 # How the worker runs a job, beside what zerocalc predicts from: the caching allocator capped at
 # this many bytes (a smaller card emulated), the parameters made zero without the initialisers.
 RUN_KEYS = ("allocator_capacity_bytes", "zero_weights")

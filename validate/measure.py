@@ -10,7 +10,7 @@ import time
 import torch
 
 # Whose objects the state walk follows: the models trained are zerocalc.hf.families' (HFCausalLM, SeedGPT).
-_WALK_MODULES = ("deepspeed", "torch", "validate", "zerocalc", "transformers", "collections")
+_WALK_MODULES = ("deepspeed", "torch", "validate", "zerocalc", "transformers", "collections", "peft")
 # Storages this small are scalars (grad norm, overflow flag, inf/nan tracker, loss scale): reported
 # apart as the named residual, not compared against the state model.
 SCALAR_BYTES = 8

@@ -42,7 +42,7 @@ COLUMNS = CONFIG_COLUMNS + PREDICTED_COLUMNS + MEASURED_COLUMNS + ENV_COLUMNS
 # An HF config's rows (validate/hf_models.py) carry what was built and how it ran; other rows leave
 # these columns out (append_row adds a column when a row first has it).
 HF_COLUMNS = ("path", "hf_name", "hf_model_type", "hf_num_experts", "hf_experts_per_token", "hf_config",
-              "ds_config", "hf_resolved_ds_config", "z3_leaf_modules", "timed_steps", "shared_gpu", "hf_spec",
+              "ds_config", "hf_resolved_ds_config", "z3_leaf_modules", "timed_steps", "shared_gpu", "hf_spec", "lora", "freeze",
               "measured_trainer_phased_s", "measured_trainer_host_s")
 
 
@@ -52,6 +52,8 @@ def _hf_config_columns(job):
             "hf_num_experts": hf.get("num_experts", ""), "hf_experts_per_token": hf.get("experts_per_token", ""),
             "hf_config": json.dumps(hf["config"], sort_keys=True), "ds_config": job.get("ds_config", ""),
             "timed_steps": job.get("timed_steps", ""),
+            "lora": json.dumps(job["lora"], sort_keys=True) if job.get("lora") else "",
+            "freeze": json.dumps(job["freeze"]) if job.get("freeze") else "",
             # launches sharing the GPU while this one ran: peaks are per process and hold; step times do not
             "shared_gpu": job.get("shared_gpu", "")}
 
@@ -351,6 +353,9 @@ def job_from_row(row: dict) -> dict:
         job["hf"] = {"name": row.get("hf_name"), "config": json.loads(row["hf_config"])}
         if isinstance(row.get("hf_spec"), str) and row["hf_spec"].startswith("{"):
             job["hf_spec"] = json.loads(row["hf_spec"])
+        for key in ("lora", "freeze"):
+            if isinstance(row.get(key), str) and row[key][:1] in "{[":
+                job[key] = json.loads(row[key])
     return job
 
 

@@ -186,6 +186,7 @@ def _build_hf(job, cfg, seen):
     finally:
         del keep
         unset_hf_deepspeed_config()
+    model = hf_models.apply_adapters(model, job)    # LoRA (PEFT) and frozen modules, where the job has them
     seen["leaves"] = hf_models.set_moe_leaves(model) if job["stage"] == 3 else []
     seen["recorder"] = hf_models.SpecRecorder(model)
     return HFCausalLM(model)
@@ -229,7 +230,9 @@ def run_job(job, device):
                                 zero_weights_dtype=job["dtype"] if job.get("zero_weights") else None)
     host_rec.mark("build")
     WHERE["at"] = "initialize"
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    # the optimizer gets the parameters that train (all of them but for LoRA and frozen modules)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=hf_models.trained_parameters(model),
+                                           config=cfg)
     del model
     gc.collect()
     host_rec.mark("init")

@@ -219,6 +219,72 @@ def model_options(f):
     return f
 
 
+def adapter_options(f):
+    """What trains: PEFT's LoRA (its flags or its adapter_config.json) and frozen modules."""
+    for opt in reversed([
+        click.option("--lora-rank", type=int, help="LoRA (PEFT) rank r: adapters on --lora-targets, the base frozen."),
+        click.option("--lora-alpha", type=float, help="LoRA alpha [default: PEFT's 8]; changes the scaling only."),
+        click.option("--lora-dropout", type=float, help="LoRA dropout [default: 0]."),
+        click.option("--lora-targets", help="PEFT target_modules: all-linear (default; not the output head), "
+                                            "module names (q_proj,v_proj) or a regex matched on the whole name."),
+        click.option("--peft-config", type=click.Path(dir_okay=False),
+                     help="PEFT's adapter_config.json (LoRA; DoRA and rsLoRA as the file says) instead of the --lora flags."),
+        click.option("--freeze", multiple=True,
+                     help="Freeze a module and all it holds, by the model's module names: embed_tokens, "
+                          "'model.layers.{0..7}', a glob (repeat or comma-separate)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _lora(rank, alpha, dropout, targets, peft_config):
+    """The Lora the flags or the adapter_config.json ask for; None for neither."""
+    from zerocalc import adapters
+    flags = {k: v for k, v in (("--lora-alpha", alpha), ("--lora-dropout", dropout), ("--lora-targets", targets))
+             if v is not None}
+    if peft_config is not None:
+        if rank is not None or flags:
+            raise InputFailure("give --peft-config or the --lora-* flags, not both")
+        try:
+            return adapters.from_peft_config(inputs.load_json_object(peft_config, "PEFT adapter_config.json"), peft_config)
+        except ValueError as err:
+            raise InputFailure(str(err))
+    if rank is None:
+        if flags:
+            raise InputFailure(f"{', '.join(flags)} need --lora-rank")
+        return None
+    if targets is not None:
+        names = tuple(t.strip() for t in targets.split(",") if t.strip())
+        targets = adapters.ALL_LINEAR if names == (adapters.ALL_LINEAR,) else \
+            (names[0] if len(names) == 1 and any(c in names[0] for c in "*()[]|\\+?") else names)
+    lora = adapters.Lora(rank=rank, alpha=adapters.PEFT_DEFAULT_ALPHA if alpha is None else alpha,
+                         dropout=0.0 if dropout is None else dropout, targets=targets or adapters.ALL_LINEAR)
+    try:
+        adapters.check_lora(lora)
+    except ValueError as err:
+        raise InputFailure(f"--lora-*: {err}")
+    return lora
+
+
+def _adapted(spec, model_name, hf_config, overrides, lora, freeze, stages):
+    """The model with LoRA applied and/or modules frozen (`zerocalc.adapters`); the model itself without."""
+    from zerocalc import adapters
+    freeze = tuple(p.strip() for item in freeze for p in item.split(",") if p.strip())
+    if lora is None and not freeze:
+        return spec
+    if lora is not None and freeze:
+        raise InputFailure("--freeze with LoRA: PEFT already freezes every base weight; give one of them")
+    if lora is not None and lora.dora and any(s == 3 for s in stages):
+        raise InputFailure("DoRA at ZeRO stage 3 is not modelled (its weight norm reads the partitioned base "
+                           "weight outside the module's hooks); ask for stages 0-2")
+    arch_flags = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        p = resolve.profile_for(model_name, hf_config, arch_flags, spec)
+        return adapters.spec(p, lora, freeze, spec.name)
+    except ValueError as err:
+        raise InputFailure(str(err))
+
+
 def host_options(f):
     """The host's side of step time (its speed issuing work, and offload's CPU Adam and PCIe), which
     the calibration measured on H200 hosts."""
@@ -370,13 +436,14 @@ def _host_memory(given, hw):
 @click.option("--calibration", "calibration_name", default="h200", show_default=True,
               help="Calibrated constants: a shipped name or a JSON file written by `python -m validate fit`.")
 @host_options
+@adapter_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option("--explain", is_flag=True, help="Also say what each column of the table counts.")
 def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings, stage_text, gpu_memory, host_memory, gpu_name, peak_tflops,
                  intra_node_gbps,
                  inter_node_gbps, calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us, ds_config, fmt,
-                 explain, **opts):
+                 explain, lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config, freeze, **opts):
     """Per-rank bytes and communication per step for ZeRO stages 0–3.
 
     Memory is in GiB (2^30 bytes), traffic in GB (1e9). 'paper' is the ZeRO paper's figure-1 model
@@ -413,6 +480,10 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings)
     stages = _stages(stage_text)
+    overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                     num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, tie_embeddings=tie_embeddings)
+    spec = _adapted(spec, model_name, hf_config, overrides,
+                    _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config), freeze, stages or [0, 1, 2, 3])
     ds = None
     if ds_config is not None:
         ds = _read_ds_config(ds_config, spec)
@@ -486,11 +557,13 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     "the model is built outside it, as a plain script does; on for a ds_config written for HF Trainer]."))
 @click.option("--calibration", "calibration_name", default="h200", show_default=True)
 @host_options
+@adapter_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
              ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, host_memory, max_gpus, seq_len, global_batch, dtype,
              ds_config, fewest, price_per_gpu_hour, top, explain, expandable_segments, zero_init, calibration_name,
-             cpu_adam_rate, host_link_gbps, host_launch_us, fmt):
+             cpu_adam_rate, host_link_gbps, host_launch_us, lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config,
+             freeze, fmt):
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
 
     Enumerates stage × offload × GPU count (powers of two, whole nodes past one) × micro-batch ×
@@ -513,6 +586,10 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     from zerocalc import plan
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings)
+    overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                     num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, tie_embeddings=tie_embeddings)
+    lora = _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config)
+    spec = _adapted(spec, model_name, hf_config, overrides, lora, freeze, [0, 1, 2, 3])   # plan tries every stage
     if spec.architecture is None:   # activations and step time need a shape: a Llama-like one of exactly P
         spec = _shaped(spec.num_params)
     note = render.shape_note(spec)

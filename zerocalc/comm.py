@@ -17,7 +17,8 @@ from math import ceil
 
 from zerocalc.model import ModelSpec
 from zerocalc import stage3_trace
-from zerocalc.partition import partition
+from zerocalc.partition import partition, persistent_mask
+from zerocalc.states import wide_stage3_elements
 from zerocalc.training import Setup, Stage
 
 # Stage 0 all-reduces gradients in buckets of this many elements, whatever reduce_bucket_size says
@@ -80,14 +81,18 @@ def _coll(op, phase, calls, elements, elem_bytes, n) -> Collective:
 
 
 def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
+    """Gradients are reduced for the trained tensors only (`ModelSpec.trainable_numels`: frozen ones get
+    no gradient; the engine's `_get_gradients_for_reduction` skips them at stage 0, stages 1-3 hook
+    only the optimizer's), while stage 3 still gathers every parameter, frozen ones included."""
     n, k, c, b = setup.dp, setup.gas, setup.comm_bytes, setup.param_bytes
-    part = partition(model.param_numels, setup)
-    p = part.num_params
+    trained = model.trainable_numels
+    part, tpart = partition(model.param_numels, setup), partition(trained, setup)
+    p = tpart.num_params
     small = []
     if setup.stage == Stage.DISABLED:
         # One all-reduce of every gradient at the accumulation boundary; fp32 also all-reduces the
         # clipping norm (4 B, `clip_grad_norm_`).
-        grads = _coll("all_reduce", "backward", len(stage0_allreduce_buckets(model.param_numels)), p, c, n)
+        grads = _coll("all_reduce", "backward", len(stage0_allreduce_buckets(trained)), p, c, n)
         if not setup.mixed_precision:
             small.append(_coll("all_reduce", "step", 1, 1, 4, n))
         return (grads, *small)
@@ -97,7 +102,7 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
         times = k if setup.stage == Stage.GRADIENTS and not setup.bf16_optimizer else 1
         grads = _coll("all_reduce", "backward", times * ceil(p / setup.reduce_bucket_size), times * p, c, n)
         # At N = 1 DeepSpeed skips the all-gather: the partition is the whole flat buffer.
-        gather = _coll("all_gather_into_tensor", "step", 1, part.flat_shard, b, n) if n > 1 else None
+        gather = _coll("all_gather_into_tensor", "step", 1, tpart.flat_shard, b, n) if n > 1 else None
         if not setup.bf16_optimizer:
             # fp32 gradient norm (4 B, `get_grad_norm_direct`); fp16/bf16 also the overflow flag (1 B, `has_overflow`).
             small = [_coll("all_reduce", "step", 1, 1, 4, n)]
@@ -106,24 +111,41 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
         return tuple(c for c in (grads, gather, *small) if c is not None)
     # Stage 3. All-gathers of the non-persistent shards as the trace replay fetches them (every one in
     # forward, again what the reuse and prefetch rules released). Gradients: reduce-scatter of the
-    # padded N·S3 per micro-step. Step: the fp64 norm per sub-group (8 B), fp16's overflow flag, and
-    # an all-gather of the persistent parameters' shards.
+    # trained tensors' padded N·S3_t per micro-step. Step: the fp64 norm per sub-group of the trained
+    # tensors (8 B), fp16's overflow flag, and an all-gather of the persistent parameters' shards
+    # (frozen ones too: `persistent_parameters` holds every one).
     it = stage3_trace.simulate(model, setup)
+    # PEFT's fp32 adapters under zero.Init are gathered in fp32 (`states.wide_stage3_elements`)
+    widen = wide_stage3_elements(model, setup) != (0, 0)
     out = []
     for phase in ("forward", "backward"):
         calls, elements = it.all_gathers(phase)
         if elements:
-            out.append(_coll("all_gather_into_tensor", phase, k * calls, k * elements, b, n))
-    out.append(_coll("reduce_scatter_tensor", "backward", k * ceil(n * part.stage3_shard / setup.reduce_bucket_size),
-                     k * n * part.stage3_shard, c, n))
+            gather = _coll("all_gather_into_tensor", phase, k * calls, k * elements, b, n)
+            wide = getattr(it, phase + "_wide_elements") if widen and not it.copies else 0
+            out.append(_widened(gather, k * wide * (4 - b), n) if wide else gather)
+    out.append(_coll("reduce_scatter_tensor", "backward", k * ceil(n * tpart.stage3_shard / setup.reduce_bucket_size),
+                     k * n * tpart.stage3_shard, c, n))
     # The gradient norm per sub-group: fp64 (8 B) on the device, fp32 (4 B) when the optimizer is offloaded.
     norm_bytes = 4 if setup.offload_optimizer != "none" else 8
-    out.append(_coll("all_reduce", "step", part.num_sub_groups, part.num_sub_groups, norm_bytes, n))
+    out.append(_coll("all_reduce", "step", tpart.num_sub_groups, tpart.num_sub_groups, norm_bytes, n))
     if setup.dtype == "fp16":
         out.append(_coll("all_reduce", "step", 1, 1, 1, n))
     if part.persistent_shard and n > 1:
-        out.append(_coll("all_gather_into_tensor", "step", 1, part.persistent_shard, b, n))
+        gather = _coll("all_gather_into_tensor", "step", 1, part.persistent_shard, b, n)
+        wide = _wide_persistent_shard(model, setup) if widen else 0
+        out.append(_widened(gather, wide * (4 - b), n) if wide else gather)
     return tuple(out)
+
+
+def _widened(c: Collective, extra_bytes: int, n: int) -> Collective:
+    """The collective with `extra_bytes` more logged (fp32 tensors among 16-bit ones)."""
+    return Collective(c.op, c.phase, c.calls, c.elements, c.bytes + extra_bytes, _wire(c.op, c.bytes + extra_bytes, n))
+
+
+def _wide_persistent_shard(model: ModelSpec, setup: Setup) -> int:
+    mask = persistent_mask(model.param_numels, setup)
+    return sum(ceil(x / setup.dp) for x, m in zip(model.wide_numels(), mask) if m)
 
 
 def total_bytes(colls: tuple[Collective, ...]) -> int:

@@ -168,11 +168,12 @@ def host_bytes(model: ModelSpec, setup: Setup, base: int, growth: int) -> HostBy
     import included where the model is a Hugging Face one), `growth` what initialize and the first step add."""
     a = model.architecture
     untied_head = FP32 * a.vocab_size * a.hidden_size if a is not None and a.tie_embeddings else 0
-    numels = model.param_numels
     p, b, g, n = model.num_params, setup.param_bytes, setup.grad_accum_bytes, setup.dp
     k = setup.optimizer.state_bytes_per_param
     buffers = sum(model.buffer_numels) * FP32
     part = partition(model.param_numels, setup)
+    tpart = partition(model.trainable_numels, setup)   # what the optimizer holds: the trained tensors'
+    trained = model.trainable_numels
     opt_cpu = setup.offload_optimizer == "cpu"
     opt_nvme = setup.offload_optimizer == "nvme"
     par_cpu = setup.offload_param == "cpu" and setup.stage == Stage.PARAMETERS
@@ -198,35 +199,35 @@ def host_bytes(model: ModelSpec, setup: Setup, base: int, growth: int) -> HostBy
                model_fp32=FP32 * p + buffers, cast_copy=b * model.largest_param_numel)
     held = {}          # what initialize leaves on the host, by term
     if setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) and opt_cpu:
-        s = part.flat_shard
+        s = tpart.flat_shard
         at("init", "fp32 master pinned from its pageable copy (weights_partition)",
            master_pageable=FP32 * s, master_pinned=pinned(FP32 * s))
         held["master_pinned"] = pinned(FP32 * s)
         at("init", "16-bit upload buffer pinned (param_buffer_of_bit16_for_cpu_offload_groups)",
            **held, bit16_pageable=b * s, bit16_pinned=pinned(b * s))
         held["bit16_pinned"] = pinned(b * s)
-        held["grad_staging_pinned"] = pinned(b * model.largest_param_numel)    # temp_grad_buffer_for_cpu_offload
+        held["grad_staging_pinned"] = pinned(b * model.largest_trainable_numel)    # temp_grad_buffer_for_cpu_offload
         at("init", "fp32 gradient partition pinned (initialize_optimizer_states)",
            **held, grads_pageable=FP32 * s, grads_pinned=pinned(FP32 * s))
         held["grads_pinned"] = pinned(FP32 * s)
         if setup.stage == Stage.GRADIENTS and setup.gas > 1:
             # accumulated_grads_in_cpu: one pinned b·nᵢ buffer per parameter of the shard (at N = 1 all)
-            held["accumulate_pinned"] = sum(pinned(b * x) for x in numels[:max(1, len(numels) // n)])
+            held["accumulate_pinned"] = sum(pinned(b * x) for x in trained[:max(1, len(trained) // n)])
         moments = k * s
     elif setup.stage == Stage.PARAMETERS and (opt_cpu or par_cpu or opt_nvme or par_nvme):
-        s3 = part.stage3_shard
+        s3, s3_t = part.stage3_shard, tpart.stage3_shard
         if par_cpu:
             held["param_partitions_pinned"] = per_param_pinned       # cached after the copy below
             held["param_flat_pinned"] = pinned(b * s3)               # param_groups_fp16_flat_cpu_memory
             at("init", "parameter partitions pinned, then their flat buffer", **held)
-        subs = list(_partition_sub_groups(model.param_numels, n, setup.sub_group_size))
+        subs = list(_partition_sub_groups(trained, n, setup.sub_group_size))
         if opt_cpu:
             done = 0
             for j, sj in enumerate(subs):
                 at("init", f"fp32 master of sub-group {j}: .to(cpu, fp32) and its clone (_create_fp32_partitions)",
                    **held, master_pageable=FP32 * done + 2 * FP32 * sj)
                 done += sj
-            held["master_pageable"] = FP32 * s3
+            held["master_pageable"] = FP32 * s3_t
             grads = 0
             for j, sj in enumerate(subs):
                 at("init", f"fp32 gradient of sub-group {j} pinned (initialize_optimizer_states)",
@@ -236,13 +237,13 @@ def host_bytes(model: ModelSpec, setup: Setup, base: int, growth: int) -> HostBy
             held["grads_pinned"] = grads
         if opt_cpu or opt_nvme:
             at("init", "gradient partitions pinned (grad_partitions_flat_buffer)",
-               **held, grad_partitions_pageable=g * s3, grad_partitions_pinned=pinned(g * s3))
-            held["grad_partitions_pinned"] = pinned(g * s3)
+               **held, grad_partitions_pageable=g * s3_t, grad_partitions_pinned=pinned(g * s3_t))
+            held["grad_partitions_pinned"] = pinned(g * s3_t)
         if opt_nvme:
             held["nvme_swap_buffers_pinned"] = NVME_OPTIMIZER_BUFFER_COUNT * pinned(FP32 * max(subs))
         if par_nvme:
             held["nvme_param_buffers_pinned"] = NVME_PARAM_BUFFER_COUNT * pinned(b * NVME_PARAM_BUFFER_ELEMENTS)
-        moments = k * s3 if opt_cpu else 0
+        moments = k * s3_t if opt_cpu else 0
         if opt_cpu and not par_cpu and b != FP32:
             at("first_step", "fp32 master copied into the 16-bit partitions on the GPU, converted on the CPU "
                "first (_reassign_or_swap_out_partitioned_parameters)", **held, optimizer_states=moments,
@@ -254,6 +255,5 @@ def host_bytes(model: ModelSpec, setup: Setup, base: int, growth: int) -> HostBy
     steady = events[-1].bytes
     nvme = 0
     if setup.stage == Stage.PARAMETERS:
-        s3 = part.stage3_shard
-        nvme = ((FP32 + k) * s3 if opt_nvme else 0) + (b * s3 if par_nvme else 0)
+        nvme = ((FP32 + k) * tpart.stage3_shard if opt_nvme else 0) + (b * part.stage3_shard if par_nvme else 0)
     return HostBytes(tuple(events), pinned_total, steady, nvme)

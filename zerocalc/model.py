@@ -17,6 +17,11 @@ class ModelSpec:
     profile: object = field(default=None, compare=False, hash=False, repr=False)   # a traced model's Profile
     transcribed: bool = True     # tensors and trace are a transcribed family's (zerocalc.arch), so its
                                  # allocation sequence (zerocalc.sequence) applies
+    trainable: tuple[bool, ...] | None = None   # per parameter tensor, `requires_grad`; None: every one trains
+                                                # (LoRA and frozen parameters: `zerocalc.adapters`)
+    wide: tuple[bool, ...] | None = None        # per tensor: made in fp32 after the model (PEFT's adapters,
+                                                # `autocast_adapter_dtype`): a model built under zero.Init
+                                                # keeps them fp32 at stage 3 (`zerocalc.states`)
 
     def backward(self, checkpointing: bool) -> tuple[tuple[int, ...], ...]:
         """Backward's modules in hook order (recomputed layers included when checkpointing)."""
@@ -29,6 +34,51 @@ class ModelSpec:
     @cached_property
     def num_params(self) -> int:
         return sum(self.param_numels)
+
+    @cached_property
+    def trainable_numels(self) -> tuple[int, ...]:
+        """The trained tensors in `parameters()` order: what DeepSpeed hands its optimizer wrapper (the
+        optimizer's param groups, `requires_grad` ones only: `_get_trainable_parameter_groups` in
+        `runtime/zero/stage3.py`, the filter in `stage_1_and_2.py`), so what gets gradients, fp32 masters
+        and moments, and what the gradient collectives carry."""
+        if self.trainable is None:
+            return self.param_numels
+        return tuple(n for n, t in zip(self.param_numels, self.trainable) if t)
+
+    @cached_property
+    def num_trainable(self) -> int:
+        return sum(self.trainable_numels)
+
+    @property
+    def num_frozen(self) -> int:
+        return self.num_params - self.num_trainable
+
+    @property
+    def frozen(self) -> bool:
+        """Whether some parameter does not train."""
+        return self.trainable is not None and not all(self.trainable)
+
+    def _trains(self, i: int) -> bool:
+        return self.trainable is None or self.trainable[i]
+
+    def wide_numels(self) -> tuple[int, ...]:
+        """Each tensor's elements where it is `wide`, else 0."""
+        if self.wide is None:
+            return (0,) * len(self.param_numels)
+        return tuple(n if w else 0 for n, w in zip(self.param_numels, self.wide))
+
+    @cached_property
+    def largest_trainable_numel(self) -> int:
+        return max(self.trainable_numels)
+
+    @cached_property
+    def head_trainable_numel(self) -> int:
+        """The trained part of `head_numel`: the first gradient backward makes (0 when the head is frozen)."""
+        return sum(self.param_numels[i] for i in self.trace[-1] if self._trains(i))
+
+    @cached_property
+    def largest_module_trainable_numel(self) -> int:
+        return max(sum(self.param_numels[i] for i in m if self._trains(i)) for m in self.trace)
 
     @cached_property
     def head_numel(self) -> int:

@@ -56,13 +56,13 @@ def _accumulated(model, setup) -> tuple[int, int]:
     if setup.gas == 1 or setup.offload_optimizer != "none":
         return 0, 0
     if setup.stage == Stage.DISABLED:
-        return setup.grad_accum_bytes * model.num_params, 0
+        return setup.grad_accum_bytes * model.num_trainable, 0
     b = setup.param_bytes
     if setup.stage == Stage.OPTIMIZER_STATES:
         bucket = setup.comm_bytes * setup.reduce_bucket_size if setup.contiguous_gradients else 0
-        return b * model.num_params, bucket
+        return b * model.num_trainable, bucket
     if setup.stage == Stage.GRADIENTS:
-        return b * max_grads_in_partition(model.param_numels, setup), 0
+        return b * max_grads_in_partition(model.trainable_numels, setup), 0
     return 0, 0
 
 
@@ -86,14 +86,15 @@ def _backward(resident, gathered, act, first_grads, first_buffers, end_grads, en
 
 
 def _stage0(model, setup, st, act):
-    p, b = model.num_params, setup.param_bytes
+    # gradients, their buckets and the optimizer's copies: of the trained tensors only (P_t)
+    p, b = model.num_trainable, setup.param_bytes
     resident, grads = st.resident_bytes, setup.grad_accum_bytes * p
     # At the end of backward the gradient all-reduce flattens one bucket at a time into a copy
     # (`allreduce_bucket`; a bucket of one tensor is a view of it), and casts it to
     # communication_data_type where that differs: the largest such transient.
     cast = setup.comm_bytes if setup.comm_bytes != b else 0
     flatten = max((b if len(tensors) > 1 else 0) * sum(tensors) + cast * sum(tensors)
-                  for tensors in stage0_allreduce_bucket_tensors(model.param_numels))
+                  for tensors in stage0_allreduce_bucket_tensors(model.trainable_numels))
     # FP16_Optimizer's step: an fp32 copy of each gradient, then a flat fp32 copy of all of them.
     step_copies = 8 * p if setup.mixed_precision else 0
     # FP16_Optimizer makes Adam state at init with a dummy step on fp32 zero gradients (4P, measured);
@@ -105,7 +106,7 @@ def _stage0(model, setup, st, act):
     return (
         init,
         _forward(resident, 0, act, accumulated=acc),
-        _backward(resident, 0, act, b * model.head_numel, 0, grads, flatten,
+        _backward(resident, 0, act, b * model.head_trainable_numel, 0, grads, flatten,
                   "full gradients + the all-reduce bucket's flatten copy", acc),
         Phase("step", resident, grads + step_copies, 0, 0,
               "gradients + per-parameter fp32 copies + a flat fp32 copy (FP16_Optimizer)"
@@ -114,11 +115,12 @@ def _stage0(model, setup, st, act):
 
 
 def _stage12(model, setup, st, act):
-    part = partition(model.param_numels, setup)
+    # the flat group, its gradients and buckets: the trained tensors' (frozen ones stay in the module)
+    part = partition(model.trainable_numels, setup)
     p, b, c, n = part.num_params, setup.param_bytes, setup.comm_bytes, setup.dp
     s = part.flat_shard
     resident = st.resident_bytes
-    g_in = max_grads_in_partition(model.param_numels, setup)
+    g_in = max_grads_in_partition(model.trainable_numels, setup)
     r = setup.reduce_bucket_size
     offload = setup.offload_optimizer != "none"
     # Under optimizer offload the reduced gradients go straight to the host's fp32 partition
@@ -138,7 +140,7 @@ def _stage12(model, setup, st, act):
             end_grads = b * max(p, max(p - r, 0) + (0 if offload else g_in))
             why = "autograd gradients not yet moved into the buffer (+ partition gradients)"
         else:
-            end_grads, why = in_partition + b * model.largest_param_numel, "partition gradients + one autograd gradient"
+            end_grads, why = in_partition + b * model.largest_trainable_numel, "partition gradients + one autograd gradient"
         end_buffers, why = ipg, why + " + ipg buffer"
     else:
         # Without contiguous gradients each reduction flattens its bucket into a copy.
@@ -153,7 +155,7 @@ def _stage12(model, setup, st, act):
         # Measured on H200 (N = 1 and 2, to 0.01%): init is the flat buffer beside the module's
         # parameters (the fp32 shard and the gradient staging buffer are on the host or come later);
         # the step runs on the host and writes the updated shard back in place.
-        init = Phase("init", resident - b * model.largest_param_numel, 0, b * p, 0,
+        init = Phase("init", resident - b * model.largest_trainable_numel, 0, b * p, 0,
                      "module parameters beside the flat buffer (master, Adam state and fp32 gradients on the host)")
         step = Phase("step", resident, 0, 0, 0, "the flat parameters only: the optimizer steps on the host")
     else:
@@ -165,13 +167,13 @@ def _stage12(model, setup, st, act):
     return (
         init,
         _forward(resident, 0, act, accumulated=acc),
-        _backward(resident, 0, act, b * model.head_numel, ipg, end_grads, end_buffers, why, acc),
+        _backward(resident, 0, act, b * model.head_trainable_numel, ipg, end_grads, end_buffers, why, acc),
         step,
     )
 
 
 def _stage3(model, setup, st, act):
-    part = partition(model.param_numels, setup)
+    part = partition(model.trainable_numels, setup)   # reduce-scatter and sub-groups: the trained tensors'
     b, c = setup.param_bytes, setup.comm_bytes
     resident = st.resident_bytes
     it = stage3_trace.simulate(model, setup)
@@ -203,7 +205,8 @@ def _stage3(model, setup, st, act):
         init,
         _forward(resident, kept + fetch, act,
                  "activations + parameters kept gathered for backward (reuse rule) + the coalesced fetch"),
-        _backward(resident, kept, act, b * model.head_numel, 0, b * model.largest_module_numel, kept + reduce_scatter,
+        _backward(resident, kept, act, b * model.head_trainable_numel, 0, b * model.largest_module_trainable_numel,
+                  kept + reduce_scatter,
                   "gathered parameters + one module's gradients + the reduce-scatter buffer"),
         step,
     )

@@ -20,7 +20,8 @@ def _inputs(e) -> dict:
     inputs = {k: v for k, v in s.__dict__.items() if k not in ("stage", "optimizer", "extra")}
     inputs.update(optimizer=s.optimizer.name, optimizer_state_bytes_per_param=s.optimizer.state_bytes_per_param,
                   overlap_comm=s.overlap, model=m.name, num_params=m.num_params, num_param_tensors=len(m.param_numels),
-                  gpu_memory_bytes=e.gpu_memory_bytes, deepspeed_version=DEEPSPEED_VERSION)
+                  gpu_memory_bytes=e.gpu_memory_bytes, deepspeed_version=DEEPSPEED_VERSION,
+                  trainable_params=m.num_trainable, frozen_params=m.num_frozen)
     if m.architecture is not None:
         inputs["architecture"] = m.architecture.as_dict()
     return inputs
@@ -130,6 +131,8 @@ def as_table(estimates, host_note: str | None = None, explain: bool = False) -> 
             f"{s.optimizer.name}, GAS {s.gas}, micro-batch {s.micro_batch}"
             + (f", seq {s.seq_len}" if s.seq_len else "")
             + (", expandable_segments allocator" if s.expandable_segments else "") + f"  [DeepSpeed {DEEPSPEED_VERSION}]")
+    if m.frozen:
+        head += f"\ntrainable {m.num_trainable:,} ({m.num_trainable / m.num_params:.2%}), frozen {m.num_frozen:,}"
     columns = list(COLUMNS[:-1]) + ["fits" if e0.gpu_memory_bytes is not None else "fits on"]
     rows = [columns] + [_row(e) for e in estimates]
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
@@ -206,7 +209,8 @@ def as_csv(estimates) -> str:
                 "peak_phase", "peak_reserved_bytes", "paper_model_states_bytes", "comm_bytes_per_step",
                 "comm_volume_over_params", "fits", "fits_worst_case", "fits_on_gpu_memory_bytes",
                 "fits_on_worst_case_gpu_memory_bytes", *TIME_COLUMNS, "host_peak_bytes_per_rank",
-                "host_bytes_per_node", "fits_host", "fits_source", "headroom_bytes", "alloc_retries"])
+                "host_bytes_per_node", "fits_host", "fits_source", "headroom_bytes", "alloc_retries",
+                "trainable_params", "frozen_params"])
     blank = lambda v: "" if v is None else v  # noqa: E731
     for e in estimates:
         d = e.as_dict()
@@ -220,7 +224,7 @@ def as_csv(estimates) -> str:
                     blank(d["fits"]), blank(d["fits_worst_case"]), blank(d["fits_on_gpu_memory_bytes"]),
                     blank(d["fits_on_worst_case_gpu_memory_bytes"]), *(blank(time.get(k)) for k in TIME_COLUMNS),
                     d["host"]["peak_bytes"], d["host"]["node_bytes"], blank(d["fits_host"]), blank(d["fits_source"]),
-                    blank(d["headroom_bytes"]), blank(d["alloc_retries"])])
+                    blank(d["headroom_bytes"]), blank(d["alloc_retries"]), e.model.num_trainable, e.model.num_frozen])
     return buf.getvalue().rstrip("\n")
 
 
@@ -264,7 +268,8 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
             d["time"] = c.estimate.time.as_dict() if c.estimate and c.estimate.time else None
             d["rejected"] = c.rejected
             return d
-        doc = {"zerocalc_version": __version__, "model": spec.name, "num_params": spec.num_params, "gpu": hw.name,
+        doc = {"zerocalc_version": __version__, "model": spec.name, "num_params": spec.num_params,
+               "trainable_params": spec.num_trainable, "frozen_params": spec.num_frozen, "gpu": hw.name,
                "gpu_memory_bytes": memory_bytes, "host_memory_bytes": host_memory_bytes,
                "host_memory_source": host_note, "note": note, "ranked": [one(c) for c in ranked]}
         if rejected is not None:
@@ -276,7 +281,8 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
         head.append("$/Mtok")
     rows = [head] + [_plan_row(c, price) for c in ranked]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = [f"{spec.name}: P = {spec.num_params:,} on {hw.name} ({gib(memory_bytes):.0f} GiB), "
+    lines = [f"{spec.name}: P = {spec.num_params:,}"
+             + (f" ({spec.num_trainable:,} trainable)" if spec.frozen else "") + f" on {hw.name} ({gib(memory_bytes):.0f} GiB), "
              f"{'fewest GPUs' if fewest else 'ranked by ' + ('cost' if price else 'throughput')}", ""]
     if note:
         lines.insert(1, note)

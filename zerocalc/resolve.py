@@ -244,7 +244,10 @@ def notes(spec: ModelSpec, stages) -> list[str]:
         else:
             how = "the Llama formulas at its dimensions"
         reserved = ("its traced allocation stream through the allocator simulation"
-                    if getattr(p, "stream", None) else "the calibrated ratio")
+                    if getattr(p, "stream", None) and not spec.frozen else "the calibrated ratio")
+        if spec.frozen:
+            how += ("; with frozen parameters: no gradients or optimizer state for them, the base's activations "
+                    "(LoRA's own x@A and dropout copies not yet added)")
         out.append(f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); "
                    f"activations: {how}; reserved: {reserved}")
     if p.moe_classes and any(int(s) == 3 for s in stages):
@@ -270,3 +273,28 @@ def listing() -> list[dict]:
                      "num_experts": p.dims.get("num_experts", 0), "experts_per_token": p.dims.get("experts_per_token", 0),
                      "source": "profile"})
     return rows
+
+
+def profile_for(model: str | None, hf_config: str | None, overrides: dict, spec: ModelSpec):
+    """The profile LoRA and --freeze are computed from: the model's own (a shipped or traced one), a
+    transcribed preset's shipped profile of the same name, a config.json's shipped or traced profile.
+    ValueError where the model has no modules to name (--params, the shape flags) or its base is
+    quantized (QLoRA: bitsandbytes' 4/8-bit layers are not modelled)."""
+    if hf_config is not None:
+        d, file = read_config(hf_config)
+        if d.get("quantization_config"):
+            raise ValueError(f"{file}: quantization_config {d['quantization_config'].get('quant_method', '')!r}: a "
+                             "quantized base (QLoRA, bitsandbytes 4/8-bit) is not modelled; give the unquantized config")
+    if spec.profile is not None:
+        return spec.profile
+    if model is not None and not overrides and model in _profile.shipped():
+        return _profile.shipped_profile(model)
+    if hf_config is not None:
+        d, file = read_config(hf_config)
+        d = _override_config(d, overrides) if overrides else d
+        name = _shipped_match(d)
+        if name is not None:
+            return _profile.shipped_profile(name)
+        return _traced(d, file, file).profile
+    raise ValueError("LoRA and --freeze need the model's modules: give --model NAME or --hf-config config.json "
+                     "(not --params or the shape flags)")

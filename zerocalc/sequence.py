@@ -791,6 +791,10 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     offload)."""
     arch = model.architecture
     s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
+    if model.frozen:
+        # Frozen parameters (LoRA, --freeze): no stream hands gradients for the trained tensors only,
+        # nor shows the adapters' own tensors; the phases' sums answer (`zerocalc.peak`).
+        return False
     if traced(model):
         family = traced_under(model.profile, setup.attention)[1] is not None
     else:

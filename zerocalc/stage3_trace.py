@@ -17,7 +17,7 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import accumulate
 from functools import lru_cache
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil
 
 from zerocalc.model import ModelSpec
@@ -35,6 +35,8 @@ class Stage3Iteration:
     kept_after_forward_elements: int  # padded elements still gathered when forward ends
     copies: bool = False              # N = 1 with parameter offload: each fetch copies a host partition up;
                                       # no collective (DeepSpeed's comms logger shows none)
+    forward_wide_elements: int = 0    # of the gathered elements, those of `ModelSpec.wide` tensors (fp32
+    backward_wide_elements: int = 0   # under zero.Init: `states.wide_stage3_elements`)
 
     def all_gathers(self, phase: str) -> tuple[int, int]:
         """(calls, shard elements) of the all-gathers in 'forward' or 'backward': none when the
@@ -71,7 +73,13 @@ def _walk_setup(setup: Setup) -> Setup:
 
 @lru_cache(maxsize=256)
 def _simulate(model: ModelSpec, walk: Setup, n: int) -> Stage3Iteration:
-    return scaled(model.param_numels, _gathers(model, walk), n)
+    gathers = _gathers(model, walk)
+    it = scaled(model.param_numels, gathers, n)
+    if not model.wide:
+        return it
+    wide = scaled(model.wide_numels(), gathers, n)
+    return replace(it, forward_wide_elements=wide.forward_gather_elements,
+                   backward_wide_elements=wide.backward_gather_elements)
 
 
 def scaled(numels: tuple[int, ...], gathers: tuple, n: int) -> Stage3Iteration:

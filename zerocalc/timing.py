@@ -196,6 +196,15 @@ def flops_per_micro_step(model, setup) -> tuple[float, float]:
     projection, whose saved input is the last tensor the layer saves (torch.utils.checkpoint,
     non-reentrant, early stop on: checked on torch 2.13 CPU by tests/test_validate_models.py).
     A traced model's come from its profile (`traced_flops`)."""
+    fwd, bwd = _full_flops_per_micro_step(model, setup)
+    if model.frozen:
+        # A frozen weight needs no weight gradient: backward drops that half of its work (≈ forward's
+        # matmuls over the frozen share, P_f/P). An estimate; not yet held to measured LoRA steps.
+        bwd -= fwd * model.num_frozen / model.num_params
+    return fwd, bwd
+
+
+def _full_flops_per_micro_step(model, setup) -> tuple[float, float]:
     a = model.architecture
     p = getattr(model, "profile", None)
     if p is not None and p.steps:   # (`step_counts` reads them)
@@ -241,7 +250,7 @@ def lookup_params(a) -> int:
 
 
 def optimizer_elements(model, setup) -> int:
-    part = partition(model.param_numels, setup)
+    part = partition(model.trainable_numels, setup)
     if setup.stage == Stage.DISABLED:
         return part.num_params
     return part.flat_shard if setup.stage < Stage.PARAMETERS else part.stage3_shard
@@ -302,10 +311,10 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         # ZeRO-2 copies each gradient into the bucket in its hook, during backward; ZeRO-1 keeps the
         # gradients and moves them into buckets at the end of backward (stage_1_and_2.py:971), once per
         # step, unless overlap_comm puts it on ZeRO-2's path (stage_1_and_2.py:2290)
-        "grad_hooks": len(model.param_numels) if setup.stage == Stage.GRADIENTS or stage12_overlap else 0,
-        "grad_moves": len(model.param_numels) if setup.stage == Stage.OPTIMIZER_STATES and not stage12_overlap else 0,
+        "grad_hooks": len(model.trainable_numels) if setup.stage == Stage.GRADIENTS or stage12_overlap else 0,
+        "grad_moves": len(model.trainable_numels) if setup.stage == Stage.OPTIMIZER_STATES and not stage12_overlap else 0,
         # the optimizer step walks every parameter tensor in Python (module docstring)
-        "param_tensors": len(model.param_numels),
+        "param_tensors": len(model.trainable_numels),
         # HF Trainer's loop: per micro-step, and its zero_grad over the parameters per optimizer step
         "trainer_micro_steps": gas if setup.hf_trainer else 0,
         "trainer_tensors": len(model.param_numels) if setup.hf_trainer else 0,
