@@ -5,10 +5,7 @@ and every logged collective equals zerocalc's prediction to the byte; and what z
 config alone (`adapters` on the traced profile, what `estimate --hf-config --lora-rank` reads) is the
 tensor list the run recorded. About 45 s on two cores."""
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -17,21 +14,9 @@ pytest.importorskip("peft")
 if shutil.which("deepspeed") is None:
     pytest.skip("DeepSpeed's launcher is not on PATH", allow_module_level=True)
 
+from test_against_deepspeed import run_validate  # noqa: E402  (the same launch: bytes-only steps, every row ok)
+
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_validate(tmp_path, *args):
-    """`python -m validate run --backend cpu ARGS`, bytes-only steps; its rows, every one ok."""
-    import pandas as pd
-    out = tmp_path / "rows.csv"
-    proc = subprocess.run([sys.executable, "-m", "validate", "run", "--backend", "cpu", *args, "--timeout", "1200",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=2400,
-                          env=dict(os.environ, VALIDATE_FEW_STEPS="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    df = pd.read_csv(out)
-    assert (df["outcome"] == "ok").all(), df.loc[df["outcome"] != "ok", ["key", "error"]].to_string()
-    return df
 
 
 def assert_exact(df):
