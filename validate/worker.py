@@ -99,7 +99,8 @@ def _tolerate_unknown_comm_ops():
 
 SNAPSHOT_DIR = os.environ.get("VALIDATE_SNAPSHOT_DIR")   # diagnostics: rank 0's allocator history
 # Which steps it records: "step" (default), the comm-logged steady-state step; "warmup", everything from
-# before the model is built to the end of the warm-up steps, where the reserved peak is usually set.
+# before the model is built to the end of the warm-up steps, where the reserved peak is usually set;
+# "job", from before the build to the job's end or the error that ended it (an emulated card's OOM).
 SNAPSHOT_SCOPE = os.environ.get("VALIDATE_SNAPSHOT_SCOPE", "step")
 # VALIDATE_SNAPSHOT_STACKS=none records sizes and addresses without python stacks: recording stacks
 # has crashed stage-3 + offload + checkpointing jobs (a torch SystemError in an autograd Function).
@@ -141,11 +142,11 @@ def _profiled(key, cuda):
 
 
 @contextlib.contextmanager
-def _memory_history(key, cuda, scope):
-    """With VALIDATE_SNAPSHOT_DIR set and VALIDATE_SNAPSHOT_SCOPE == scope, record every allocation and
+def _memory_history(key, cuda, *scopes):
+    """With VALIDATE_SNAPSHOT_DIR set and VALIDATE_SNAPSHOT_SCOPE one of scopes, record every allocation and
     free of rank 0 during the block and dump torch's memory snapshot to DIR/KEY.pickle (read by
     `python -m validate snapshot`)."""
-    if not (SNAPSHOT_DIR and SNAPSHOT_SCOPE == scope and cuda and int(os.environ.get("RANK", 0)) == 0):
+    if not (SNAPSHOT_DIR and SNAPSHOT_SCOPE in scopes and cuda and int(os.environ.get("RANK", 0)) == 0):
         yield
         return
     torch.cuda.synchronize()
@@ -155,9 +156,9 @@ def _memory_history(key, cuda, scope):
     except (KeyError, TypeError) as err:   # a torch whose snapshot reads differently: keep the history
         start = f"not recorded: {type(err).__name__}: {err}"
     if SNAPSHOT_STACKS == "none":
-        torch.cuda.memory._record_memory_history(max_entries=200_000, context=None)
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None)
     else:
-        torch.cuda.memory._record_memory_history(max_entries=200_000, stacks=SNAPSHOT_STACKS)
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks=SNAPSHOT_STACKS)
     try:
         yield
     finally:
@@ -193,6 +194,13 @@ def _build_hf(job, cfg, seen):
 
 
 def run_job(job, device):
+    """One job's result row (`_run_job`); rank 0's allocator history, where one is asked for, is
+    written even when the job raises (VALIDATE_SNAPSHOT_SCOPE=job: up to the OOM)."""
+    with contextlib.ExitStack() as history:
+        return _run_job(job, device, history)
+
+
+def _run_job(job, device, warmup_history):
     import deepspeed
     import deepspeed.comm as dist
     from deepspeed.comm.comm import comms_logger
@@ -219,8 +227,7 @@ def run_job(job, device):
     # zero_init: parameters born partitioned (deepspeed.zero.Init), as HF Trainer builds stage-3 models.
     init = deepspeed.zero.Init(config_dict_or_path=cfg) if job.get("zero_init") and job["stage"] == 3 \
         and not job.get("hf") else contextlib.nullcontext()
-    warmup_history = contextlib.ExitStack()   # closed after the warm-up steps (an error: see main)
-    warmup_history.enter_context(_memory_history(job["key"], cuda, "warmup"))
+    warmup_history.enter_context(_memory_history(job["key"], cuda, "warmup", "job"))
     hf_seen = {}
     if job.get("hf"):
         model = _build_hf(job, cfg, hf_seen)
@@ -279,7 +286,8 @@ def run_job(job, device):
         keep_losses(optimizer_step(record=False))
         if i == 0:
             host_rec.mark("first_step")
-    warmup_history.close()
+    if SNAPSHOT_SCOPE != "job":
+        warmup_history.close()
     # One steady-state step with the comms logger on (it synchronizes after every op).
     comms_logger.reset_data()
     comms_logger.enabled = True
@@ -409,7 +417,7 @@ def main(jobs_path, out_dir):
             else:
                 result = run_job(job, device)
         except torch.cuda.OutOfMemoryError as err:
-            result = {"outcome": "oom", "error": f"at {WHERE['at']}: " + str(err).splitlines()[0][:300],
+            result = {"outcome": "oom", "error": f"at {WHERE['at']}: " + str(err).splitlines()[0][:1000],
                       "oom_at": WHERE["at"]}
             failure = traceback.format_exc()
         except Exception as err:  # noqa: BLE001  -- recorded as the job's outcome; the sweep goes on
