@@ -124,12 +124,16 @@ def test_overlap_comm_doubles_the_bucket_and_reduces_on_its_own_stream():
     2 x 5e8 B each), alive together through backward; the reduction stream's pool (3) takes the
     bucket's flatten (TINY's P = 53,952 gradients in one bucket spanning both ranks: 2·P B) and rank
     0's partition gradients, every parameter overlapping its slice [0, 26,976) whole (embedding 6400,
-    q, k, v, o 4·4096, gate 8192: 30,976) or, as sized for the busiest rank, rank 1's (gate, up,
-    down 3·8192, the norms 3·64, head 6400: 31,168 elements, 2 B each). Stage 1 with overlap_comm
-    takes stage 2's path: the same events. Afterwards the same model states stay."""
+    q, k, v, o 4·4096, gate 8192: 30,976 elements, 2 B each); rank 1's are its own (gate, up, down
+    3·8192, the norms 3·64, head 6400: 31,168), and it is simulated too, the busier of the two
+    (`simulated_ranks`). Stage 1 with overlap_comm takes stage 2's path: the same events.
+    Afterwards the same model states stay."""
     tiny = from_architecture(TINY)
     events = sequence.events(tiny, setup(2, 2, overlap_comm=True), steps=1)
-    assert [e[2] for e in events if e[0] == "alloc" and e[3] == 3] == [2 * P, 2 * 31_168]
+    assert [e[2] for e in events if e[0] == "alloc" and e[3] == 3] == [2 * P, 2 * 30_976]
+    rank1 = sequence.events(tiny, setup(2, 2, overlap_comm=True), steps=1, rank=1)
+    assert [e[2] for e in rank1 if e[0] == "alloc" and e[3] == 3] == [2 * P, 2 * 31_168]
+    assert sequence.simulated_ranks(tiny, setup(2, 2)) == (0, 1)
     buckets = [e[1] for e in events if e[0] == "alloc" and e[2] == 2 * 500_000_000]
     assert len(buckets) == 2 and buckets[1] == buckets[0] + 1
     assert sequence.events(tiny, setup(1, 2, overlap_comm=True)) == sequence.events(tiny, setup(2, 2, overlap_comm=True))
@@ -485,14 +489,48 @@ def test_the_allocators_verdict_on_a_generated_job_is_the_whole_replays():
     from zerocalc import fits
     model = from_architecture(Architecture("hf-llama", 32000, 1024, 4, 8, 8, 4096, False))
     s = Setup(stage=Stage.PARAMETERS, dp=2, seq_len=512)
-    jobs, events = fits.job_pieces(model, s), sequence.events(model, s)
-    least, reserved = fits.least_allocated_bytes(jobs), allocator.replay(events).peak_reserved_bytes
+    jobs, events = fits.with_late_frees(fits.job_pieces(model, s)), sequence.events(model, s)
+    assert [delay for _, delay, _ in jobs] == list(fits.GATHER_FREE_DELAYS)
+    on_time = [j for j in jobs if not j[1]]
+    least, reserved = fits.least_allocated_bytes(on_time), allocator.replay(events).peak_reserved_bytes
     seen = set()
     for capacity in range(least - least % (2 * MiB), reserved + 1, 64 * MiB):
-        a, whole = fits.at_capacity(jobs, False, capacity), allocator.replay(events, capacity_bytes=capacity)
+        a, whole = fits.at_capacity(on_time, False, capacity), allocator.replay(events, capacity_bytes=capacity)
         assert (a.oom, a.alloc_retries) == (whole.oom, whole.alloc_retries)
         seen.add((a.runs, a.alloc_retries > 0))
     assert {(True, True), (False, True)} <= seen
+
+
+def test_late_frees_move_only_the_all_gather_streams_frees():
+    """`fits.late_frees` with a delay of 1: the free of h1 (made on the all-gather stream, 1) waits for
+    one more allocation (h2) and comes after it; h2's free (stream 0) stays where it is; h3's free,
+    due after an allocation that never comes in its piece, waits into the next piece and, with none
+    after it, ends the job. The handles each piece had made before it are kept."""
+    from zerocalc import fits
+    g = sequence.GATHER_STREAM
+    pieces = (([("alloc", 1, 10, g), ("free", 1), ("alloc", 2, 10, 0), ("free", 2), ("alloc", 3, 10, g), ("free", 3)], 0),
+              ([("alloc", 4, 10, 0), ("free", 4), ("alloc", 5, 10, g), ("free", 5)], 3))
+    assert fits.late_frees(pieces, 1) == (
+        ([("alloc", 1, 10, g), ("alloc", 2, 10, 0), ("free", 1), ("free", 2), ("alloc", 3, 10, g)], 0),
+        ([("alloc", 4, 10, 0), ("free", 3), ("free", 4), ("alloc", 5, 10, g), ("free", 5)], 3))
+    assert fits.late_frees(pieces, 0) == tuple((list(e), last) for e, last in pieces)
+
+
+def test_a_job_that_runs_only_with_frees_on_time_does_not_fit():
+    """Two 100 MiB blocks of the all-gather stream one after the other, the first freed before the
+    second is made. On time the second takes the first's cached block: 100 MiB reserved, it runs on a
+    150 MiB card. Freed one allocation late, the first is still held when the second is asked for: a
+    second 100 MiB segment, past 150 MiB, and the retry finds no whole free segment to return (the only
+    one is held): OOM. So it runs under one timing and not the other: timing-dependent, not fits."""
+    from zerocalc import fits
+    g = sequence.GATHER_STREAM
+    pieces = (([], 0), ([("alloc", 1, 100 * MiB, g), ("free", 1), ("alloc", 2, 100 * MiB, g), ("free", 2)], 0))
+    jobs = ((0, 0, pieces), (0, 1, fits.late_frees(pieces, 1)))
+    a = fits.at_capacity(jobs, False, 150 * MiB)
+    assert not a.runs and a.timing_dependent and a.delays_run == (0,) and a.oom_delay == 1 and a.pressed
+    assert a.oom.segment_bytes == 100 * MiB and a.oom.reserved_bytes == 100 * MiB and a.oom_phase == "step 1"
+    assert fits.at_capacity(jobs, False, 200 * MiB).runs
+    assert fits.smallest_capacity_bytes(jobs, False, 150 * MiB, 300 * MiB) == 200 * MiB
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -204,6 +204,15 @@ def predicted_reserved(e, row: dict, replayed: int | None = None) -> int:
     return sequence.peak_reserved_bytes(e.model, e.setup, fresh_process=False)
 
 
+def rank0_peaks(e, row: dict) -> tuple[int, int]:
+    """Rank 0's simulated (allocated, reserved) peaks, for a fake world's row (`estimate` answers the
+    busiest rank's, `sequence.simulated_ranks`): a fresh process, or a later job's as
+    `predicted_reserved` makes it."""
+    base = row.get("measured_base_allocated_bytes")
+    fresh = pd.isna(base) or base < sequence.CUBLAS_WORKSPACE_BYTES
+    return sequence.peaks_bytes(e.model, e.setup, fresh_process=fresh, ranks=(0,))
+
+
 def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFrame:
     """Add now_* columns: the current zerocalc's prediction for each row. `every`: all rows of the
     files, failed ones included, to find the jobs that ran before each row in its process."""
@@ -231,9 +240,13 @@ def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFra
         for k, v in (("now_step_s", "step_s"), ("now_forward_s", "forward_s"), ("now_backward_s", "backward_s"),
                      ("now_step_phase_s", "optimizer_s")):
             cols[k].append(getattr(t, v) if t else float("nan"))
+        allocated, reserved = e.peak_bytes, predicted_reserved(e, r.to_dict(), replays.get(i))
+        if r.get("world") == "fake" and e.simulated_peaks_bytes is not None:   # only its rank 0 is measured
+            allocated, rank0_reserved = rank0_peaks(e, r.to_dict())
+            reserved = replays[i] if replays.get(i) is not None else rank0_reserved
         for k, v in (("now_state_bytes", predicted_state_bytes(e, r["backend"])), ("now_comm_bytes", e.comm_bytes),
-                     ("now_peak_allocated_bytes", e.peak_bytes),
-                     ("now_peak_reserved_bytes", predicted_reserved(e, r.to_dict(), replays.get(i))),
+                     ("now_peak_allocated_bytes", allocated),
+                     ("now_peak_reserved_bytes", reserved),
                      ("now_reserved_source", e.reserved_source),
                      ("now_peak_phase", e.peak.name), ("now_host_bytes", e.states.cpu_bytes)):
             cols[k].append(v)
@@ -793,6 +806,7 @@ def card_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     now (`Estimate.fits_device` at `gpu_memory_bytes` = the capacity + the calibrated context) beside
     what the job did: ran (`ok`) or raised OutOfMemoryError (`oom`, and where: `oom_at`). Columns:
     key, card_gib, capacity_bytes, predicted_fits, headroom_bytes, fits_source, outcome, oom_at,
+    timing_dependent (runs under some timings of stage 3's late frees, not all: `zerocalc.fits`),
     agrees; `need_bytes` is the capacity less the headroom (the least the job runs in, predicted)."""
     from zerocalc import calibration
     context = calibration.default().get("device", {}).get("context_bytes", 0)
@@ -808,5 +822,6 @@ def card_verdicts(df: pd.DataFrame) -> pd.DataFrame:
                     "need_bytes": int(cap) - e.headroom_bytes, "fits_source": e.fits_source,
                     "outcome": r["outcome"], "oom_at": r.get("oom_at", ""),
                     "retries": r.get("measured_alloc_retries"),
+                    "timing_dependent": bool(e.at_capacity is not None and e.at_capacity.timing_dependent),
                     "agrees": bool(e.fits_device) == (r["outcome"] == "ok")})
     return pd.DataFrame(out)

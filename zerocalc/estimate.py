@@ -113,7 +113,10 @@ class Estimate:
         with sequence.cycle_collector_paused():
             jobs = fits.job_pieces(self.model, self.setup)
             peaks = fits.unbounded_peaks_bytes(jobs, expandable)
-            at = fits.at_capacity(jobs, expandable, capacity) if peaks[1] > capacity else None
+            if peaks[1] * fits.LATE_REPLAY_MARGIN > capacity:   # near the card: the frees' timings too
+                jobs = fits.with_late_frees(jobs)
+            late = any(delay for _, delay, _ in jobs)
+            at = fits.at_capacity(jobs, expandable, capacity) if peaks[1] > capacity or late else None
             del jobs
         return peaks, at
 
@@ -177,8 +180,12 @@ class Estimate:
     @property
     def _replayed_at_capacity(self) -> bool:
         """Whether the verdict needs the sequence replayed against the card: simulated, and its
-        reserved past the capacity (at or under it no cudaMalloc fails and nothing is retried)."""
-        return self.fits_source == "allocator" and self.peak_reserved_bytes > self.device_capacity_bytes
+        reserved past the capacity under some timing of the frees (at or under it no cudaMalloc fails
+        and nothing is retried)."""
+        if self.fits_source != "allocator":
+            return False
+        at = self._simulation[1]
+        return self.peak_reserved_bytes > self.device_capacity_bytes or (at is not None and at.pressed)
 
     @property
     def at_capacity(self) -> "fits.AtCapacity | None":
@@ -198,8 +205,9 @@ class Estimate:
     def fits_device(self) -> bool | None:
         """Whether the GPU holds the job. Simulated ("allocator", `fits_source`): its predicted
         allocated peak fits the capacity and the caching allocator runs the sequence there without
-        OOM, freeing its cache and retrying where a cudaMalloc fails as torch does (`zerocalc.fits`);
-        where the unbounded replay's reserved fits, that is so without a replay. Otherwise ("ratio"):
+        OOM under every timing of stage 3's late frees, freeing its cache and retrying where a
+        cudaMalloc fails as torch does (`zerocalc.fits`); where the unbounded replays' reserved fits,
+        that is so without retries. Otherwise ("ratio"):
         `device_bytes` within the card."""
         if self.gpu_memory_bytes is None:
             return None
@@ -216,16 +224,18 @@ class Estimate:
         without the bisection. By the ratio ("ratio"), the card less `device_bytes`."""
         if not self._replayed_at_capacity:
             return None if self.gpu_memory_bytes is None else self.gpu_memory_bytes - self.device_bytes
-        from zerocalc import fits, sequence
+        from zerocalc import allocator, fits, sequence
         capacity, expandable, at = self.device_capacity_bytes, self.setup.expandable_segments, self.at_capacity
         with sequence.cycle_collector_paused():       # the job made again (`_simulation` dropped it)
-            job = fits.job_pieces(self.model, self.setup)
+            job = fits.with_late_frees(fits.job_pieces(self.model, self.setup))
             below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
             if at.runs:
                 smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)
-            else:   # it runs at the unbounded reserved; tried first: what the request it ran out on needed
-                smallest = fits.smallest_capacity_bytes(job, expandable, max(capacity, below),
-                                                        self.simulated_reserved_bytes, at.oom.demand_bytes)
+            else:   # it runs at the unbounded reserved (every timing's); tried first: what the request it ran out on needed
+                running = max(capacity + allocator.CAPACITY_GRID_BYTES,
+                              fits.unbounded_peaks_bytes(job, expandable, every_timing=True)[1])
+                smallest = fits.smallest_capacity_bytes(job, expandable, max(capacity, below), running,
+                                                        at.oom.demand_bytes)
             del job
         return capacity - max(smallest, self.peak_bytes)
 
@@ -354,6 +364,7 @@ class Estimate:
             "headroom_is_lower_bound": self.headroom_is_lower_bound,
             "alloc_retries": self.alloc_retries,
             "oom": self.at_capacity.oom_dict() if self.at_capacity else None,
+            "oom_depends_on_timing": bool(self.at_capacity and self.at_capacity.timing_dependent),
             "time": None if self.time is None else self.time.as_dict(),
         }
 

@@ -86,14 +86,20 @@ def _partition(numels, n, param_threshold, model_threshold, sub_group_size) -> P
 
 
 def max_grads_in_partition(numels: tuple[int, ...], setup: Setup) -> int:
-    return _max_grads_in_partition(numels, setup.dp)
+    """G_in of the busiest rank (`grads_in_partition`)."""
+    return max(_grads_in_partition(numels, setup.dp))
+
+
+def grads_in_partition(numels: tuple[int, ...], setup: Setup, rank: int) -> int:
+    """G_in: the elements of `rank`'s `grads_in_partition` at stages 1/2. Each rank keeps the gradient
+    of every parameter that overlaps its flat slice, whole (`stage_1_and_2.py`,
+    `copy_grads_in_partition`), so a rank whose slice cuts through a large tensor holds all of it."""
+    return _grads_in_partition(numels, setup.dp)[rank]
 
 
 @lru_cache(maxsize=256)
-def _max_grads_in_partition(numels: tuple[int, ...], n: int) -> int:
-    """G_in: the most elements any rank's `grads_in_partition` spans at stages 1/2. Each rank keeps the
-    gradient of every parameter that overlaps its flat slice, whole (`stage_1_and_2.py`,
-    `copy_grads_in_partition`), so a rank whose slice cuts through a large tensor holds all of it."""
+def _grads_in_partition(numels: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """`grads_in_partition` of every rank."""
     shard = _partition(numels, n, 0, 0, 1).flat_shard
     per_rank = [0] * n
     start = 0
@@ -102,4 +108,4 @@ def _max_grads_in_partition(numels: tuple[int, ...], n: int) -> int:
         for r in range(first, last + 1):
             per_rank[r] += x
         start += x
-    return max(per_rank)
+    return tuple(per_rank)

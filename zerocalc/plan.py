@@ -65,7 +65,8 @@ def rejection(e: Estimate, how: str = "") -> str | None:
     if e.fits_device is False and oom is not None:
         a = e.at_capacity
         rank = f", rank {a.oom_rank}" if a.oom_rank else ""
-        reasons.append(f"allocator: OOM at {a.oom_phase} (event {oom.event}{rank}): a {oom.segment_bytes / 2**30:.2f} "
+        late = f", frees {a.oom_delay} allocations late" if a.oom_delay else ""
+        reasons.append(f"allocator: OOM at {a.oom_phase} (event {oom.event}{rank}{late}): a {oom.segment_bytes / 2**30:.2f} "
                        f"GiB cudaMalloc with {oom.reserved_bytes / 2**30:.1f} "
                        f"GiB reserved, {oom.allocated_bytes / 2**30:.1f} allocated, after freeing the cache; "
                        f"{a.capacity_bytes / 2**30:.1f} GiB of {e.gpu_memory_bytes / 2**30:.1f} left to it")

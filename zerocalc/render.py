@@ -71,8 +71,9 @@ def _fits_note(estimates) -> list[str]:
         " (where simulated; else reserved + CUDA context/NCCL <= --gpu-memory)"
     return ["fits = reserved + CUDA context/NCCL <= --gpu-memory, or else the job's allocation sequence runs on",
             f"--gpu-memory less CUDA context/NCCL without OOM{where}, the allocator freeing its cached segments",
-            "and retrying where a cudaMalloc fails, as PyTorch's does (tight: runs only thanks to those retries,",
-            "or not at the worst miss of the reserved prediction measured, which can OOM);"]
+            "and retrying where a cudaMalloc fails, as PyTorch's does, stage 3's gathered parameters freed on",
+            "time or late (tight: runs only thanks to those retries, or not at the worst miss of the reserved",
+            "prediction measured, which can OOM);"]
 
 
 def _fits_on(e) -> str:
@@ -155,6 +156,12 @@ def as_table(estimates, host_note: str | None = None, explain: bool = False) -> 
     if e0.host_memory_bytes is not None:
         lines.append(f"Host memory: {gib(e0.host_memory_bytes):.0f} GiB per node"
                      + (f" ({host_note})" if host_note else "") + ".")
+    for e in estimates:
+        if e.at_capacity is not None and e.at_capacity.timing_dependent:
+            lines += [f"stage {e.setup.stage:d}: NO (GPU): it runs with the all-gather stream's frees on time, not "
+                      f"{e.at_capacity.oom_delay} allocations late;",
+                      f"  whether such a job runs out depends on the GPU's timing; {-e.headroom_bytes / 2**30:.2f} GiB "
+                      "more runs under every timing."]
     tight = [e for e in estimates if e.fits and not e.fits_worst_case and not e.setup.expandable_segments]
     if tight:
         lines.append("tight: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lowered reserved on every H200 "

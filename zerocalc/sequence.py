@@ -43,7 +43,7 @@ from zerocalc import allocator
 from zerocalc.allocator import Replay, replay
 from zerocalc.comm import stage0_allreduce_bucket_tensors
 from zerocalc.model import ModelSpec
-from zerocalc.partition import max_grads_in_partition, partition, persistent_mask, sub_groups
+from zerocalc.partition import grads_in_partition, partition, persistent_mask, sub_groups
 from zerocalc.profile import traced_under
 from zerocalc.training import Setup, Stage
 
@@ -407,17 +407,21 @@ def _overlap(start: int, numel: int, shard: int, rank: int) -> int:
     return max(0, min((rank + 1) * shard, start + numel) - max(rank * shard, start))
 
 
-def offload_ranks(model: ModelSpec, setup: Setup) -> tuple[int, ...]:
-    """The ranks whose sequences differ enough to simulate: rank 0, and at stages 1/2 with optimizer
-    offload the rank with the largest piece of one gradient in its slice (its fp64 norm copy is the
-    largest transient; the measured reserved is the busiest rank's)."""
-    if setup.offload_optimizer == "none" or setup.stage == Stage.PARAMETERS or setup.dp == 1:
+def simulated_ranks(model: ModelSpec, setup: Setup) -> tuple[int, ...]:
+    """The ranks whose sequences differ enough to simulate (the busiest decides a job's peaks): rank 0;
+    at stages 1/2, the rank whose `grads_in_partition` is largest (its copy of every gradient that
+    overlaps its slice, whole); with optimizer offload the rank with the largest piece of one gradient
+    in its slice (its fp64 norm copy is the largest transient)."""
+    if setup.stage in (Stage.DISABLED, Stage.PARAMETERS) or setup.dp == 1:
         return (0,)
-    part = partition(model.param_numels, setup)
-    offsets = _flat_offsets(model.param_numels)
-    biggest = max(range(setup.dp), key=lambda r: max(_overlap(o, n, part.flat_shard, r)
-                                                     for o, n in zip(offsets, model.param_numels)))
-    return tuple(sorted({0, biggest}))
+    g_in = [grads_in_partition(model.param_numels, setup, r) for r in range(setup.dp)]
+    ranks = {0, max(range(setup.dp), key=g_in.__getitem__)}
+    if setup.offload_optimizer != "none":
+        part = partition(model.param_numels, setup)
+        offsets = _flat_offsets(model.param_numels)
+        ranks.add(max(range(setup.dp), key=lambda r: max(_overlap(o, n, part.flat_shard, r)
+                                                         for o, n in zip(offsets, model.param_numels))))
+    return tuple(sorted(ranks))
 
 
 class _Stage:
@@ -514,8 +518,8 @@ class _Stage:
     def _reduce(self) -> None:
         """average_tensor: the bucket's slices go to their ranks; slices for more than one rank are
         flattened into one tensor first (`allreduce_bucket`; a single slice is reduced in place).
-        Rank 0 copies its gradients out at the first reduction that holds any (`copy_grads_in_partition`:
-        every parameter overlapping the slice, whole; sized for the busiest rank)."""
+        The rank copies its gradients out at the first reduction that holds any (`copy_grads_in_partition`:
+        every parameter overlapping its slice, whole)."""
         if len(self.bucket_ranks) > 1:
             self.t.free(self.t.alloc(self.setup.comm_bytes * self.bucket_fill, self.reduce_stream))
         if self.offload:
@@ -526,10 +530,10 @@ class _Stage:
                 if k:
                     self.t.free(self.t.alloc(8 * k))
                     self.t.free(self.t.alloc(4 * k))
-        elif 0 in self.bucket_ranks:
+        elif self.rank in self.bucket_ranks:
             # With gradient accumulation (stage 2) the first micro-step's buffer accumulates; each later
             # micro-step copies into a buffer of its own, added in and freed by its epilogue.
-            numel = max_grads_in_partition(self.model.param_numels, self.setup)
+            numel = grads_in_partition(self.model.param_numels, self.setup, self.rank)
             if self.partition_grads is None:
                 self.partition_grads = self.t.alloc(self.b * numel, self.reduce_stream)
             elif self.micro_grads is None and self.setup.stage == Stage.GRADIENTS and self.later_micro_step:
@@ -584,14 +588,9 @@ class _Stage:
             return
         if self.offload:              # the host's step; the norm was taken at the reduction
             return
-        # get_grad_norm_direct: an fp64 copy of each of the rank's gradient pieces in turn (rank 0's:
-        # the first S elements of the flat group).
-        pieces, left = [], s
-        for n in self.model.param_numels:
-            pieces.append(min(n, left))
-            left -= pieces[-1]
-            if left <= 0:
-                break
+        # get_grad_norm_direct: an fp64 copy of each of the rank's gradient pieces in turn (the parts
+        # of the flat group's parameters in its slice).
+        pieces = [k for o, n in zip(self.offsets, self.model.param_numels) if (k := _overlap(o, n, s, self.rank))]
         for n in pieces:
             t.free(t.alloc(8 * n))
         flat = t.alloc(b * s)                         # flatten the partition gradients
@@ -603,6 +602,9 @@ class _Stage:
         t.free(cast)
 
 
+GATHER_STREAM = 1     # stage 3's all-gather stream: the coordinator's fetched parameters live in its pool
+
+
 class _Stage3:
     """DeepSpeed's ZeRO-3, without offload or with the optimizer's, as the H200 histories record it
     (`data/snapshots/t4-warmup/*-s3-*`, `t5-offload/*-s3-*`; DeepSpeed 0.19.8 `runtime/zero/stage3.py`,
@@ -610,7 +612,7 @@ class _Stage3:
 
     NORM_CHUNK = 250_000_000   # _constant_buffered_norm2 takes a gradient's norm in chunks of this many elements
 
-    GATHER_STREAM = 1     # the coordinator's all-gather stream: fetched parameters live in its pool
+    GATHER_STREAM = GATHER_STREAM
     REDUCE_STREAM = 2     # reduce_and_partition_stream: the bucket's flatten, the fp16 overflow check
 
     def __init__(self, t: _Trace, model: ModelSpec, setup: Setup):
@@ -901,14 +903,15 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
         yield t, workspaces
 
 
-def peaks_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> tuple[int, int] | None:
+def peaks_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True,
+                ranks: tuple[int, ...] | None = None) -> tuple[int, int] | None:
     """(`max_memory_allocated()`, `max_memory_reserved()`) of the generated sequence through the
     allocator simulation (the allocator `setup.expandable_segments` says) on the busiest rank
-    (`offload_ranks`), None where no sequence is generated. Allocated counts whole blocks, as torch
-    does: a request that takes a cached block without splitting it holds all of it."""
+    (`simulated_ranks`, or of `ranks`), None where no sequence is generated. Allocated counts whole
+    blocks, as torch does: a request that takes a cached block without splitting it holds all of it."""
     if not generated(model, setup):
         return None
-    replays = [_replay_to_steady_state(model, setup, fresh_process, r) for r in offload_ranks(model, setup)]
+    replays = [_replay_to_steady_state(model, setup, fresh_process, r) for r in ranks or simulated_ranks(model, setup)]
     return max(r.peak_allocated_bytes for r in replays), max(r.peak_reserved_bytes for r in replays)
 
 
