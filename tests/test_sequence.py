@@ -125,15 +125,16 @@ def test_overlap_comm_doubles_the_bucket_and_reduces_on_its_own_stream():
     bucket's flatten (TINY's P = 53,952 gradients in one bucket spanning both ranks: 2·P B) and rank
     0's partition gradients, every parameter overlapping its slice [0, 26,976) whole (embedding 6400,
     q, k, v, o 4·4096, gate 8192: 30,976 elements, 2 B each); rank 1's are its own (gate, up, down
-    3·8192, the norms 3·64, head 6400: 31,168), and it is simulated too, the busier of the two
-    (`simulated_ranks`). Stage 1 with overlap_comm takes stage 2's path: the same events.
+    3·8192, the norms 3·64, head 6400: 31,168): the busier, whose replay gives the job's peaks, rank 0
+    replayed beside it for a verdict on a card (`simulated_ranks`). Stage 1 with overlap_comm takes stage 2's path: the same events.
     Afterwards the same model states stay."""
     tiny = from_architecture(TINY)
     events = sequence.events(tiny, setup(2, 2, overlap_comm=True), steps=1)
     assert [e[2] for e in events if e[0] == "alloc" and e[3] == 3] == [2 * P, 2 * 30_976]
     rank1 = sequence.events(tiny, setup(2, 2, overlap_comm=True), steps=1, rank=1)
     assert [e[2] for e in rank1 if e[0] == "alloc" and e[3] == 3] == [2 * P, 2 * 31_168]
-    assert sequence.simulated_ranks(tiny, setup(2, 2)) == (0, 1)
+    assert sequence.simulated_ranks(tiny, setup(2, 2)) == (1,)
+    assert sequence.simulated_ranks(tiny, setup(2, 2), every=True) == (0, 1)
     buckets = [e[1] for e in events if e[0] == "alloc" and e[2] == 2 * 500_000_000]
     assert len(buckets) == 2 and buckets[1] == buckets[0] + 1
     assert sequence.events(tiny, setup(1, 2, overlap_comm=True)) == sequence.events(tiny, setup(2, 2, overlap_comm=True))
@@ -489,7 +490,7 @@ def test_the_allocators_verdict_on_a_generated_job_is_the_whole_replays():
     from zerocalc import fits
     model = from_architecture(Architecture("hf-llama", 32000, 1024, 4, 8, 8, 4096, False))
     s = Setup(stage=Stage.PARAMETERS, dp=2, seq_len=512)
-    jobs, events = fits.with_late_frees(fits.job_pieces(model, s)), sequence.events(model, s)
+    jobs, events = fits.near_card(model, s, fits.job_pieces(model, s)), sequence.events(model, s)
     assert [delay for _, delay, _ in jobs] == list(fits.GATHER_FREE_DELAYS)
     on_time = [j for j in jobs if not j[1]]
     least, reserved = fits.least_allocated_bytes(on_time), allocator.replay(events).peak_reserved_bytes

@@ -113,10 +113,10 @@ class Estimate:
         with sequence.cycle_collector_paused():
             jobs = fits.job_pieces(self.model, self.setup)
             peaks = fits.unbounded_peaks_bytes(jobs, expandable)
-            if peaks[1] * fits.LATE_REPLAY_MARGIN > capacity:   # near the card: the frees' timings too
-                jobs = fits.with_late_frees(jobs)
-            late = any(delay for _, delay, _ in jobs)
-            at = fits.at_capacity(jobs, expandable, capacity) if peaks[1] > capacity or late else None
+            near = peaks[1] * fits.LATE_REPLAY_MARGIN > capacity   # near the card: every rank and timing
+            if near:
+                jobs = fits.near_card(self.model, self.setup, jobs)
+            at = fits.at_capacity(jobs, expandable, capacity) if near else None
             del jobs
         return peaks, at
 
@@ -227,7 +227,7 @@ class Estimate:
         from zerocalc import allocator, fits, sequence
         capacity, expandable, at = self.device_capacity_bytes, self.setup.expandable_segments, self.at_capacity
         with sequence.cycle_collector_paused():       # the job made again (`_simulation` dropped it)
-            job = fits.with_late_frees(fits.job_pieces(self.model, self.setup))
+            job = fits.near_card(self.model, self.setup, fits.job_pieces(self.model, self.setup))
             below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
             if at.runs:
                 smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)

@@ -63,16 +63,22 @@ class AtCapacity(NamedTuple):
 
 def job_pieces(model: ModelSpec, setup: Setup) -> tuple[tuple[int, int, tuple], ...]:
     """(rank, 0, its pieces) for each simulated rank (`sequence.step_pieces`: init, then each step),
-    generated once for the several replays a verdict and its headroom take; `with_late_frees` adds
-    the other timings."""
+    generated once for the several replays a verdict and its headroom take; `near_card` adds the
+    other ranks and timings a verdict on a card needs."""
     with sequence.cycle_collector_paused():
         return tuple((r, 0, tuple(sequence.step_pieces(model, setup, rank=r)))
                      for r in sequence.simulated_ranks(model, setup))
 
 
-def with_late_frees(jobs) -> tuple[tuple[int, int, tuple], ...]:
-    """`job_pieces` and, where a job has an all-gather stream (stage 3), its pieces under each later
-    timing of `GATHER_FREE_DELAYS` (`late_frees`)."""
+def near_card(model: ModelSpec, setup: Setup, jobs) -> tuple[tuple[int, int, tuple], ...]:
+    """`job_pieces` (`jobs`, made already) with every rank that can run out first
+    (`sequence.simulated_ranks(every=True)`) and, where a job has an all-gather stream (stage 3), its
+    pieces under each later timing of `GATHER_FREE_DELAYS` (`late_frees`): what a verdict on a card
+    replays."""
+    made = {r for r, _, _ in jobs}
+    with sequence.cycle_collector_paused():
+        jobs = tuple(jobs) + tuple((r, 0, tuple(sequence.step_pieces(model, setup, rank=r)))
+                                   for r in sequence.simulated_ranks(model, setup, every=True) if r not in made)
     out = []
     for r, _, pieces in jobs:
         out.append((r, 0, pieces))

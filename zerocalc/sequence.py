@@ -407,20 +407,25 @@ def _overlap(start: int, numel: int, shard: int, rank: int) -> int:
     return max(0, min((rank + 1) * shard, start + numel) - max(rank * shard, start))
 
 
-def simulated_ranks(model: ModelSpec, setup: Setup) -> tuple[int, ...]:
-    """The ranks whose sequences differ enough to simulate (the busiest decides a job's peaks): rank 0;
-    at stages 1/2, the rank whose `grads_in_partition` is largest (its copy of every gradient that
-    overlaps its slice, whole); with optimizer offload the rank with the largest piece of one gradient
-    in its slice (its fp64 norm copy is the largest transient)."""
+def simulated_ranks(model: ModelSpec, setup: Setup, every: bool = False) -> tuple[int, ...]:
+    """The ranks whose sequences decide a job's peaks (the busiest's): rank 0 where every rank's is
+    alike (stages 0 and 3, N = 1); at stages 1/2 the rank whose `grads_in_partition` is largest (its
+    copy of every gradient that overlaps its slice, whole), and with optimizer offload rank 0 and the
+    rank with the largest piece of one gradient in its slice (its fp64 norm copy is the largest
+    transient). every: rank 0 as well, for a verdict on a card, where any rank's OOM ends the job (a
+    rank's gradients are copied out when its slice's bucket is reduced: rank 0's last, into a fuller
+    cache; on an emulated 48 GB card rank 0 of an 8B stage-1 job ran out where the busiest's replay
+    ran, data/h200-cards-48-n8.csv)."""
     if setup.stage in (Stage.DISABLED, Stage.PARAMETERS) or setup.dp == 1:
         return (0,)
-    g_in = [grads_in_partition(model.param_numels, setup, r) for r in range(setup.dp)]
-    ranks = {0, max(range(setup.dp), key=g_in.__getitem__)}
+    ranks = {max(range(setup.dp), key=lambda r: grads_in_partition(model.param_numels, setup, r))}
     if setup.offload_optimizer != "none":
         part = partition(model.param_numels, setup)
         offsets = _flat_offsets(model.param_numels)
         ranks.add(max(range(setup.dp), key=lambda r: max(_overlap(o, n, part.flat_shard, r)
                                                          for o, n in zip(offsets, model.param_numels))))
+    if every or setup.offload_optimizer != "none":
+        ranks.add(0)
     return tuple(sorted(ranks))
 
 
