@@ -93,6 +93,22 @@ def traced_layers_bytes(model: ModelSpec, setup: Setup) -> float | None:
     return acts["bytes_per_token"] * b * s + acts["bytes_per_sequence_squared"] * b * s * s
 
 
+def frozen_delta_bytes(model: ModelSpec, setup: Setup) -> int:
+    """What the layers keep beyond a full fine-tune where weights are frozen or LoRA adapts them
+    (`adapters.kept_delta_bytes_per_token`: frozen linears and norms keep less, LoRA's targets keep
+    their adapters' inputs and outputs); 0 for a model that trains every weight or has no profile."""
+    if not model.frozen or model.profile is None:
+        return 0
+    from zerocalc import adapters
+    from zerocalc.states import wide_stage3_elements
+    from zerocalc.training import Stage
+    wide = wide_stage3_elements(model, setup) != (0, 0)      # PEFT's fp32 adapters kept fp32 under zero.Init
+    zero_init = setup.zero_init and setup.stage == Stage.PARAMETERS
+    per_token = adapters.kept_delta_bytes_per_token(model.profile, model.trainable, setup.param_bytes,
+                                                    4 if wide else setup.param_bytes, zero_init)
+    return per_token * setup.micro_batch * setup.seq_len
+
+
 def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activations | None:
     arch = model.architecture
     if arch is None or setup.seq_len is None:
@@ -107,6 +123,7 @@ def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activa
         # The head's kept tensors (final norm, soft-capping's tanh over the vocabulary): kept, like the
         # log-probabilities, until the loss path's backward, gone before the last layer's.
         head = int(traced_activations(model, setup).get("head_bytes_per_token", 0) * tokens)
+    layer += frozen_delta_bytes(model, setup) / arch.num_layers
     if setup.activation_checkpointing:
         kept_layers = arch.num_layers * b * tokens * coef.get("checkpoint_h", 1.0) * arch.hidden_size
         recompute = layer

@@ -338,3 +338,128 @@ def spec(p: Profile, lora: Lora | None = None, freeze: tuple[str, ...] = (), nam
         label += " (frozen: " + ", ".join(freeze) + ")"
     s = to_model_spec(p, label, z3_leaf_moe=z3_leaf_moe, wrapper=wrapper)
     return replace(s, trainable=trainable, wide=wide)
+
+
+# ---------------------------------------------------------------- what LoRA and a frozen base keep for backward
+
+MASK_BYTES = 1       # CUDA's fused dropout (`native_dropout`) keeps a bool mask; the CPU kernel a mask of the input's dtype
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """One Linear call of a layer as the kept-bytes walk sees it."""
+    parent: str          # the module calling it ("model.layers.0.self_attn")
+    fan_in: int
+    trains: bool         # its own weight requires grad (a full fine-tune's linear)
+    rank: int = 0        # LoRA's rank (0: not wrapped)
+    dropout: bool = False
+    attention_output: bool = False   # an attention's last projection: its input is SDPA's output, kept by SDPA
+
+
+def _layer_linears(p: Profile, layer: CallNode, trainable) -> list[_Linear]:
+    """The Linear calls inside one decoder layer's call, in call order (a lora.Linear is one)."""
+    out = []
+
+    def parent_of(name: str) -> str:
+        return name.rsplit(".", 1)[0]
+
+    def walk(node: CallNode):
+        m = p.modules[node.module]
+        if m.cls == "lora.Linear":
+            # with_lora lists the wrapper's base_layer, dropout, lora_A right after it (DoRA calls them otherwise)
+            base, drop, a = p.modules[node.module + 1:node.module + 4]
+            rank, fan_in = p.params[a.params[0]].shape
+            out.append(_Linear(parent_of(m.name), fan_in, any(trainable[i] for i in base.params if
+                                                               p.params[i].name.endswith("weight")), rank,
+                               drop.cls == "Dropout"))
+            return
+        if m.cls in LINEAR_CLASSES and m.params:
+            w = m.params[0]
+            out.append(_Linear(parent_of(m.name), _in_out(m, p)[0], trainable[w]))
+            return
+        for c in node.children:
+            walk(c)
+    walk(layer)
+    # An attention module's last projection (o_proj) takes SDPA's output, which SDPA keeps for its backward
+    for k, lin in enumerate(out):
+        later = [x for x in out[k + 1:] if x.parent == lin.parent]
+        if not later and "attn" in lin.parent.rsplit(".", 1)[-1].lower():
+            out[k] = replace(lin, attention_output=True)
+    return out
+
+
+def _input_groups(linears: list[_Linear]) -> list[list[_Linear]]:
+    """Linears reading one tensor: consecutive calls of one module with the same fan-in (q, k and v; gate
+    and up); an attention's output projection reads its own."""
+    groups = []
+    for lin in linears:
+        g = groups[-1] if groups else None
+        if g and g[-1].parent == lin.parent and g[-1].fan_in == lin.fan_in and not lin.attention_output \
+                and not g[-1].attention_output:
+            g.append(lin)
+        else:
+            groups.append([lin])
+    return groups
+
+
+def _frozen_norm_elements(p: Profile, layer: CallNode, trainable) -> int:
+    """Elements per token of the RMSNorm outputs a frozen norm weight no longer keeps: HF's RMSNorm returns
+    `weight * x.to(dtype)`, whose product keeps x only for the weight's gradient. A per-head norm (Qwen3's
+    q_norm, k_norm: a weight of head_dim) scales every head's elements."""
+    d, total = p.dims, 0
+
+    def walk(node: CallNode):
+        nonlocal total
+        m = p.modules[node.module]
+        if m.cls.endswith("RMSNorm") and m.params and not any(trainable[i] for i in m.params):
+            width = p.params[m.params[0]].numel
+            if width == d.get("head_dim") and width != d.get("hidden_size"):
+                width *= d.get("num_kv_heads") if m.name.endswith("k_norm") else d.get("num_heads")
+            total += width
+        for c in node.children:
+            walk(c)
+    walk(layer)
+    return total
+
+
+def kept_delta_bytes_per_token(p: Profile, trainable: tuple[bool, ...], compute_bytes: int, adapter_bytes: int,
+                               linears_keep_input: bool) -> int:
+    """What the decoder layers keep for backward per token beyond a full fine-tune of the same model
+    (negative: less), with some weights frozen and LoRA's adapters (`with_lora`). Derived from autograd,
+    and checked against PEFT's own model traced on fake tensors (`tests/test_lora_activations.py`):
+    - a matmul keeps its input only for the weight's gradient: a frozen linear keeps nothing, unless
+      `linears_keep_input` (DeepSpeed's zero.Init replaces F.linear with `zero3_linear_wrap` for the
+      rest of the process, `runtime/zero/linear.py`, whose autograd function saves its input always)
+      or another op keeps that tensor (SDPA its output, which o_proj reads; a LoRA target's lora_A);
+      linears reading one tensor (q, k, v) keep it once;
+    - LoRA's `lora.Linear.forward` casts x to the adapter's dtype (`_cast_input_dtype`): where the
+      adapters are wider (fp32 under zero.Init, `states.wide_stage3_elements`) each target keeps its own
+      copy (a·in); with dropout, the dropout's output (a·in) and CUDA's bool mask (1·in) instead of x;
+      lora_A's output (a·r) is kept for lora_B's weight gradient (a: the adapter's bytes);
+    - a frozen RMSNorm weight: its product keeps nothing (`_frozen_norm_elements`).
+    The first layer, whose input needs no gradient under a frozen embedding, is counted as the others
+    (it keeps a few fp32 norm internals less: under 1% of a layer)."""
+    b, a = compute_bytes, adapter_bytes
+    total = 0
+
+    def layers(node: CallNode):
+        if p.modules[node.module].layer:
+            yield node
+            return
+        for c in node.children:
+            yield from layers(c)
+
+    for layer in layers(p.calls):
+        linears = _layer_linears(p, layer, trainable)
+        for lin in linears:
+            if lin.rank and lin.dropout:
+                total += (a + MASK_BYTES) * lin.fan_in + a * lin.rank
+            elif lin.rank:
+                total += (a * lin.fan_in if a != b else 0) + a * lin.rank
+        for group in _input_groups(linears):
+            kept = linears_keep_input or any(x.attention_output or x.trains or (x.rank and not x.dropout and a == b)
+                                             for x in group)
+            if not kept:
+                total -= b * group[0].fan_in
+        total -= b * _frozen_norm_elements(p, layer, trainable)
+    return total
