@@ -1,0 +1,44 @@
+"""The committed H200 rows of PEFT LoRA, DoRA and frozen-module jobs (data/lora/, data/README.md) against
+the current zerocalc: re-predicted from the model each run recorded (`validate.report.repredict_hf`). The
+GPU jobs never run here; their data do."""
+import glob
+
+import pytest
+
+pytest.importorskip("pandas")
+
+from validate.report import load, repredict_hf  # noqa: E402
+
+# Open (data/README.md): PEFT's modules change stage 3's all-gathers at N > 1 (r 16 all-linear with and
+# without checkpointing, attention-only with it, rank 0 of 8); the full fine-tune of the same shape is exact.
+OPEN_COMM = {"auto-qwen2-lora16-h1536-l28-s3-bf16-n8fake-b2x2048-gas1-83c0d1332d",
+             "auto-qwen2-lora16-h1536-l28-s3-bf16-n8fake-b2x2048-gas1-f135d2e3ca",
+             "auto-qwen2-lora16-h1536-l28-s3-bf16-n8fake-b2x2048-gas1-c72f961a86"}
+# Open: the 2-layer Mixtral's activations come from the Llama formula, not a trace (-7.8% to +4.8%), and the
+# full fine-tunes beside the LoRA rows at stage 3, rank 0 of 8, miss by the same 1.16 GiB with and without
+# checkpointing (-8.9%, -4.9%): a state or buffer term, not activations.
+OPEN_PEAK = {"auto-mixtral", "auto-qwen2-h1536-l28-s3-bf16-n8fake"}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return repredict_hf(load(sorted(glob.glob("data/lora/*.csv"))))
+
+
+def test_lora_rows_state_exact_and_comm_exact_but_stage_3_at_scale(rows):
+    """34 rows (32 LoRA, DoRA or frozen): every persistent tensor's bytes equal the prediction; every
+    logged collective too, but for the three `OPEN_COMM` rows."""
+    assert len(rows) >= 34 and rows["key"].str.contains("lora|frozen").sum() >= 32
+    assert (rows["now_state_bytes"] == rows["measured_state_bytes"].astype("int64")).all()
+    exact = rows["now_comm_bytes"] == rows["measured_comm_bytes"].astype("int64")
+    assert set(rows.loc[~exact, "key"]) <= OPEN_COMM
+
+
+def test_lora_rows_peak_allocated_within_3_percent(rows):
+    """Peak allocated within 3% on every dense model's row, checkpointed or not (LoRA's kept bytes:
+    `adapters.kept_delta_bytes_per_token`), but the `OPEN_PEAK` ones (within 10%)."""
+    err = (rows["now_peak_allocated_bytes"] / rows["measured_peak_allocated_bytes"].astype(float) - 1).abs()
+    open_ = rows["key"].str.startswith(tuple(OPEN_PEAK))
+    assert (~open_).sum() >= 26 and (err[~open_] <= 0.03).all(), rows.loc[~open_ & (err > 0.03), "key"].tolist()
+    assert (err[open_] <= 0.10).all()
+    assert (~rows.loc[~open_, "activation_checkpointing"].astype(str).eq("True")).sum() >= 7   # non-checkpointed judged
