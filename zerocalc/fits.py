@@ -2,11 +2,11 @@
 sequence (`zerocalc.sequence`) replayed against what the card leaves the allocator
 (`allocator.replay(capacity_bytes=...)`). A cudaMalloc past that makes torch's allocator return its
 cached free segments and retry before it raises OutOfMemoryError, so a job whose unbounded replay
-reserves more than the card holds can still run there. Every simulated rank is replayed
-(`sequence.simulated_ranks`: the busiest decides).
+reserves more than the card holds can still run there. Every rank that can run out first is
+replayed (`sequence.simulated_ranks(every=True)`).
 
-Needed only where the unbounded replay's reserved exceeds the capacity: at or under it no cudaMalloc
-fails, no retry happens, and the verdict is the unbounded replay's (`Estimate.fits_device`).
+Needed only near the card (`LATE_REPLAY_MARGIN`): well under it no cudaMalloc fails, no retry
+happens, and the verdict is the unbounded replay's (`Estimate.fits_device`).
 
 When a freed block becomes reusable depends on the GPU's progress: a block another stream used is
 reusable once that stream's work is done (torch's `free_completed`), so stage 3's gathered parameters
