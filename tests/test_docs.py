@@ -57,9 +57,10 @@ def test_every_relative_link_resolves():
 def test_the_readme_has_its_sections():
     headings = re.findall(r"^## (.+)$", read("README.md"), re.M)
     assert headings[0] == "Quick start"
-    for name in ("Examples", "What every column means", "Supported models", "Host memory under offload", "Speed",
-                 "How far to trust it"):
+    for name in ("Examples", "What every column means", "Supported models", "Speed", "How far to trust it"):
         assert name in headings, name
+    for page in ("docs/host-memory.md", "docs/lora.md", "docs/scale.md", "docs/accuracy.md"):
+        assert f"]({page})" in read("README.md"), page
 
 
 def test_generated_models_and_examples_are_current():

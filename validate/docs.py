@@ -15,7 +15,7 @@ from functools import lru_cache
 from click.testing import CliRunner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md", "docs/scale.md", "docs/planning.md")
+DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md", "docs/scale.md", "docs/planning.md", "docs/lora.md")
 SPEED = os.path.join(ROOT, "data", "speed.json")   # `python benchmarks/run_all.py --json data/speed.json`
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 
@@ -233,6 +233,39 @@ def _scale(name: str) -> str:
     raise KeyError(name)
 
 
+def _adapters(lora, freeze) -> str:
+    """A row's PEFT config in a few words: "r 16 all-linear, dropout 0.05", "DoRA r 8 q_proj v_proj",
+    or what it froze, or "full fine-tune"."""
+    import json
+    if str(lora) in ("", "nan", "None"):
+        frozen = json.loads(freeze) if str(freeze) not in ("", "nan", "None") else []
+        return "frozen " + " ".join(frozen) if frozen else "full fine-tune"
+    c = json.loads(lora)
+    targets = c.get("target_modules", "all-linear")
+    text = f"{'DoRA' if c.get('use_dora') else 'LoRA'} r {c['r']} " + (targets if isinstance(targets, str) else " ".join(targets))
+    return text + (f", dropout {c['lora_dropout']}" if c.get("lora_dropout") else "")
+
+
+def _lora_rows() -> str:
+    """The committed LoRA, DoRA and frozen-module H200 rows (data/lora/) re-predicted from the model each
+    run recorded (`report.repredict_hf`): docs/lora.md's table."""
+    from validate import report as R
+    rows = R.repredict_hf(R.load(sorted(glob.glob(os.path.join(ROOT, "data", "lora", "*.csv")))))
+    lines = ["| model | N | stage | path | adapters | ckpt | micro × seq | state | comm | peak allocated GiB | error |",
+             "|---|---:|---:|---|---|---|---|---|---|---:|---:|"]
+    for _, r in rows.iterrows():
+        adapters = _adapters(r.get("lora"), r.get("freeze"))
+        exact = lambda now, meas: "exact" if int(now) == int(meas) else f"{now / float(meas) - 1:+.1%}"   # noqa: E731
+        lines.append(f"| {r['key'].split('-')[1]} {float(r['num_params']) / 1e9:.1f}B | {r['nproc']}"
+                     f"{' (fake)' if r.get('world') == 'fake' else ''} | {r['stage']} | {r.get('path', 'engine')} | "
+                     f"{adapters} | {'yes' if str(r['activation_checkpointing']) == 'True' else 'no'} | "
+                     f"{r['micro_batch']} × {r['seq_len']} | {exact(r['now_state_bytes'], r['measured_state_bytes'])} | "
+                     f"{exact(r['now_comm_bytes'], r['measured_comm_bytes'])} | "
+                     f"{float(r['measured_peak_allocated_bytes']) / 2**30:.2f} | "
+                     f"{r['now_peak_allocated_bytes'] / float(r['measured_peak_allocated_bytes']) - 1:+.1%} |")
+    return "\n".join(lines)
+
+
 def generate(name: str, rows) -> str:
     """The text of block `name`; `rows()` gives the re-predicted committed rows (only called when needed)."""
     if name == "models":
@@ -245,6 +278,8 @@ def generate(name: str, rows) -> str:
         return _accuracy(name.split(":", 1)[1], rows)
     if name.startswith("scale:"):
         return _scale(name.split(":", 1)[1])
+    if name == "lora:rows":
+        return _lora_rows()
     if name.startswith("speed:"):
         import json
         with open(SPEED) as f:

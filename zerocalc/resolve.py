@@ -246,8 +246,8 @@ def notes(spec: ModelSpec, stages) -> list[str]:
         reserved = ("its traced allocation stream through the allocator simulation"
                     if getattr(p, "stream", None) and not spec.frozen else "the calibrated ratio")
         if spec.frozen:
-            how += ("; with frozen parameters: no gradients or optimizer state for them, the base's activations "
-                    "(LoRA's own x@A and dropout copies not yet added)")
+            how += ("; with frozen parameters: no gradients or optimizer state for them, less kept by frozen "
+                    "linears and norms, and LoRA's inputs, dropout copies and x@A added (docs/lora.md)")
         out.append(f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); "
                    f"activations: {how}; reserved: {reserved}")
     if p.moe_classes and any(int(s) == 3 for s in stages):
