@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from zerocalc import dskeys
 from zerocalc.inputs import InputError, read_text
 
 
@@ -172,23 +173,10 @@ _MODELLED = {"stage": "stage", "reduce_bucket_size": "reduce_bucket_size", "over
              "param_persistence_threshold": "param_persistence_threshold",
              "model_persistence_threshold": "model_persistence_threshold",
              "max_reuse_distance": "max_reuse_distance", "sub_group_size": "sub_group_size"}
-# Keys DeepSpeed 0.19.8 refuses outright (`runtime/config.py`, `_reject_removed_config_keys`).
-REMOVED_TOP = ("nebula", "compression_training", "amp", "quantize_training", "sparse_gradients", "eigenvalue",
-               "sparse_attention", "elasticity", "graph_harvesting", "curriculum_learning", "progressive_layer_drop")
-REMOVED_ZERO = ("mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param")
-# Top-level keys DeepSpeed reads that change neither memory nor communication here.
-_TOP_KNOWN = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "scheduler",
-              "zero_allow_untested_optimizer", "prescale_gradients", "gradient_predivide_factor", "tensorboard",
-              "wandb", "csv_monitor", "comet", "comms_logger", "flops_profiler", "activation_checkpointing",
-              "checkpoint", "dump_state", "zero_force_ds_cpu_optimizer", "memory_breakdown", "seed", "logging",
-              "aio", "autotuning", "pipeline", "data_efficiency", "compile", "timers", "tensor_parallel",
-              "torch_autocast", "dataloader_drop_last", "disable_allgather", "gradient_allreduce_op",
-              "hybrid_engine", "weight_quantization", "sequence_parallel_size", "zero_optimization",
-              "fp16", "bf16", "bfloat16", "train_batch_size", "train_micro_batch_size_per_gpu",
-              "gradient_accumulation_steps", "optimizer", "communication_data_type", "data_types", "vocabulary_size",
-              "monitor_config", "use_data_before_expert_parallel_", "expert_parallel", "disable_python_gc",
-              "managed_gradient_accumulation", "seq_parallel_communication_data_type", "load_universal_checkpoint",
-              "use_node_local_storage", "mesh_param", "datastates_ckpt", "zenflow", "graph_harvesting"}
+# Keys DeepSpeed 0.19.8 refuses outright (`runtime/config.py`, `_reject_removed_config_keys`): the table's.
+REMOVED_TOP = tuple(k for k, (c, d, _) in dskeys.KEYS.items() if c == "refused" and "." not in k)
+REMOVED_ZERO = tuple(k.split(".", 1)[1] for k, (c, d, _) in dskeys.KEYS.items()
+                     if c == "refused" and d is None and k.startswith("zero_optimization."))
 
 
 def _strict_int(key, value):
@@ -295,6 +283,8 @@ def read_zero(zero) -> ZeroConfig:
                 raise DsConfigError(f"{key}.{old}: deprecated, and cannot be given together with {key}.{new}")
             if values[old]:
                 offloads[new] = {"device": "cpu"}
+    if values.get("legacy_stage1"):
+        raise DsConfigError(f"{key}.legacy_stage1 = true: the old stage 1 left DeepSpeed (0.19.8's engine stops on it)")
     if values.get("compute_grad_norm") is False and stage not in (1, 2):
         raise DsConfigError(f"{key}.compute_grad_norm = false: supported only with ZeRO stage 1 or 2")
     if offloads["offload_optimizer"].get("ratio", 1.0) < 1.0 and stage != 3:
@@ -387,44 +377,33 @@ _DEFAULTS = {"reduce_bucket_size": 500_000_000, "prefetch_bucket_size": 50_000_0
              "param_persistence_threshold": 100_000}
 
 
-# Fields DeepSpeed 0.19.8 acts on that move memory or traffic, which zerocalc does not model: given a
-# value other than DeepSpeed's default (its pydantic models: runtime/zero/config.py, offload_config.py,
-# tensor_parallel/config.py, activation_checkpointing/config.py), each is named in a warning, and the
-# answer is the default's.
-NOT_MODELLED_ZERO = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False,
-                     "zero_quantized_nontrainable_weights": False, "zero_quantized_gradients": False,
-                     "module_granularity_threshold": 0}
-NOT_MODELLED_OFFLOAD = {"offload_param": {"buffer_count": 5, "buffer_size": 100_000_000, "max_in_cpu": 1_000_000_000,
-                                          "pin_memory": True},
-                        "offload_optimizer": {"buffer_count": 4, "pin_memory": True}}
-NOT_MODELLED_CHECKPOINTING = {"partition_activations": False, "cpu_checkpointing": False,
-                              "contiguous_memory_optimization": False}
+def _given(cfg: dict, zero: ZeroConfig):
+    """(path as the file spells it, value) of every key in `cfg`, descending into the blocks the table
+    lists keys of; zero_optimization's fields as DeepSpeed coerced them."""
+    for path, value in dskeys.leaves(cfg):
+        head, _, name = path.partition(".")
+        if head == "zero_optimization" and "." not in name:
+            value = zero.values.get(ZERO_ALIASES.get(name, name), value)
+        yield path, value
 
 
 def not_modelled(cfg: dict, zero: ZeroConfig) -> list[str]:
-    """One warning per field of `cfg` whose effect zerocalc does not model (see NOT_MODELLED_*)."""
+    """One warning per key of `cfg` whose effect zerocalc does not model, given a value other than
+    DeepSpeed's default (dskeys.KEYS); one per key the table does not know (DeepSpeed ignores it)."""
     out = []
-    said = lambda key, value: out.append(  # noqa: E731
-        f"{key} = {_show(value)} is not modelled: the answer is DeepSpeed's default's")
-    raw = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
-    spelled = {ZERO_ALIASES.get(k, k): k for k in raw}      # a field as the file spells it
-    for name, default in NOT_MODELLED_ZERO.items():
-        if name in zero.values and zero.values[name] != default:
-            said(f"zero_optimization.{spelled.get(name, name)}", zero.values[name])
-    if zero.stage in (1, 2) and zero.values.get("allgather_bucket_size", 500_000_000) != 500_000_000:
-        said("zero_optimization.allgather_bucket_size", zero.values["allgather_bucket_size"])
-    for block, defaults in NOT_MODELLED_OFFLOAD.items():
-        given = raw.get(block) if isinstance(raw.get(block), dict) else {}
-        for name, default in defaults.items():
-            if name in given and given[name] not in (default, "auto"):
-                said(f"zero_optimization.{block}.{name}", given[name])
-    tp = cfg.get("tensor_parallel") if isinstance(cfg.get("tensor_parallel"), dict) else {}
-    if tp.get("autotp_size") not in (None, 0, 1):
-        said("tensor_parallel.autotp_size", tp["autotp_size"])
-    ac = cfg.get("activation_checkpointing") if isinstance(cfg.get("activation_checkpointing"), dict) else {}
-    for name, default in NOT_MODELLED_CHECKPOINTING.items():
-        if name in ac and ac[name] != default:
-            said(f"activation_checkpointing.{name}", ac[name])
+    for path, value in _given(cfg, zero):
+        entry = dskeys.lookup(path)
+        if entry is None:
+            out.append(f"unknown key {path} ignored (DeepSpeed ignores it too)")
+            continue
+        kind, default, _ = entry
+        if kind != "not_modelled" or value is None or value == "auto" or value == default:
+            continue
+        if path == "zero_optimization.allgather_bucket_size" and zero.stage not in (1, 2):
+            continue   # stage 3 gathers by prefetch_bucket_size
+        if path == "tensor_parallel.autotp_size" and value == 1:
+            continue   # one rank: no tensor parallelism
+        out.append(f"{path} = {_show(value)} is not modelled: the answer is DeepSpeed's default's")
     return out
 
 
@@ -533,9 +512,6 @@ def parse(cfg, hidden_size: int | None = None) -> DsConfig:
             _fail("data_types.grad_accum_dtype", acc, "must be fp32, fp16 or bf16")
         out["grad_accum_dtype"] = _DTYPES[acc]
 
-    for key in cfg:
-        if key not in _TOP_KNOWN:
-            warnings.append(f"unknown key {key} ignored (DeepSpeed ignores it too)")
     return DsConfig(out, batch["train_batch_size"], batch["train_micro_batch_size_per_gpu"],
                     batch["gradient_accumulation_steps"], tuple(warnings), tuple(needs), _has_auto(cfg), dtype_auto)
 
