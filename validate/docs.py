@@ -15,7 +15,8 @@ from functools import lru_cache
 from click.testing import CliRunner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md", "docs/scale.md", "docs/planning.md", "docs/lora.md")
+DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md", "docs/scale.md", "docs/planning.md", "docs/lora.md",
+             "docs/inputs.md")
 SPEED = os.path.join(ROOT, "data", "speed.json")   # `python benchmarks/run_all.py --json data/speed.json`
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 
@@ -56,6 +57,27 @@ def supported_models() -> str:
                   "`--hf-config` takes any config.json or model directory (other model_types: "
                   "`pip install '.[trace]'`, [models](docs/models.md))."]
     return "\n".join(lines)
+
+
+def ds_keys() -> str:
+    """zerocalc.dskeys.KEYS as tables, one per class; keys that share a default and a reason share a row."""
+    import json
+
+    from zerocalc import dskeys
+    titles = {"modelled": "Modelled", "not_modelled": "Not modelled: a value other than the default is named in a "
+              "warning, and the answer is the default's", "no_effect": "No effect on memory or traffic: accepted "
+              "silently", "refused": "Refused"}
+    out = []
+    for kind, title in titles.items():
+        rows = {}
+        for key, (k, default, why) in dskeys.KEYS.items():
+            if k == kind:
+                rows.setdefault((json.dumps(default), why), []).append(f"`{key}`")
+        head = "| keys | default | why |\n|---|---|---|" if kind == "not_modelled" else "| keys | why |\n|---|---|"
+        lines = [f"| {', '.join(keys)} | `{default}` | {why} |" if kind == "not_modelled" else
+                 f"| {', '.join(keys)} | {why} |" for (default, why), keys in rows.items()]
+        out += [f"**{title}** ({sum(len(k) for k in rows.values())} entries).", "", head, *lines, ""]
+    return "\n".join(out).rstrip()
 
 
 def hf_summary() -> str:
@@ -270,6 +292,8 @@ def generate(name: str, rows) -> str:
     """The text of block `name`; `rows()` gives the re-predicted committed rows (only called when needed)."""
     if name == "models":
         return supported_models()
+    if name == "ds-keys":
+        return ds_keys()
     if name == "hf-summary":
         return hf_summary()
     if name.startswith("example:"):
