@@ -114,11 +114,32 @@ def test_freeze_by_module_names():
         adapters.spec(p, freeze=("vision_tower",))
 
 
+def test_lora_wrapper_fetches_lora_a_and_the_peft_wrappers_are_calls():
+    """A wrapped Linear becomes lora.Linear > base_layer, lora_dropout, lora_A, lora_B; stage 3 fetches
+    lora_A's weight at the wrapper's hook as well as at lora_A's (PEFT reads its dtype first). PEFT's
+    task_type decides the calls around the model: PeftModelForCausalLM > LoraModel (two), or a bare
+    PeftModel (one) without a task_type, as the validator's jobs build it."""
+    from zerocalc import profile
+    p = profile.shipped_profile("qwen2.5-0.5b")
+    lora = adapters.Lora(rank=4, targets=("q_proj",))
+    causal = adapters.spec(p, lora, wrapper=False)
+    bare = adapters.spec(p, adapters.Lora(rank=4, targets=("q_proj",), task_type=None), wrapper=False)
+    assert causal.trace[:2] == ((), ()) and causal.trace[1:] == bare.trace
+    # q_proj: lora.Linear (holding lora_A), base_layer (weight, bias), lora_dropout, lora_A, lora_B
+    q = next(i for i, t in enumerate(bare.trace) if len(t) == 2)   # the first call with two tensors: q's base layer
+    wrapper, base, dropout, a, b = bare.trace[q - 1:q + 4]
+    assert wrapper == a and len(a) == 1 and dropout == () and len(b) == 1
+    # r·in = 4·896 for lora_A, out·r = 896·4 for lora_B, and 896·896 + 896 for the frozen base
+    assert (bare.param_numels[a[0]], bare.param_numels[b[0]]) == (4 * 896, 896 * 4)
+    assert sorted(bare.param_numels[i] for i in base) == [896, 896 * 896]
+
+
 def test_peft_config_file():
     d = {"peft_type": "LORA", "r": 32, "lora_alpha": 64, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"],
          "use_rslora": True, "bias": "none", "modules_to_save": None}
     lora = adapters.from_peft_config(d)
     assert (lora.rank, lora.targets, lora.rslora, lora.scaling) == (32, ("q_proj", "v_proj"), True, 64 / 32 ** 0.5)
+    assert lora.task_type is None and adapters.from_peft_config({**d, "task_type": "CAUSAL_LM"}).task_type == "CAUSAL_LM"
     with pytest.raises(ValueError, match="peft_type 'IA3'"):
         adapters.from_peft_config({**d, "peft_type": "IA3"})
     with pytest.raises(ValueError, match="modules_to_save"):
@@ -156,6 +177,9 @@ def _peft_model(cfg: dict, lora: dict):
     own = {}
     for name, m in model.named_modules():
         ps = list(m.parameters(recurse=False))
+        if isinstance(m, peft.tuners.lora.LoraLayer) and not ps:
+            # lora.Linear reads lora_A's weight in its own forward: at stage 3 it fetches it (`adapters.with_lora`)
+            ps = [m.lora_A["default"].weight]
         if ps:
             own[id(m)] = ps
             m.register_forward_pre_hook(lambda mod, args, name=name: order.append(id(mod)))

@@ -50,3 +50,28 @@ def test_lora_and_frozen_jobs_exact(tmp_path):
     # LoRA trains a small part: the tiny Qwen2's 138,304 parameters stay, frozen
     lora = df[df["lora"].fillna("").str.startswith("{")]
     assert len(lora) == 5 and all(json.loads(s)["r"] in (4, 8) for s in lora["lora"])
+
+
+def test_stage3_lora_fake_world_exact(tmp_path):
+    """Stage 3 at N = 8 (rank 0 of a fake world) with prefetch, reuse and live limits near a layer's size,
+    so that what DeepSpeed releases and gathers again matters: validate/matrices/cpu-lora-s3-fake.json.
+    Every row's state and communication, from the calls the run recorded, to the byte (a LoRA run with
+    checkpointing gathers each frozen base weight again after its layer's recomputation; the wrappers
+    and dropouts PEFT adds are prefetch steps; lora.Linear fetches lora_A's weight). zerocalc's own
+    prediction from the config (`adapters` on the traced profile) is exact too, but for LoRA without
+    checkpointing: its calls' grad flags treat sibling calls as one chain (k_proj's input as if it came
+    from q_proj's adapter), so it puts layer 0's k/v base layers in backward, where DeepSpeed's hook
+    never fires (their inputs and weights need no grad)."""
+    from validate.report import repredict_hf
+    df = run_validate(tmp_path, "--nproc", "8", "--fake-world", "--matrix", "validate/matrices/cpu-lora-s3-fake.json")
+    assert len(df) == 6 and set(df["activation_checkpointing"]) == {True, False}
+    assert_exact(df)
+    now = repredict_hf(df)
+    lora = now["lora"].fillna("").str.startswith("{")
+    modelled = now[~lora | now["activation_checkpointing"]]
+    assert len(modelled) == 4
+    assert (modelled["pred_comm_bytes"] == modelled["measured_comm_bytes"]).all(), \
+        modelled[["key", "pred_comm_bytes", "measured_comm_bytes"]].to_string()
+    # with LoRA, checkpointing adds all-gathers: each layer's frozen weights are gathered again in backward
+    by = {(r["lora"], r["activation_checkpointing"]): r["measured_comm_bytes"] for _, r in df[lora].iterrows()}
+    assert len(by) == 4 and all(by[(lo, True)] > by[(lo, False)] for lo, _ in by)

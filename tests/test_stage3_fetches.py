@@ -1,5 +1,7 @@
 """The stage-3 coordinator's per-step gathers, waits and releases (`stage3_trace.fetches`), from which
 the allocation sequence makes the all-gather stream's tensors."""
+from dataclasses import replace
+
 from zerocalc import stage3_trace
 from zerocalc.arch import Architecture
 from zerocalc.model import from_architecture
@@ -52,3 +54,28 @@ def test_prefetching_the_whole_model_gathers_it_once_and_releases_nothing_until_
     steps = stage3_trace.fetches(model, setup(prefetch_bucket_size=10**9), record=False)
     gathers = [what for actions in steps for kind, what in actions if kind == "gather"]
     assert gathers == [tuple(range(len(model.param_numels)))]
+
+
+def test_a_recomputation_releases_the_frozen_weights_it_fetched():
+    # One checkpointed layer of a frozen base (tensors 1 and 2, 20 and 30 elements) and a trained
+    # adapter (tensor 0, 10 elements), called base, base2, adapter in forward. Backward's hooks: the
+    # adapter's (the first module with parameters walking backward), the layer's forward again
+    # (recomputed), then base2's and base's. No prefetch, a reuse distance larger than the model, nothing
+    # persistent: the reuse rule alone keeps everything gathered from forward to backward.
+    from zerocalc.model import ModelSpec
+    model = ModelSpec("layer", (10, 20, 30), ((1,), (2,), (0,)),
+                      checkpointed_backward_trace=((0,), (1,), (2,), (0,), (2,), (1,)),
+                      checkpointed_recomputed=(False, True, True, True, False, False),
+                      trainable=(True, False, False))
+    s = setup(prefetch_bucket_size=0, activation_checkpointing=True)
+    gathers = [[what for kind, what in actions if kind == "gather"] for actions in stage3_trace.fetches(model, s, False)]
+    # forward gathers each tensor at its module; then the adapter's backward module, which started the
+    # recomputation, is released once it ends and frees the frozen tensors the recomputation fetched
+    # (DeepSpeed's ds_recompute_parameters), so base2's and base's backward hooks gather them again
+    assert gathers == [[(1,)], [(2,)], [(0,)], [], [], [], [], [(2,)], [(1,)]]
+    # at N = 2: forward 5 + 10 + 15 = 30 shard elements, backward 15 + 10 = 25
+    it = stage3_trace.simulate(model, s)
+    assert (it.forward_gather_elements, it.backward_gather_elements) == (30, 25)
+    # every tensor trained: a recomputation frees nothing, backward gathers nothing
+    trained = stage3_trace.simulate(replace(model, trainable=None), s)
+    assert trained.backward_gather_elements == 0

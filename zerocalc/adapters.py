@@ -35,6 +35,7 @@ class Lora:
     dora: bool = False
     rslora: bool = False
     bias: str = "none"                             # "none" | "all" | "lora_only": which biases train
+    task_type: str | None = "CAUSAL_LM"            # PEFT's: None wraps the model in a bare PeftModel
 
     @property
     def scaling(self) -> float:
@@ -99,7 +100,8 @@ def from_peft_config(d: dict, where: str = "adapter_config.json") -> Lora:
     lora = Lora(rank=d.get("r", 8), alpha=d.get("lora_alpha", PEFT_DEFAULT_ALPHA), dropout=d.get("lora_dropout", 0.0),
                 targets=targets if isinstance(targets, str) else tuple(targets),
                 exclude=exclude if isinstance(exclude, str) else tuple(exclude),
-                dora=bool(d.get("use_dora")), rslora=bool(d.get("use_rslora")), bias=d.get("bias", "none"))
+                dora=bool(d.get("use_dora")), rslora=bool(d.get("use_rslora")), bias=d.get("bias", "none"),
+                task_type=d.get("task_type"))
     try:
         check_lora(lora)
     except ValueError as err:
@@ -186,7 +188,8 @@ def _in_out(m: Module, p: Profile) -> tuple[int, int]:
 
 def with_lora(p: Profile, lora: Lora) -> tuple[Profile, tuple[bool, ...]]:
     """The profile of `get_peft_model(model, LoraConfig(...))`, and which of its tensors train (the
-    tensors LoRA adds are those named `.lora_`: `added`)."""
+    tensors LoRA adds are those named `.lora_`: `added`). Its calls' `grad` are the full model's:
+    `regrad` sets them for what trains."""
     check_lora(lora)
     wrapped = set(targets(p, lora))
     params, trainable, modules, new_index = [], [], [], {}
@@ -219,10 +222,16 @@ def with_lora(p: Profile, lora: Lora) -> tuple[Profile, tuple[bool, ...]]:
             continue
         fan_in, fan_out = _in_out(m, p)
         first = len(modules)
-        modules.append(Module(m.name, "lora.Linear", (), m.layer, m.moe))
-        modules.append(Module(m.name + ".base_layer", m.cls, own(m.params, bias(True))))
+        base = own(m.params, bias(True))
+        a = new(m.name + ".lora_A.default.weight", (lora.rank, fan_in))
+        # lora.Linear.forward reads lora_A.weight's dtype (`_cast_input_dtype`) before it calls lora_A:
+        # at stage 3 DeepSpeed's parameter getter then registers the partitioned weight as the wrapper's
+        # external parameter in the first forward (`ZeROOrderedDict.__getitem__`, parameter_offload.py:80-93),
+        # so from then on the wrapper's hooks fetch and release it too.
+        modules.append(Module(m.name, "lora.Linear", (a,), m.layer, m.moe))
+        modules.append(Module(m.name + ".base_layer", m.cls, base))
         modules.append(Module(m.name + ".lora_dropout.default", "Dropout" if lora.dropout else "Identity", ()))
-        modules.append(Module(m.name + ".lora_A.default", "Linear", (new(m.name + ".lora_A.default.weight", (lora.rank, fan_in)),)))
+        modules.append(Module(m.name + ".lora_A.default", "Linear", (a,)))
         modules.append(Module(m.name + ".lora_B.default", "Linear", (new(m.name + ".lora_B.default.weight", (fan_out, lora.rank)),)))
         if lora.dora:
             modules.append(Module(m.name + ".lora_magnitude_vector.default", "DoraLinearLayer",
@@ -246,37 +255,51 @@ def with_lora(p: Profile, lora: Lora) -> tuple[Profile, tuple[bool, ...]]:
         return CallNode(wrapper, inner, node.grad)
 
     # PeftModelForCausalLM > LoraModel > the model: two calls without parameters around the forward
+    # (each a stage-3 step that prefetches). Without a task_type PEFT makes a bare PeftModel, whose
+    # forward calls the model itself (`get_base_model()`): one call.
     peft = (Module("<peft>", "PeftModelForCausalLM", ()), Module("<peft>.base_model", "LoraModel", ()))
+    if lora.task_type is None:
+        peft = (Module("<peft>", "PeftModel", ()), peft[1])
     shift = len(peft)
     modules = list(peft) + modules
     body = _shifted(call(p.calls), shift)
-    root = CallNode(0, (CallNode(1, (body,)),))
+    root = CallNode(0, (body if lora.task_type is None else CallNode(1, (body,)),))
     out = replace(p, name=f"{p.name} + {lora.describe()}", params=tuple(params), modules=tuple(modules), calls=root)
-    mask = tuple(trainable)
-    return replace(out, calls=regrad(out, mask)), mask
+    return out, tuple(trainable)
 
 
 def _shifted(node: CallNode, k: int) -> CallNode:
     return CallNode(node.module + k, tuple(_shifted(c, k) for c in node.children), node.grad)
 
 
-def regrad(p: Profile, trainable: tuple[bool, ...]) -> CallNode:
+def regrad(p: Profile, trainable: tuple[bool, ...], input_grads: bool = False) -> CallNode:
     """The calls with `grad` (does the output require grad?) as autograd sets it once some tensors are
     frozen: an output requires grad where the call's input did (a trained tensor was used earlier in
     forward) or the call used a trained tensor itself, and where it did in the full model (a
-    rotary-embedding table never does). DeepSpeed's stage-3 backward hook fires only for such calls."""
+    rotary-embedding table never does). DeepSpeed's stage-3 backward hook fires only for such calls.
+    input_grads: the input embeddings' output requires grad whatever trains, as transformers 5.25's
+    `activation_checkpointing_enable` (and PEFT's `prepare_model_for_gradient_checkpointing`) make it
+    (`enable_input_require_grads`); the input embeddings are the first call holding parameters."""
     flowing = False
+    embed = next((m for m in _call_order(p.calls) if p.modules[m].params), None) if input_grads else None
 
     def walk(node: CallNode) -> CallNode:
         nonlocal flowing
         before = flowing
-        flowing = flowing or any(trainable[i] for i in p.modules[node.module].params)
+        flowing = flowing or node.module == embed or any(trainable[i] for i in p.modules[node.module].params)
         kids = tuple(walk(c) for c in node.children)
         grad = node.grad and flowing
         if not node.grad:          # a side input (rotary tables): the main flow is as it was
             flowing = before
         return CallNode(node.module, kids, grad)
     return walk(p.calls)
+
+
+def _call_order(node: CallNode):
+    """The called modules in forward pre-hook order."""
+    yield node.module
+    for c in node.children:
+        yield from _call_order(c)
 
 
 # ---------------------------------------------------------------- --freeze
@@ -326,7 +349,6 @@ def spec(p: Profile, lora: Lora | None = None, freeze: tuple[str, ...] = (), nam
         p, trainable = with_lora(p, lora)
     if freeze:
         trainable = freeze_mask(p, tuple(freeze), trainable)
-        p = replace(p, calls=regrad(p, trainable))
     if trainable is not None and not any(trainable):
         raise ValueError("nothing trains: every parameter is frozen")
     # PEFT makes its adapters in fp32 (autocast_adapter_dtype): `ModelSpec.wide`
@@ -336,7 +358,15 @@ def spec(p: Profile, lora: Lora | None = None, freeze: tuple[str, ...] = (), nam
         label = f"{name} + {lora.describe()}"
     if freeze:
         label += " (frozen: " + ", ".join(freeze) + ")"
-    s = to_model_spec(p, label, z3_leaf_moe=z3_leaf_moe, wrapper=wrapper)
+    s = to_model_spec(replace(p, calls=regrad(p, trainable)) if trainable else p, label, z3_leaf_moe=z3_leaf_moe,
+                      wrapper=wrapper)
+    if trainable is not None:
+        # With activation checkpointing the input embeddings' output requires grad (`regrad`), so backward
+        # reaches every call after them, frozen or not: the checkpointed backward comes from those calls.
+        ck = to_model_spec(replace(p, calls=regrad(p, trainable, input_grads=True)), label, z3_leaf_moe=z3_leaf_moe,
+                           wrapper=wrapper)
+        s = replace(s, checkpointed_backward_trace=ck.checkpointed_backward_trace,
+                    checkpointed_recomputed=ck.checkpointed_recomputed)
     return replace(s, trainable=trainable, wide=wide)
 
 

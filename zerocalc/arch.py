@@ -166,20 +166,31 @@ def _backward(c: Call, checkpointing: bool = False, recompute_container: bool = 
     checkpointing a layer is run forward again right after the hook of its first module that saved
     tensors (the first with parameters, walking backward), up to its last module that saves any, and
     its remaining hooks follow."""
+    return (params for params, _ in _backward_steps(c, checkpointing, recompute_container))
+
+
+def _recomputed(c: Call, recompute_container: bool = False) -> tuple[bool, ...]:
+    """Per step of the checkpointed `_backward`: whether it is a forward re-entry of a checkpointed
+    layer (its hooks run as forward's, inside backward)."""
+    return tuple(again for _, again in _backward_steps(c, True, recompute_container))
+
+
+def _backward_steps(c: Call, checkpointing: bool, recompute_container: bool):
+    """`_backward`'s steps as (params, whether the step is a recomputation's forward call)."""
     if not c.grad:
         return
     if checkpointing and c.layer:
-        plain = list(_backward(c))
-        first = next(i for i, params in enumerate(plain) if params)
+        plain = [(params, False) for params in _backward(c)]
+        first = next(i for i, (params, _) in enumerate(plain) if params)
         rebuilt = list(_forward(c))[0 if recompute_container else 1:]
         # PyTorch stops a recomputation once the last tensor backward needs is rebuilt: the modules
         # after the layer's last one with parameters (GPT-2's dropout at p = 0) are not re-entered.
         last = max(i for i, params in enumerate(rebuilt) if params)
-        yield from plain[:first + 1] + rebuilt[:last + 1] + plain[first + 1:]
+        yield from plain[:first + 1] + [(params, True) for params in rebuilt[:last + 1]] + plain[first + 1:]
         return
-    yield c.params
+    yield c.params, False
     for child in reversed(c.children):
-        yield from _backward(child, checkpointing, recompute_container)
+        yield from _backward_steps(child, checkpointing, recompute_container)
 
 
 def trace(arch: Architecture) -> tuple[tuple[int, ...], ...]:
@@ -192,6 +203,11 @@ def backward_trace(arch: Architecture, checkpointing: bool = False) -> tuple[tup
     `checkpoint(block, x)` calls the block itself again; Hugging Face's checkpointing layers re-enter
     below the layer's own hooks, so there the layer container is not called again."""
     return tuple(_backward(calls(arch), checkpointing, recompute_container=arch.family == "seed-gpt"))
+
+
+def recomputed(arch: Architecture) -> tuple[bool, ...]:
+    """Per step of `backward_trace(arch, checkpointing=True)`: a recomputation's forward call."""
+    return _recomputed(calls(arch), recompute_container=arch.family == "seed-gpt")
 
 
 def uniform_params(num_params: int, count: int = 100) -> tuple[int, ...]:

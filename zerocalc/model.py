@@ -14,6 +14,8 @@ class ModelSpec:
     architecture: _arch.Architecture | None = None
     backward_trace: tuple[tuple[int, ...], ...] | None = None              # None: forward's, reversed
     checkpointed_backward_trace: tuple[tuple[int, ...], ...] | None = None  # None: as without checkpointing
+    checkpointed_recomputed: tuple[bool, ...] | None = None   # per step of checkpointed_backward_trace: a
+                                                              # recomputation's forward call (None: none)
     profile: object = field(default=None, compare=False, hash=False, repr=False)   # a traced model's Profile
     transcribed: bool = True     # tensors and trace are a transcribed family's (zerocalc.arch), so its
                                  # allocation sequence (zerocalc.sequence) applies
@@ -27,6 +29,14 @@ class ModelSpec:
         """Backward's modules in hook order (recomputed layers included when checkpointing)."""
         plain = self.backward_trace if self.backward_trace is not None else self.trace[::-1]
         return (self.checkpointed_backward_trace or plain) if checkpointing else plain
+
+    def recomputed(self, checkpointing: bool) -> tuple[bool, ...]:
+        """Per step of `backward(checkpointing)`: whether it is a checkpointed layer's forward run again
+        (its parameters fetched as forward's, inside backward)."""
+        steps = len(self.backward(checkpointing))
+        if checkpointing and self.checkpointed_backward_trace and self.checkpointed_recomputed:
+            return self.checkpointed_recomputed
+        return (False,) * steps
 
     # The model is frozen, so what is derived from it is computed once and kept on it (functools'
     # cached_property writes the instance's __dict__, which the frozen dataclass's fields, equality
@@ -113,7 +123,7 @@ def from_params(num_params: int) -> ModelSpec:
 def from_architecture(a: _arch.Architecture, name: str | None = None) -> ModelSpec:
     _arch.validate_architecture(a)
     return ModelSpec(name or a.family, _arch.param_numels(a), _arch.trace(a), _arch.buffer_numels(a), a,
-                     _arch.backward_trace(a), _arch.backward_trace(a, checkpointing=True))
+                     _arch.backward_trace(a), _arch.backward_trace(a, checkpointing=True), _arch.recomputed(a))
 
 
 def shaped(num_params: int) -> ModelSpec:

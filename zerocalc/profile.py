@@ -297,7 +297,8 @@ def to_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True,
     # storage of 8 bytes or less out (with DeepSpeed's own scalars: `validate.measure.SCALAR_BYTES`).
     buffers = tuple(b.numel for b in p.buffers if b.numel > 2)
     spec = ModelSpec(name or p.name, numels, trace, buffers, a,
-                     tuple(A._backward(root)), tuple(A._backward(root, checkpointing=True)), profile=p)
+                     tuple(A._backward(root)), tuple(A._backward(root, checkpointing=True)), A._recomputed(root),
+                     profile=p)
     try:
         A.validate_architecture(a)
         same = (A.param_numels(a) == numels and A.trace(a) == trace and A.buffer_numels(a) == spec.buffer_numels

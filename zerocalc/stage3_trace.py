@@ -8,6 +8,11 @@ What it decides, and what a closed form gets wrong:
   marked as needed at their later step.
 - `release_sub_module` releases a module's non-persistent parameters unless that mark says they are
   needed later, or they reappear within `stage3_max_reuse_distance` numel of the trace ahead.
+- A checkpointed layer's forward, run again inside backward, fetches as forward does, but its frozen
+  parameters (`requires_grad` False: a LoRA base layer's) are also charged to the backward module
+  whose hook started the recomputation (`ds_recompute_parameters`, `_fetch_sub_module_impl`), and
+  that module's release frees them whatever the reuse rule says (`release_sub_module`): with LoRA
+  and checkpointing each frozen weight of a layer is gathered again in backward.
 So with a prefetch bucket as large as the model the prefetcher runs through the whole trace and
 nothing is released: 2Ψ of traffic, not the paper's 3Ψ, and the whole model stays gathered from
 forward through backward. Checked against the comms logger on 2-rank CPU jobs
@@ -134,6 +139,9 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
     pers = persistent_mask(numel, setup)
     # The trace: forward's hooks, then backward's (recomputed layers included when checkpointing).
     trace = (*model.trace, *model.backward(setup.activation_checkpointing))
+    recomputed = (False,) * len(model.trace) + model.recomputed(setup.activation_checkpointing)
+    frozen = [t is False for t in model.trainable] if model.trainable else [False] * len(numel)
+    held = set()          # frozen parameters the recomputation in progress fetched (`ds_recompute_parameters`)
     queue = deque((p, step) for step, mod in enumerate(trace) for p in mod)
     marked = {}
     available = {p for p in range(len(numel)) if pers[p]}
@@ -203,6 +211,14 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
                 if release and reuse > 0:
                     window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
                     release = [p for p in release if not _occurs_within(occurs[p], step, window)]
+        if recomputed[step]:
+            held.update(p for p in mod if frozen[p] and not pers[p])
+            if step + 1 == len(trace) or not recomputed[step + 1]:
+                # The recomputation ends: the backward module that started it runs and is released, and
+                # with it every frozen parameter the recomputation fetched (partitioned_param_coordinator.py:
+                # `update_recompute_parameters` in `_fetch_sub_module_impl`, `release_sub_module`'s
+                # `recompute_params`, DeepSpeed 0.19.8).
+                release, held = set(release) | held, set()
         for p in sorted(release):
             if p in available:
                 available.discard(p)
