@@ -270,11 +270,13 @@ def _adapters(lora, freeze) -> str:
 
 def _lora_rows() -> str:
     """The committed LoRA, DoRA and frozen-module H200 rows (data/lora/) re-predicted from the model each
-    run recorded (`report.repredict_hf`): docs/lora.md's table."""
+    run recorded, and communication also from the config alone (`report.repredict_hf`'s traced profile):
+    docs/lora.md's table."""
     from validate import report as R
     rows = R.repredict_hf(R.load(sorted(glob.glob(os.path.join(ROOT, "data", "lora", "*.csv")))))
-    lines = ["| model | N | stage | path | adapters | ckpt | micro × seq | state | comm | peak allocated GiB | error |",
-             "|---|---:|---:|---|---|---|---|---|---|---:|---:|"]
+    lines = ["| model | N | stage | path | adapters | ckpt | micro × seq | state | comm | comm from config "
+             "| peak allocated GiB | error |",
+             "|---|---:|---:|---|---|---|---|---|---|---|---:|---:|"]
     for _, r in rows.iterrows():
         adapters = _adapters(r.get("lora"), r.get("freeze"))
         exact = lambda now, meas: "exact" if int(now) == int(meas) else f"{now / float(meas) - 1:+.1%}"   # noqa: E731
@@ -283,6 +285,7 @@ def _lora_rows() -> str:
                      f"{adapters} | {'yes' if str(r['activation_checkpointing']) == 'True' else 'no'} | "
                      f"{r['micro_batch']} × {r['seq_len']} | {exact(r['now_state_bytes'], r['measured_state_bytes'])} | "
                      f"{exact(r['now_comm_bytes'], r['measured_comm_bytes'])} | "
+                     f"{exact(r['pred_comm_bytes'], r['measured_comm_bytes'])} | "
                      f"{float(r['measured_peak_allocated_bytes']) / 2**30:.2f} | "
                      f"{r['now_peak_allocated_bytes'] / float(r['measured_peak_allocated_bytes']) - 1:+.1%} |")
     return "\n".join(lines)
