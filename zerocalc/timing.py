@@ -2,146 +2,16 @@
 optimizer step), each the slower of what the GPU must compute and what the host must issue, plus
 what waits on communication:
 
-    forward   = max(F_fwd / (η·peak) + μ·M / hbm, L·(t_launch_fwd + ck·t_ckpt_fwd) + o_fwd·t_op + m_fwd·t_hook)
-                + g_fwd·t_gather + W_fwd / (ε·link)
-    backward  = max(F_bwd / (η·peak) + μ·(2·M + ck·M_layers) / hbm, L·(t_launch_bwd + ck·t_launch_fwd) + o_bwd·t_op + m_bwd·t_hook)
-                + g_bwd·t_gather + W_bwd / (ε·link) + n_tensors·t_grad_hook (stage 2)
-    step      = t0[stage] + t_element[stage]·(optimizer elements on this rank) + t_tensor[stage]·n_tensors
-                + W_step / (ε·link)
-    step_s    = GAS·(forward + backward) + W_reduce / (ε·link) + n_tensors·t_grad_move (stage 1) + step  (+ offload)
-                (+ GAS·t_trainer + n_tensors·t_zero_grad through HF Trainer)
-                with overlap_comm at stages 1/2, W_reduce / (ε·link) becomes
-                max(0, W_reduce / (ε·link) - passes·backward) + t0[stage]
+    forward   = max(F_fwd / (η·peak) + μ·M / hbm, host issue time) + stage-3 gather calls + exposed wire
+    backward  = the same with backward's FLOPs, traffic and operators (and the recomputation)
+    step      = t_step[stage] + t_element[stage]·elements + t_tensor[stage]·n_tensors + wire
+    step_s    = GAS·(forward + backward) + exposed reduction + step  (+ offload, + HF Trainer's loop)
 
-- F: FLOPs per micro-step. Forward 2·P'·T + 4·L·h·s·T (the attention scores and values), P' the
-  parameters less the token embedding, which is read by index (Kaplan et al. 2020 leave it out of N;
-  GPT-2's position table too), backward twice that (Korthikanti et al. 2022, Table 2). T = micro-batch
-  × sequence tokens on this rank. Activation checkpointing adds the recomputation, which is not one
-  more forward as the usual 8·P·T has it: PyTorch's non-reentrant checkpoint (the validator's, HF's
-  with use_reentrant=False) rebuilds the layers only, not the head, and stops early, before each
-  layer's MLP down projection, whose input is the last tensor the layer saves. Recomputation is
-  2·L·(layer params − h·f)·T + 4·L·h·s·T: 0.78 of a forward for Llama-2-7B at 2k tokens. Counted on
-  torch 2.13 (CPU, FlopCounterMode, both families: tests/test_validate_models.py); on the H200 rows it
-  took the checkpointed device-bound steps from 7.4% to 3-4% over their measured time.
-  A model read from its own code (a profile, `zerocalc.hf.optrace`) has F as its code multiplies: the
-  traced matmuls per token and attention's per token per position, forward, backward, and backward
-  with the recomputation as checkpointing stops it; an MoE layer's router and the top-k experts each
-  token is sent to (balanced), not every expert as 2·P'·T would; norms and biases, which 2·P'·T counts
-  (under 1% of a layer), are left to the traffic term.
-- M: the bytes one forward writes outside the matmuls' operands: every layer's activations as if
-  nothing were checkpointed (`zerocalc.activations`) and the loss path's 10·V bytes per token (the
-  logits, their fp32 copy, the log-probs). Element-wise kernels (norms, GELU/SiLU, softmax, dropout,
-  the upcast) are bound by HBM bandwidth, not by FLOPs: μ passes of M at `hbm` bandwidth; backward
-  reads them and writes as much again (2μ), and recomputing writes the layers' part M_layers again
-  (not the loss path). Without this
-  term, small hidden sizes and long eager-attention sequences ran 2–3× slower than FLOPs said.
-- The host side: a cost per layer pass (Python, modules, autograd), one per operator dispatched
-  (o: traced from the model's code, `zerocalc.hf.optrace`: a profile's own, the transcribed families'
-  in family_steps.json; each is a trip through PyTorch's dispatcher and most a kernel launch) and, at stage 3, DeepSpeed's fetch/release hooks per module step of the trace
-  (`zerocalc.stage3_trace`: forward's modules, then backward's, the recomputed layers included). On a
-  GPU this fast small steps are host-bound: that is the max. A Llama layer dispatches 38 operators
-  forward and 71 backward (sdpa), the seed's GPT layer 25 and 43; with the per-layer cost alone the
-  host-bound Llama rows came out 5-7% under their measured steps and the GPT ones 5-6% over, at stages
-  0 and 2. t_op fitted: 12.7 us, beside the 9.5 us the hosts took to launch one kernel from Python.
-- Activation checkpointing (ck = 1): backward's host pays the recomputation as the forward pass it is
-  (L·t_launch_fwd, its operators in o_bwd), not as a second backward pass: cross-validated
-  (`python -m validate crossval`), 229/304 rows and 86/100 configurations within 15% against 222 and 85
-  (before the t11 rows).
-  It costs the host more in forward too: PyTorch's non-reentrant
-  checkpoint runs each layer under saved-tensor hooks (t_ckpt_fwd per layer, fitted); measured
-  checkpointed forwards of small models took 2–2.5× the plain ones.
-- Stage 3 at N > 1: each all-gather call is issued and waited for inside a hook (t_gather per
-  call) and its wire bytes W cross the link; the gradient reduce-scatter overlaps backward
-  (overlap_comm is on at stage 3) and is taken as hidden. t_gather fitted on 0.16-1.4B models alone
-  (1.58 ms) over-predicted 3-7B steps by 31-78%, blind (`data/h200-t11-blind-s3-*`); with them in the fit
-  it is 0.81 ms. Those steps are host-bound still at 4k-8k tokens: a profile of rank 0
-  (`data/profiles/t11/`) showed 224 all-gather kernels of 98 us each in one job, and 2.7 ms each in
-  another where they waited for the other rank's host. Counting the calls inside the host's side of the
-  max instead (hidden behind compute) predicted no better and was not adopted.
-- Stages 0–2 at N > 1: gradient all-reduce wire bytes W_reduce (overlap_comm is off by default:
-  exposed), stages 1/2 the all-gather of updated parameters at the step. Stage 2 also spends
-  t_grad_hook per parameter tensor in its hook copying each gradient into the ipg buffer during
-  backward; stage 1 keeps the gradients and moves them into the buckets once, at the end of the
-  step's last backward (`stage_1_and_2.py:971`): t_grad_move per tensor. Fitted apart, the move costs a
-  fifth of the hook (21 vs 99 us per tensor on H200); with one shared constant stage 1 was
-  over-predicted by 17% on average at N = 2. With `overlap_comm` at stages 1/2 (measured on H200,
-  N = 2: `data/h200-t6-overlap-*.csv`) stage 1 takes stage 2's hooks (stage_1_and_2.py:2290), the
-  reduction runs beside the backward passes that fill its buckets (every micro-step's at stage 2, the
-  boundary's at stage 1: `passes`) and only what outlasts them waits, and backward's epilogue
-  synchronizes the device (stage_1_and_2.py:1026): the host can no longer issue the step while the
-  device finishes backward, so the step's host time t0 is spent again with the device idle. Over
-  NVLink the reduction is short and the synchronize dominates: the steps were 28–52% slower than
-  without overlap_comm (1.4B GPT stage 2: 160 vs 125 ms, stage 1: 184 vs 121 ms; 1.1B Llama stage 2:
-  179 vs 152 ms). That the reduction hides behind backward where the link is slow (between nodes) is
-  DeepSpeed's design, not measured here.
-- Offload (measured on a 2×H200 host with 32 vCPUs and a 1×H200 host with 16, which agreed to 1–4%
-  on the same jobs; `data/h200-t2-offload-*.csv`): the host's memory, PCIe root and cores are shared
-  by the R = min(N, GPUs per node) ranks on it, so each term counts the host's bytes or elements, R
-  times the rank's. With optimizer offload each micro-step's
-  backward copies the shard's gradients down as fp32 (4·S bytes, not overlapped: backward measured
-  0.16–0.18 s longer) at `host_link`; the step runs DeepSpeedCPUAdam on S elements
-  (`host_adam_elements_per_s`) and sends the updated shard up: stages 1/2 from a pinned
-  low-precision copy (b·S at `host_link`), stage 3 without parameter offload as an fp32 copy_ from
-  pageable memory into the device's partition (4·S at `host_pageable`, the slow part: 1.3 s of a
-  1.7 s step for 1.4B). With parameter offload each forward and backward fetch the shard up again
-  (b·S per pass); DeepSpeed prefetches on its own stream, so a pass takes the longer of its compute
-  and that copy (measured: no slower than without parameter offload).
-- The host's speed: every host-side term above (t_launch_*, t_op, t_ckpt_fwd, t_hook, t_gather, t_grad_hook,
-  t_grad_move, t0) is the fitted hosts' and is h times longer on a host whose cost to issue a kernel
-  from Python is r times theirs (`--host-launch-us`; their median is 9.5 us on the H200 VMs):
-  h = 1 + φ·(r - 1) (`host_scale`), φ the share of that host time which follows the launch cost, the
-  rest being Python that issues nothing (fitted: 0.75). Measured on those VMs (`data/h200-t7-*.csv`):
-  these steps are host-bound, the launch cost drifted between 7 and 25 us within minutes with no
-  run-queue wait, steal or garbage collection behind it, and a configuration's step time followed it
-  (r = 0.65-0.90 over its steps). With each row's launch cost (the median of the probes taken before
-  each of its timed steps) 126 of the 157 rows that have them are within 15% (121 at the fitted hosts'
-  speed); on the 110 of them there were before, φ = 1 (all host time scaling, the model before) put
-  one row fewer within 15% at a 4% higher fit cost. At N = 2 a row's launch cost is the slower rank's
-  before each step (the ranks wait for each other): on its first seven rows (`data/h200-t9-second-a.csv`)
-  that was 11.0-12.0 us where the same host's N = 1 rows probed 9.7-11.1, and the predictions on it
-  were 11% over the measured steps (mean; 4 of 7 within 15%), at the fitted hosts' speed 3% under
-  (6 of 7): the slower of two noisy probes overstates the host; with nine more N = 2 rows that keep
-  every rank's probes (`data/h200-t10-third-n2.csv`) the slower rank's, the mean, the faster and rank
-  0's put 4, 5, 4 and 6 of 9 within 15%: not settled. A probe of the interpreter's own speed
-  (`validate.measure.host_python_s`, `data/probes/`) switched between two states 2x apart (0.25 and
-  0.5-0.6 us per call) in step with the launch probe (r = 0.78-0.83) and followed the step time no
-  better (r = 0.23-0.54 over each configuration's steps, as the launch probe): the part of the host's
-  time the launch cost does not explain is not the interpreter's speed at the moment of the probe. Where
-  the launch cost does not explain the spread: stage 3 at N = 2 and offload, re-timed in
-  `data/h200-t8-retime-*.csv`, differed from their earlier jobs by up to 54% at an ordinary launch
-  cost.
-- The optimizer step's host work per parameter tensor (t_tensor[stage class]): DeepSpeed walks the
-  parameters in Python around the fused update (stage 0's bf16 optimizer moves each gradient into its
-  fp32 copy and each updated weight back; stages 1-3 clear each gradient and point each weight at its
-  new values), so a model of few large tensors steps faster per element than one of many small ones.
-  Measured on H200 (the optimizer step between synchronizes, `measured_step_phase_s`): Phi-3 (6
-  layers, 39 tensors, 0.88e9 elements) stepped in 24 ms at stage 0 where Qwen2.5-0.5B (290 tensors,
-  0.49e9 elements) took 48-63 ms; with a cost per element only the fit put its constant time in t0
-  and over-predicted the few-tensor models' steps by 24-34% (Phi-3, Mixtral, Gemma-2).
-- HF Trainer (`Setup.hf_trainer`, a ds_config with "auto" values): the same engine step, plus the
-  Trainer's own loop on the host: per micro-step t_trainer (the batch to the device, `model.train()`,
-  the loss's NaN check, which waits for the device, FLOP and token counting, callbacks), and per
-  optimizer step its `model.zero_grad()`, which walks the parameters again after the engine's own
-  (t_zero_grad per tensor). Both run with the device idle (after the NaN check's wait, or before the
-  step's first kernel), so they add to the step. Measured, not fitted, by the validator's probes of
-  each call Trainer makes (`validate.hf_trainer.TrainerClock`, `validate.fit.trainer_host_constants`):
-  on Qwen2.5-0.5B at stage 2, 5.1 ms of loop and 1.05 ms of zero_grad in 190-200-ms steps
-  (`data/README.md`). The gradient norm Trainer reads back (0.1 ms: DeepSpeed clips inside its step)
-  and the scheduler (DeepSpeed's, stepped inside its step) are in the loop's share; the loss path (the
-  model's own shifted cross-entropy) is counted as the validator's, which the trace holds (forward
-  with the loss: 40-42 ms synchronized through Trainer, 38-48 ms bare). Logging and the next batch
-  run between steps (1.4 ms), outside the step as it is timed and predicted.
-η is fitted no higher than the rate of a large bf16 matmul on the same GPU, measured beside every job
-(0.80 of an H200's peak, `validate.fit.matmul_ceiling`): with no ceiling, the fit traded it against μ
-(0.75-1.0 against 5.8-7.9 over the cross-validation folds of `python -m validate crossval`).
-The constants η, μ, t_launch_*, t_op, t_ckpt_fwd, t_hook, t_gather, ε, t_grad_hook, t_grad_move, t0[·], t_element[·],
-t_tensor[·], φ and the three host rates are fitted on H200 runs (t_trainer and t_zero_grad measured: above) (`python -m validate fit`, `zerocalc/calibration/h200.json`;
-the host rates can be given: `--cpu-adam-rate`, `--host-link-gbps`); on another GPU they are
-assumed to carry over, which is a guess until it is measured. They are fitted on, and judged
-against, whole steps timed as training runs them (no synchronize between phases; `data/README.md`);
-there one configuration's median step differs by 19% between separate jobs (median over six
-configurations without offload), and stage-3 steps drift by ±25% within a job: on these hosts ±15% is at the
-measurement's own floor (H200, DeepSpeed 0.19.8, torch 2.11).
+The constants are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`)
+and scaled to the host's launch cost (`host_scale`). The full formulas, every term's derivation
+(FLOPs with non-reentrant checkpointing, HBM traffic, host dispatch, stage-3 gathers, overlap_comm,
+offload, HF Trainer) and the measurements behind each are in docs/step-time.md; the accuracy on the
+H200 rows is in docs/accuracy.md.
 """
 import json
 import os
