@@ -3,57 +3,14 @@ allocations and frees, hence `torch.cuda.max_memory_reserved()`.
 
 Reserved exceeds allocated because freed blocks stay cached and a request only reuses a cached block
 of its own pool and stream that is large enough: the order of allocations decides how much is
-reserved (the measured reserved/allocated ratios on H200 run from 1.08 to 1.73, README). This module
-is the allocator's half of that prediction; the other half is the allocation sequence itself.
-
-Rules (c10/cuda/CUDACachingAllocator.cpp, torch 2.11, default settings: no expandable segments,
-max_split_size unlimited, no garbage-collection threshold):
-- a request is rounded up to a multiple of 512 B (`round_size`);
-- requests up to 1 MiB use the small pool, larger ones the large pool;
-- a request takes the smallest free cached block of its pool and stream that fits, the lowest
-  address among equal sizes (`get_free_block`: lower_bound on (stream, size, address));
-- none fits: a new segment is cudaMalloc'd: 2 MiB for small requests, 20 MiB for requests under
-  10 MiB, else the request rounded up to 2 MiB (`get_allocation_size`);
-- the block found is split when what remains is at least 512 B (small pool) or more than 1 MiB
-  (large pool); the request takes the front (`should_split`, `alloc_found_block`);
-- a freed block merges with free neighbours of its segment (`free_block`, `try_merge_blocks`);
-- segments are returned by `torch.cuda.empty_cache()` (an "empty_cache" event: every segment with
-  nothing allocated in it; DeepSpeed's stage 3 calls it once at init, in `defragment`), and by the
-  out-of-memory retry where a capacity is given (below).
-
-With `capacity_bytes` (what the card leaves the allocator) a new segment whose cudaMalloc would take
-reserved past it fails as cudaMalloc does on a full card, and torch's `malloc` then does what it does
-(c10/cuda/CUDACachingAllocator.cpp, `malloc`: `alloc_block || (release_available_cached_blocks &&
-alloc_block) || (release_cached_blocks && alloc_block(isRetry))`, alike in an older release's source
-and a current one's, read for this): `release_available_cached_blocks` returns false at once when
-max_split_size is unlimited (the default); `release_cached_blocks` returns every cached segment that
-is one free block, in every pool and stream, as `empty_cache` does (it is `emptyCache`'s body); the
-cudaMalloc is tried once more (`num_alloc_retries` += 1), without searching the free blocks again;
-failing that, the request raises OutOfMemoryError and the job ends there (`Replay.oom`). Hence fragmentation held in
-free cached segments never causes an OOM; free blocks inside segments still in use do. With
-expandable segments a mapping whose pages would pass the capacity fails whole
-(`ExpandableSegment::map` releases the pages it made when a cuMemCreate fails), the retry's
-`release_cached_blocks` unmaps every whole free page (`release_blocks`, `unmap_block`: `empty_cache`
-again), and the mapping is looked for and tried once more. The capacity is a card's: under
-`set_per_process_memory_fraction` torch checks a cudaMalloc's size against the fraction before
-trying it, the same for the default allocator, but for expandable segments the request's allocation
-size rather than the pages it would map (not modelled).
-
-With expandable_segments:True (`replay(..., expandable_segments=True)`) the same sequence runs
-through that allocator's rules instead (`_ExpandableAllocator`). Replaying the histories of jobs
-run with the default allocator this way gives what the same configurations reserved when run with
-expandable segments within 2% (4.574 vs 4.574, 4.627 vs 4.652, 6.760 vs 6.748, 11.40 vs 11.61 GiB).
-
-A new segment lies below every segment so far (as the driver placed the large segments of every
-fresh process recorded), a large one in the lowest address range that an earlier `empty_cache`
-returned where it fits (as it placed those of a later job of a process), or at the address a
-recorded history gives (`segment_addresses`): the address only breaks ties between equal-sized free
-blocks, the lowest winning, and in a later job those ties decided 2 GiB (`snapshots/t6-process/`).
-
-Checked against the allocator's own history of 66 real DeepSpeed jobs on an H200 (stages 0-3, N = 1
-and 2, one to three streams, later jobs starting from a non-empty cache, DeepSpeed's `empty_cache`;
-data/snapshots/, `tests/test_allocator.py`): replaying their allocations and frees at their
-addresses gives the same segments, in the same order, size and stream, as the history records.
+reserved. This module is the allocator's half of that prediction (`zerocalc.sequence` makes the
+other half, the allocation sequence). It follows c10/cuda/CUDACachingAllocator.cpp (torch 2.11,
+default settings): rounding, the small and large pools, best fit by (stream, size, address), segment
+sizes, splitting and merging, `empty_cache`, and with `capacity_bytes` the out-of-memory retry that
+returns cached segments before raising (`Replay.oom`); `expandable_segments=True` runs that
+allocator's rules instead (`_ExpandableAllocator`). Each rule with its source, the segment
+placement, and the check against 66 recorded H200 histories (same segments, order, size and stream;
+`tests/test_allocator.py`) are in docs/reserved-memory.md, "The allocator, simulated".
 """
 import bisect
 from typing import NamedTuple
@@ -183,22 +140,14 @@ GUIDED_PROBES = 4   # `bisect_capacity`'s probes chosen by a failure's demand, a
 def bisect_capacity(short, failing_bytes: int, running_bytes: int, guess_bytes: int | None = None) -> int:
     """The capacity on the 2 MiB grid (`CAPACITY_GRID_BYTES`) at which a sequence first runs between
     failing_bytes, where it does not, and running_bytes, where it does. `short(capacity)`: None where
-    it runs, else the failed request's demand (`OutOfMemory.demand_bytes`). A bisection keeping that pair, so it
-    ends on a grid capacity that runs whose grid neighbour below fails.
+    it runs, else the failed request's demand (`OutOfMemory.demand_bytes`). A bisection keeping that
+    pair, so it ends on a grid capacity that runs whose grid neighbour below fails.
 
-    Probes anywhere inside the pair keep it, so they are chosen to end soon: after a failure, at its
-    demand (or guess_bytes first), and after a run found so, just below it; else halfway. In the
-    generated jobs the answer is usually a demand seen near it (2-7 replays for a 7B Llama, against
-    the 10-15 of halving); at most `GUIDED_PROBES` are chosen so, so never more than that many over
-    halving alone.
-
-    Running without OOM is not monotone in the capacity in general: a smaller capacity's retries
-    return cached segments earlier, the requests after them take new segments instead of splitting
-    cached blocks, and the cache's layout from there on differs (it can run where a larger capacity
-    fails; `tests/test_allocator.py` has such a sequence). Where it is monotone the answer is the
-    smallest capacity that runs; where not, it is a boundary inside the pair given, never outside
-    it: a caller who knows that its own capacity runs (or fails) passes it as running_bytes (or
-    failing_bytes), and the answer is then on the same side of it as its verdict."""
+    Probes are chosen to end soon (at a failure's demand or guess_bytes, just below a run found so,
+    else halfway; at most `GUIDED_PROBES` guided). Running is not monotone in the capacity in general
+    (`tests/test_allocator.py`), so the answer is a boundary inside the pair given: a caller who knows
+    its own capacity's verdict passes it as running_bytes or failing_bytes, and the answer is on the
+    same side of it. Why, and how many replays it takes: docs/reserved-memory.md, "How `fits` is decided"."""
     grid = CAPACITY_GRID_BYTES
     low, high = failing_bytes // grid, running_bytes // grid
     if high <= low:
