@@ -1,23 +1,14 @@
 """Activations kept for backward, from the architecture and the batch shape.
 
-Units: bytes. Per token (B·s tokens per micro-batch) and per layer, in units of the training dtype's b:
-- seed-gpt (nn.MultiheadAttention with need_weights=True, the eager path), counted by hand and
-  matching the H200 measurements within 0.5% (`data/h200-n1-gpt.csv`):
-    residual input h + three ln1 outputs 3h + q, k, v 3h + the contiguous attention output h
-    + residual h + ln2 output h = 10h; fc1 output f and GELU output f = 2f; softmax probabilities
-    a·s (one B·a·s·s tensor per layer).
-- hf-llama (sdpa): MLP gate, SiLU, up and product 4f by hand; the attention and RMSNorm part
-  (fp32 upcasts inside LlamaRMSNorm, rotary copies) fitted as c_h·h + c_kv·kv on the H200 runs
-  (`zerocalc/calibration/h200.json`, `python -m validate fit`).
-- hf-gpt2: the seed's count without the a·s term (sdpa) and with HF's gelu_new saving about 4f;
-  not yet measured on a GPU.
-- Activation checkpointing keeps each block's input, b·h per layer per token, and recomputes one
-  layer at a time in backward.
-The loss path on `logits.float()`: fp32 log-softmax output 4·V per token kept to the end of forward;
-at the loss the fp16/bf16 logits (2V) and their fp32 copy (4V) are alive too; backward starts with
-the fp32 gradient of the log-probs and of the logits (8V). Those are freed before the first layer's
-backward: a recomputed layer (checkpointing) is never alive beside them (H200 allocator histories,
-`data/snapshots/`: 12·V·T bytes at the loss, nothing of the loss path at a layer's recomputation).
+Units: bytes, per token (B·s tokens per micro-batch) and per layer, in units of the training dtype's
+b, for each family: seed-gpt counted by hand (10h + 2f + a·s), hf-llama's MLP by hand and its
+attention and RMSNorm part fitted on the H200 runs (`zerocalc/calibration/h200.json`), hf-gpt2 as
+the seed without the a·s term; activation checkpointing keeps b·h per layer per token and recomputes
+one layer at a time. The loss path on `logits.float()` is counted apart: 12·V·T bytes at the loss,
+freed before the first layer's backward.
+
+Each term, and the measurements behind it (`data/h200-n1-gpt.csv`, `data/snapshots/`), is in
+docs/how-it-works.md, "Activations and the allocator".
 """
 from dataclasses import dataclass
 
