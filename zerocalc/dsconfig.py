@@ -1,18 +1,12 @@
 """Read a ds_config the way DeepSpeed 0.19.8 reads it, into Setup fields.
 
-DeepSpeed loads the file with `hjson` and a duplicate-key check (`runtime/config.py`,
-`DeepSpeedConfig.__init__`, `config_utils.dict_raise_error_on_duplicate_keys`), then validates
-`zero_optimization`, `fp16` and `bf16` with pydantic models in lax mode (`runtime/zero/config.py`,
-`runtime/zero/offload_config.py`, `runtime/precision_config.py`; `extra="forbid"`, and values of
-"auto" dropped by `DeepSpeedConfigModel.__init__`), and the batch keys by `_batch_assertion`.
-This module follows each of those rules without importing pydantic or DeepSpeed:
-`tests/test_dsconfig_deepspeed.py` holds its verdict and resolved values to `DeepSpeedConfig`'s.
-
-Hugging Face Trainer's "auto" values are resolved the way its DeepSpeed integration does
-(`transformers/integrations/deepspeed.py`: reduce_bucket_size = h², stage3_prefetch_bucket_size =
-0.9·h², stage3_param_persistence_threshold = 10·h, fp16/bf16.enabled from --fp16/--bf16) when the
-hidden size is known; batch sizes left at "auto" must come from the command line. A config with
-"auto" values comes from Trainer, which builds stage-3 models under deepspeed.zero.Init.
+DeepSpeed loads the file with `hjson` and a duplicate-key check, validates `zero_optimization`,
+`fp16` and `bf16` with pydantic models in lax mode (`extra="forbid"`, "auto" values dropped) and the
+batch keys by `_batch_assertion`. This module follows each of those rules without importing pydantic
+or DeepSpeed: `tests/test_dsconfig_deepspeed.py` holds its verdict and resolved values to
+`DeepSpeedConfig`'s. Hugging Face Trainer's "auto" values are resolved as its DeepSpeed integration
+does when the hidden size is known; batch sizes left at "auto" must come from the command line.
+Where each rule lives in DeepSpeed's and transformers' source: docs/inputs.md, "ds_config".
 
 Every error names the key and the value: `zero_optimization.stage = 4: ZeRO stages are 0, 1, 2, 3`;
 the caller prefixes the file.

@@ -6,14 +6,11 @@ reserves more than the card holds can still run there. Every rank that can run o
 replayed (`sequence.simulated_ranks(every=True)`).
 
 Needed only near the card (`LATE_REPLAY_MARGIN`): well under it no cudaMalloc fails, no retry
-happens, and the verdict is the unbounded replay's (`Estimate.fits_device`).
-
-When a freed block becomes reusable depends on the GPU's progress: a block another stream used is
-reusable once that stream's work is done (torch's `free_completed`), so stage 3's gathered parameters
-(the all-gather stream's blocks) come back late by however far the host runs ahead. Rank 0's histories
-of 8B stage-3 jobs on emulated cards (data/snapshots/cards-oom/) show those frees 0-877 allocations
-late, differently in every run, and one job that ran in one run ran out in another. The verdict is
-therefore taken under several timings (`GATHER_FREE_DELAYS`); `fits` means it runs under every one.
+happens, and the verdict is the unbounded replay's (`Estimate.fits_device`). At stage 3 the
+all-gather stream's frees come back late by however far the host runs ahead, differently in every
+run, so the verdict is taken under several timings (`GATHER_FREE_DELAYS`) and `fits` means it runs
+under every one. The evidence: docs/scale.md, "`fits` on a smaller card"; the rules:
+docs/reserved-memory.md, "How `fits` is decided".
 """
 from itertools import chain
 from typing import NamedTuple
