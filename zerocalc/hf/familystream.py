@@ -3,14 +3,13 @@ integer polynomial in the batch, the sequence and the model's dimensions: one st
 serves every width, depth, head count and vocabulary, where a traced model's stream
 (`memtrace.step_stream`) holds one config's dimensions.
 
-How (`family_stream`): the validator's own model of the family (`zerocalc.hf.families.build_model`: the
-seed's GPT, Hugging Face's Llama) is traced on fake tensors (`memtrace.record_step`, with and without
-checkpointing, with and without DeepSpeed's stage-3 linear) once at random dimensions and the six
-(B, s) shapes, which says which of (1, s, B·s, B·s², B, s²) each size has, then at further random
-dimensions and one random shape each; each size's coefficients, those terms times the monomials of
-the family's dimensions (`monomials`), are solved exactly from as many traces as there are unknowns
-and checked against the rest (at least `HELD_OUT`) and the first: a size that is no such polynomial,
-or a stream whose events change with the dimensions, fails the generation.
+How (`family_stream`): the validator's own model of the family (`zerocalc.hf.families.build_model`)
+is traced on fake tensors (`memtrace.record_step`, with and without checkpointing and DeepSpeed's
+stage-3 linear) at random dimensions and the six (B, s) shapes; each size's coefficients, the terms
+of (1, s, B·s, B·s², B, s²) times the monomials of the family's dimensions (`monomials`), are solved
+exactly and checked against held-out traces (at least `HELD_OUT`): a size that is no such
+polynomial, or a stream whose events change with the dimensions, fails the generation. The method
+in full: docs/reserved-memory.md, "The transcribed families".
 
     python -m zerocalc.hf.familystream     # regenerate zerocalc/family_streams.json (needs the validator)
 """
