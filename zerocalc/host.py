@@ -1,51 +1,17 @@
 """Host (CPU) memory per rank over a job's life, as DeepSpeed 0.19.8 and PyTorch really hold it.
 
-What a rank's process holds on the host, in the order a job builds it; the peak resident set (`VmHWM`)
-is the largest running total. Notation as in `zerocalc.states`: P params (nᵢ each), N ranks, b the
-model dtype's bytes, g the gradient-accumulation dtype's, K the optimizer's state bytes per parameter,
-S = Pp/N the stage-1/2 shard, S3 = Σ⌈nᵢ/N⌉ the stage-3 one, S3_j its optimizer sub-groups.
+What a rank's process holds on the host, in the order a job builds it (runtime, model build,
+initialize, first step); the peak resident set (`VmHWM`) is the largest running total. Notation as in
+`zerocalc.states`: P params (nᵢ each), N ranks, b the model dtype's bytes, g the gradient-accumulation
+dtype's, K the optimizer's state bytes per parameter, S = Pp/N the stage-1/2 shard, S3 = Σ⌈nᵢ/N⌉ the
+stage-3 one, S3_j its optimizer sub-groups.
 
-Two rules of the host side that the device side does not have:
-- **Pinned memory is rounded up to a power of two and never given back.** DeepSpeed pins through
-  `tensor.pin_memory()` (`accelerator/abstract_accelerator.py`, `pin_memory`), served by PyTorch's
-  caching host allocator, which rounds each block up to the next power of two (`PowerOf2Ceil` in
-  `ATen/core/CachingHostAllocator.h`, `pinned_max_round_threshold` unlimited by default) and keeps a
-  freed block cached, page-locked and resident. `pinned(x)` below is that rounding.
-- **Pageable memory is given back when freed** (these tensors are far above glibc's 32 MiB mmap
-  threshold), but a pinned copy is made from a pageable one, so both exist for a moment.
-
-Sources, by term (paths relative to DeepSpeed's package; checked against the H200 rows in
-`data/h200-host-*.csv`, docs/host-memory.md):
-- runtime: the process before the model is built (Python, torch with CUDA initialized, the process
-  group, DeepSpeed), transformers' import for Hugging Face models, and what the process grows by
-  through initialize and the first step (CPU Adam's extension, CUDA kernels and libraries loaded on
-  first use): measured constants, `BASELINE_BYTES`, `TRANSFORMERS_BYTES`, `RUNTIME_GROWTH_BYTES`.
-- model build: the fp32 module on the CPU, 4P + module buffers (validator and `from_config`); a tied
-  head is made before it is tied (4·vocab·hidden for a moment); under
-  `deepspeed.zero.Init` (stage 3) each parameter is partitioned as it is made, so only its partition
-  stays on the host (pinned, with parameter offload) and one module's fp32 parameters pass through.
-- initialize: `engine._configure_distributed_model` casts the module to b on the CPU (one tensor at a
-  time: 4P + b·max nᵢ at most) and moves it to the GPU, which frees the host copy.
-- stages 1/2, optimizer offload (`runtime/zero/stage_1_and_2.py`): fp32 master `weights_partition`
-  4S pinned, a b·S pinned copy `param_buffer_of_bit16_for_cpu_offload_groups`, a pinned gradient
-  staging buffer b·max nᵢ `temp_grad_buffer_for_cpu_offload`, and the fp32 gradient partition 4S
-  pinned in `initialize_optimizer_states`; with GAS > 1 at stage 2 a pinned b·nᵢ accumulator per
-  parameter of the shard (`accumulated_grads_in_cpu`).
-- stage 3 (`runtime/zero/stage3.py`, `partition_parameters.py`): with parameter offload, each
-  parameter's partition pinned at partitioning (b·⌈nᵢ/N⌉ each, `_partition_param`), then copied into
-  one pinned flat buffer b·S3 (`_create_param_groups_fp16_flat_cpu_memory`; the per-parameter blocks
-  stay cached); with optimizer offload the fp32 master 4·S3 pageable (`_create_fp32_partitions`:
-  `.to(cpu, fp32)` then `.clone()`, 2 × 4·S3_j for a moment), a pinned fp32 gradient 4·S3_j per
-  sub-group and an unused pageable 4·max S3_j alive through `initialize_optimizer_states`, and the
-  pinned gradient partitions g·S3 (`grad_partitions_flat_buffer`).
-- first step: the optimizer's state K per element of the shard, pageable, made lazily by
-  DeepSpeedCPUAdam (`ops/adam/cpu_adam.py`, `torch.zeros_like`); at stage 3 with the 16-bit partitions
-  on the GPU, the updated fp32 master is copied into them (`_reassign_or_swap_out_partitioned_parameters`)
-  and a blocking host-to-device copy that changes dtype converts on the CPU first (PyTorch's
-  `copy_kernel_cuda`): b·S3_j for a moment.
-- NVMe offload (not measured): master and moments (and parameters) live on NVMe; the host keeps the
-  swappers' pinned buffers (`buffer_count` × the largest sub-group, fp32, for the optimizer; 5 × 1e8
-  elements of b for parameters: DeepSpeed's defaults, `offload_config.py`).
+Two rules the device side does not have: pinned memory is rounded up to a power of two by PyTorch's
+caching host allocator and never given back (`pinned(x)` below), and a pinned copy is made from a
+pageable one, so both exist for a moment. Every term with its DeepSpeed/PyTorch source, and the H200
+rows it is checked against (`data/h200-host-*.csv`), is in docs/host-memory.md; the runtime
+constants (`BASELINE_BYTES`, `TRANSFORMERS_BYTES`, `RUNTIME_GROWTH_BYTES`) are measured there.
+NVMe offload (swap buffers only) is not measured.
 """
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
