@@ -2,33 +2,17 @@
 architecture and the setup, for `zerocalc.allocator` to replay: the reserved peak without a ratio.
 
 One mechanism for every model: the model's side (forward, the validator's loss, backward) is an
-allocation stream traced from the model's own code on fake tensors and played by `_TracedStep`; the
-transcribed families (seed-gpt, hf-llama) play their family's stream, whose sizes are integer
-polynomials in the batch, the sequence and the model's dimensions (`zerocalc/family_streams.json`,
-`zerocalc.hf.familystream`), any other model its profile's (`zerocalc.hf.memtrace.step_stream`).
-This module holds DeepSpeed's side, beside it (sizes in bytes; the H200 allocator histories in
-`data/snapshots/`, and DeepSpeed 0.19.8's `runtime/zero/stage_1_and_2.py`, `stage3.py`,
-`partition_parameters.py`, `fp16/fused_optimizer.py`):
-- init: the module's parameters as `model.to(device)` makes them (under zero.Init, one at a time,
-  each partitioned as it is made), then DeepSpeed's flatten and partition copies and their frees, per stage;
-- each gradient the stream hands over (where DeepSpeed's hook takes it) through the hook for the
-  stage: kept, bucketed, reduced;
-- step: DeepSpeed's norm, flatten, fp32 cast and Adam's lazily made moments (first step), per stage;
-- stage 3 (`_Stage3`): init's per-parameter partitions, `empty_cache` and flat buffers, the gradient
-  bucket's flatten on the reduction stream, the parameters' all-gathers and releases on the all-gather
-  stream as the coordinator runs them (`stage3_trace.fetches`: per module in the first iteration,
-  prefetched in coalesced calls after), the fp16 overflow check and the per-sub-group step; the
-  model's side traced with DeepSpeed's stage-3 linear where the stream has it (the families');
-- optimizer offload (`_Stage`, `_Stage3` with `offload`): no fp32 master, moments or gradient
-  partitions on the device; per reduced gradient the device-side norm and fp32 cast on its way to the
-  host; at stage 3 with parameter offload (N = 1) each fetch copies a host partition up;
-- what the GPU does that a CPU trace cannot show (`_TracedStep`), and cuBLAS's workspaces.
-
-The hand-written seed-gpt and hf-llama layers the families' streams replaced are kept as the oracle
-(`tests/transcribed_sequence.py`, `tests/test_family_stream.py`). Every configuration recorded as the
-first job of a fresh process is reproduced (`tests/test_sequence.py`: stages 0-3, N = 1 and 2,
-gradient accumulation, overlap_comm, optimizer offload; rank 0's history). What `generated` says is
-covered; others: None.
+allocation stream traced from the model's own code on fake tensors and played by `_TracedStep` (a
+transcribed family's polynomial stream, `zerocalc.hf.familystream`, or a profile's,
+`zerocalc.hf.memtrace.step_stream`). This module holds DeepSpeed 0.19.8's side beside it (sizes in
+bytes): init's parameters, flatten and partition copies; each gradient through the stage's hook;
+the step's norm, casts and lazily made moments; stage 3's partitions, flat buffers and the
+all-gathers the coordinator runs (`_Stage3`, `stage3_trace.fetches`); optimizer and parameter
+offload; cuBLAS's workspaces. Each event with its DeepSpeed source and the H200 histories it was
+read from (`data/snapshots/`) is in docs/reserved-memory.md, "The sequence, generated"; every
+configuration recorded as a fresh process's first job is reproduced (`tests/test_sequence.py`,
+the hand-written layers kept as oracle in `tests/transcribed_sequence.py`). What `generated` says
+is covered; others: None.
 """
 import gc
 import json
@@ -142,28 +126,13 @@ class _TracedStep:
     """A model's forward, loss and backward from its stream (a family's, `zerocalc.hf.familystream`,
     or a traced profile's, `zerocalc.hf.memtrace.step_stream`): what its code allocates and frees on
     fake tensors (sizes evaluated on the stream's basis, `basis_values`), with the CUDA kernels' own
-    allocations added where the CPU trace cannot show them, each rule read from the H200 histories of
-    the transcribed families:
-    - a reduction over every dimension but the last (a norm weight's or a bias's gradient summed over
-      the tokens) stages partial sums in a buffer from the caching allocator (Reduce.cuh), freed at
-      once: 8 bytes per input element up to 132 MiB on H200 (every seed-gpt and hf-llama history:
-      12 MiB at 2048 x 768 ... 128 MiB at 8192 x 2048; 132 MiB at 16384 x 2048, 4096 x 8192,
-      32768 x 768); the cap depends on how many blocks the GPU runs at once, another GPU's is not
-      measured (`REDUCTION_STAGING_BYTES`);
-    - SDPA's backward (flash / memory-efficient kernels) takes a workspace of two fp32 tensors of the
-      query's size and the fp32 log-sum-exp, freed at once; its forward keeps the log-sum-exp, not the
-      probabilities, as the CPU kernel does;
-    - a softmax's backward makes a temporary of its gradient's size right after it, freed at once (the
-      seed GPT's histories: a B·heads·s² block after each attention's softmax gradient; backward
-      records no call sites, so which kernel takes it is not known);
-    - cuBLAS takes its workspace at the first matmul of forward (placed after the embedding's output)
-      and of autograd's thread (after the first matmul's output in backward), and keeps it
-      (`CUBLAS_WORKSPACE_BYTES`).
-    (Rules the recording applies itself, `memtrace.record_step`: gradients summed in place, a
-    linear's bias added in place, LayerNorm's statistics in fp32.) The loss is the validator's: the
-    cross-entropy of the logits' fp32 copy. A model deeper than the traced one repeats the middle
-    layers' segments: layer 0, 1 and the last two as traced, every other as layer 1. At stage 3 the
-    stream's `_zero3` variant is played where it has one (DeepSpeed's linear, `familystream.zero3_linear`)."""
+    allocations added where the CPU trace cannot show them, each read from the H200 histories: a
+    reduction's staging buffer (`REDUCTION_STAGING_BYTES`), SDPA's backward workspace, a softmax
+    backward's temporary, cuBLAS's workspaces (`CUBLAS_WORKSPACE_BYTES`). The loss is the
+    validator's: the cross-entropy of the logits' fp32 copy. A model deeper than the traced one
+    repeats the middle layers' segments: layer 0, 1 and the last two as traced, every other as layer 1.
+    At stage 3 the stream's `_zero3` variant is played where it has one (`familystream.zero3_linear`).
+    Each rule with its evidence: docs/reserved-memory.md, "Any Hugging Face model: the traced stream"."""
 
     def __init__(self, t: _Trace, model: ModelSpec, setup: Setup, ds, workspaces: list, stream: dict | None = None):
         st = stream if stream is not None else traced_under(model.profile, setup.attention)[1]
