@@ -2,23 +2,14 @@
 forward's module calls, read once from a real build (`zerocalc.hf.trace`, the optional `trace`
 extra) and kept as JSON (shipped in `zerocalc/profiles/`, cached in the user's cache directory).
 
-What DeepSpeed needs to be exact at every stage is all here:
-- the parameter tensors in `module.parameters()` order, tied weights once (stages 1/2 flatten and
-  pad them in this order; stage 3 partitions each);
-- which module owns which tensors (`named_parameters(recurse=False)`, a tied weight under each
-  module that holds it), and the calls of one forward, nested as they ran, with whether each call's
-  output requires grad (else DeepSpeed's backward hook never fires for it): stage 3's fetch trace
-  (`zerocalc.stage3_trace`) is walked from them exactly as from the transcribed `arch.calls`;
-- the module buffers; the config's dimensions (for listing, and for the activation formulas);
-- the allocation event stream of a training step (`stream`, `hf.memtrace.step_stream`): what each
-  operator of the model's code allocates and frees, forward, loss and backward, with and without
-  activation checkpointing, which `zerocalc.sequence` plays beside DeepSpeed's side.
-- what a micro-step asks of the host and the GPU (`steps`, `zerocalc.hf.optrace`): operators
-  dispatched and FLOPs per phase, for the layers and outside them, which `zerocalc.timing` reads.
-
-The JSON stores repeated layers once: a run of items that differ only in a layer index is written
-as {"repeat": n, "prefix": "model.layers.", "from": i, "items": [...]} with "{i}" in their names
-(`_compress`), so a 126-layer model's profile is the size of a 1-layer one.
+It holds what DeepSpeed needs to be exact at every stage: the parameters in `module.parameters()`
+order, tied weights once; which module owns which tensors; the calls of one forward, nested, with
+whether each output requires grad (stage 3's fetch trace, `zerocalc.stage3_trace`, is walked from
+them as from the transcribed `arch.calls`); the buffers and the config's dimensions; the step's
+allocation stream (`stream`, `hf.memtrace.step_stream`, played by `zerocalc.sequence`) and the
+operators and FLOPs per phase (`steps`, `zerocalc.hf.optrace`, read by `zerocalc.timing`). Repeated
+layers are stored once (`_compress`). Each field and the JSON's form: docs/models.md, "What a profile
+holds".
 """
 import json
 import os

@@ -2,25 +2,13 @@
 host dispatches and the FLOPs they do, per phase (forward; backward; backward under activation
 checkpointing, its recomputation included), for the layers and for what is outside them.
 
-A forward from the token ids to the logits and a backward from the logits (the loss is the
-validator's, not the model's, and is left out) run on fake tensors (`hf.trace.build`) under a
-dispatch mode that sees every aten operator, as `zerocalc.timing` counts them:
-- an operator is counted unless it only makes a view or reads metadata (`VIEW_OPS`, every `prim.`
-  operator): each counted one is a trip through PyTorch's dispatcher and most a kernel launch;
-- FLOPs: torch's own formulas (`torch.utils.flop_counter.flop_registry`: mm, addmm, bmm, baddbmm and
-  the CUDA attention kernels) and, where it has none, the CPU's SDPA kernel (as the CUDA flash kernel:
-  4·B·H·s_q·s_k·d forward, twice that backward) and `_grouped_mm` (an MoE's experts: 2 FLOPs per
-  multiply-add of the routed rows, so top-k routing is balanced by construction);
-- the bytes written by every other operator (element-wise and reductions: what HBM bandwidth bounds).
-
-Each quantity is a·B·s + c·B·s² (a per token, c per token per position: attention's scores), read
-from one sequence at two lengths; and per layer, from the model cut to its first n and n + 1 layers
-(n covering an MoE stack's leading dense layers, `first_k_dense_replace`): for L layers
-base + (L − n)·per_layer. Operator counts do not depend on the length (checked at both).
-
-MoE: transformers' default experts implementation where it dispatches (`grouped_mm`, CPU and H200
-alike) runs every expert of a layer in one operator per projection: launches do not grow with the
-number of experts. The eager one loops over the experts hit (about ten operators each).
+A forward from the token ids to the logits and a backward from the logits run on fake tensors
+(`hf.trace.build`) under a dispatch mode that sees every aten operator, as `zerocalc.timing` counts
+them: operators dispatched (not views or metadata reads, `VIEW_OPS`), matmul and attention FLOPs
+(torch's formulas, the CPU's SDPA and `_grouped_mm` counted as their CUDA kernels), and the bytes
+every other operator writes. Each quantity is a·B·s + c·B·s², read at two lengths, and split into
+base + (L − n)·per_layer from the model cut to n and n + 1 layers. The rules in full, MoE included:
+docs/models.md, "Step time of a traced model".
 
 torch is imported lazily: the profile carries the result (`Profile.steps`) and `zerocalc.timing`
 reads it without torch.
