@@ -10,9 +10,8 @@ the step's norm, casts and lazily made moments; stage 3's partitions, flat buffe
 all-gathers the coordinator runs (`_Stage3`, `stage3_trace.fetches`); optimizer and parameter
 offload; cuBLAS's workspaces. Each event with its DeepSpeed source and the H200 histories it was
 read from (`data/snapshots/`) is in docs/reserved-memory.md, "The sequence, generated"; every
-configuration recorded as a fresh process's first job is reproduced (`tests/test_sequence.py`,
-the hand-written layers kept as oracle in `tests/transcribed_sequence.py`). What `generated` says
-is covered; others: None.
+configuration recorded as a fresh process's first job is reproduced (`tests/test_sequence.py`;
+oracle: `tests/transcribed_sequence.py`). What `generated` says is covered; others: None.
 """
 import gc
 import json
