@@ -210,6 +210,8 @@ def rank0_peaks(e, row: dict) -> tuple[int, int]:
     `predicted_reserved` makes it."""
     base = row.get("measured_base_allocated_bytes")
     fresh = pd.isna(base) or base < sequence.CUBLAS_WORKSPACE_BYTES
+    if fresh and sequence.simulated_ranks(e.model, e.setup) == (0,):
+        return e.simulated_peaks_bytes
     return sequence.peaks_bytes(e.model, e.setup, fresh_process=fresh, ranks=(0,))
 
 
@@ -240,10 +242,11 @@ def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFra
         for k, v in (("now_step_s", "step_s"), ("now_forward_s", "forward_s"), ("now_backward_s", "backward_s"),
                      ("now_step_phase_s", "optimizer_s")):
             cols[k].append(getattr(t, v) if t else float("nan"))
-        allocated, reserved = e.peak_bytes, predicted_reserved(e, r.to_dict(), replays.get(i))
         if r.get("world") == "fake" and e.simulated_peaks_bytes is not None:   # only its rank 0 is measured
-            allocated, rank0_reserved = rank0_peaks(e, r.to_dict())
-            reserved = replays[i] if replays.get(i) is not None else rank0_reserved
+            allocated, reserved = rank0_peaks(e, r.to_dict())
+            reserved = replays[i] if replays.get(i) is not None else reserved
+        else:
+            allocated, reserved = e.peak_bytes, predicted_reserved(e, r.to_dict(), replays.get(i))
         for k, v in (("now_state_bytes", predicted_state_bytes(e, r["backend"])), ("now_comm_bytes", e.comm_bytes),
                      ("now_peak_allocated_bytes", allocated),
                      ("now_peak_reserved_bytes", reserved),

@@ -122,15 +122,7 @@ def _named_match(spec: str | tuple[str, ...], name: str) -> bool:
 def output_head(p: Profile) -> int | None:
     """The module `get_output_embeddings()` returns: the last module called in forward, where it is a
     Linear (the LM head; tied or not)."""
-    last = None
-
-    def walk(node: CallNode):
-        nonlocal last
-        if p.modules[node.module].params:
-            last = node.module
-        for c in node.children:
-            walk(c)
-    walk(p.calls)
+    last = next((m for m in reversed(list(_call_order(p.calls))) if p.modules[m].params), None)
     return last if last is not None and p.modules[last].cls in LINEAR_CLASSES else None
 
 
@@ -437,18 +429,12 @@ def _frozen_norm_elements(p: Profile, layer: CallNode, trainable) -> int:
     `weight * x.to(dtype)`, whose product keeps x only for the weight's gradient. A per-head norm (Qwen3's
     q_norm, k_norm: a weight of head_dim) scales every head's elements."""
     d, total = p.dims, 0
-
-    def walk(node: CallNode):
-        nonlocal total
-        m = p.modules[node.module]
+    for m in (p.modules[k] for k in _call_order(layer)):
         if m.cls.endswith("RMSNorm") and m.params and not any(trainable[i] for i in m.params):
             width = p.params[m.params[0]].numel
             if width == d.get("head_dim") and width != d.get("hidden_size"):
                 width *= d.get("num_kv_heads") if m.name.endswith("k_norm") else d.get("num_heads")
             total += width
-        for c in node.children:
-            walk(c)
-    walk(layer)
     return total
 
 

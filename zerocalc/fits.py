@@ -62,9 +62,13 @@ def job_pieces(model: ModelSpec, setup: Setup) -> tuple[tuple[int, int, tuple], 
     """(rank, 0, its pieces) for each simulated rank (`sequence.step_pieces`: init, then each step),
     generated once for the several replays a verdict and its headroom take; `near_card` adds the
     other ranks and timings a verdict on a card needs."""
+    return _ranks_pieces(model, setup, sequence.simulated_ranks(model, setup))
+
+
+def _ranks_pieces(model: ModelSpec, setup: Setup, ranks) -> tuple[tuple[int, int, tuple], ...]:
+    """(rank, 0, its pieces) for each of `ranks`."""
     with sequence.cycle_collector_paused():
-        return tuple((r, 0, tuple(sequence.step_pieces(model, setup, rank=r)))
-                     for r in sequence.simulated_ranks(model, setup))
+        return tuple((r, 0, tuple(sequence.step_pieces(model, setup, rank=r))) for r in ranks)
 
 
 def near_card(model: ModelSpec, setup: Setup, jobs) -> tuple[tuple[int, int, tuple], ...]:
@@ -73,9 +77,8 @@ def near_card(model: ModelSpec, setup: Setup, jobs) -> tuple[tuple[int, int, tup
     pieces under each later timing of `GATHER_FREE_DELAYS` (`late_frees`): what a verdict on a card
     replays."""
     made = {r for r, _, _ in jobs}
-    with sequence.cycle_collector_paused():
-        jobs = tuple(jobs) + tuple((r, 0, tuple(sequence.step_pieces(model, setup, rank=r)))
-                                   for r in sequence.simulated_ranks(model, setup, every=True) if r not in made)
+    jobs = tuple(jobs) + _ranks_pieces(model, setup, [r for r in sequence.simulated_ranks(model, setup, every=True)
+                                                      if r not in made])
     out = []
     for r, _, pieces in jobs:
         out.append((r, 0, pieces))

@@ -585,7 +585,6 @@ class _Stage3:
 
     NORM_CHUNK = 250_000_000   # _constant_buffered_norm2 takes a gradient's norm in chunks of this many elements
 
-    GATHER_STREAM = GATHER_STREAM
     REDUCE_STREAM = 2     # reduce_and_partition_stream: the bucket's flatten, the fp16 overflow check
 
     def __init__(self, t: _Trace, model: ModelSpec, setup: Setup):
@@ -614,7 +613,7 @@ class _Stage3:
             return
         steps = stage3_trace.fetches(self.model, self.setup, record=self.iterations == 0)
         forward_steps = len(self.model.trace)
-        t, b, numel, s = self.t, self.b, self.model.param_numels, self.GATHER_STREAM
+        t, b, numel, s = self.t, self.b, self.model.param_numels, GATHER_STREAM
         for actions in (steps[forward_steps:] if backward else steps[:forward_steps]):
             for kind, what in actions:
                 if kind == "gather" and (len(what) == 1 or self.param_offload):
