@@ -1,22 +1,10 @@
 """One steady-state ZeRO-3 iteration, replayed module by module the way DeepSpeed 0.19.8's
-`PartitionedParameterCoordinator` (`runtime/zero/partitioned_param_coordinator.py`) runs it.
-
-What it decides, and what a closed form gets wrong:
-- `fetch_sub_module` all-gathers the module's unavailable parameters, pops the module's entries off
-  the parameter queue, then prefetches from the queue until `stage3_prefetch_bucket_size` numel of
-  *unavailable* parameters are in flight; parameters already gathered are popped for free and
-  marked as needed at their later step.
-- `release_sub_module` releases a module's non-persistent parameters unless that mark says they are
-  needed later, or they reappear within `stage3_max_reuse_distance` numel of the trace ahead.
-- A checkpointed layer's forward, run again inside backward, fetches as forward does, but its frozen
-  parameters (`requires_grad` False: a LoRA base layer's) are also charged to the backward module
-  whose hook started the recomputation (`ds_recompute_parameters`, `_fetch_sub_module_impl`), and
-  that module's release frees them whatever the reuse rule says (`release_sub_module`): with LoRA
-  and checkpointing each frozen weight of a layer is gathered again in backward.
-So with a prefetch bucket as large as the model the prefetcher runs through the whole trace and
-nothing is released: 2Ψ of traffic, not the paper's 3Ψ, and the whole model stays gathered from
-forward through backward. Checked against the comms logger on 2-rank CPU jobs
-(`tests/test_against_deepspeed.py`).
+`PartitionedParameterCoordinator` runs it: which parameters each module's hook all-gathers, prefetches
+and releases (`stage3_prefetch_bucket_size`, `stage3_max_reuse_distance`, the trace's later uses), and
+what a checkpointed layer's recomputation gathers again (frozen LoRA base weights included).
+Why a closed form is wrong here (2Ψ with a large prefetch bucket, not the paper's 3Ψ) and the rules
+it replays: docs/how-it-works.md, "Stage 3's gathers". Checked against the comms logger on 2-rank CPU
+jobs (`tests/test_against_deepspeed.py`, `tests/test_stage3_fetches.py`).
 """
 from bisect import bisect_left, bisect_right
 from collections import deque
