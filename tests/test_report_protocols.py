@@ -112,7 +112,8 @@ def test_a_true_flag_read_back_from_a_set_of_files_keeps_its_value(tmp_path):
     from validate.rows import job_from_row
     arch = dict(family="seed-gpt", vocab_size=100, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=4,
                 ffn_hidden_size=256, tie_embeddings=False, max_positions=64)
-    base = dict(key="k", nproc=2, stage=1, optimizer="adamw", outcome="ok", **arch)
+    base = dict(key="k", backend="cpu", nproc=2, stage=1, optimizer="adamw", outcome="ok", measured_state_bytes=1,
+                measured_comm_bytes=0, **arch)
     pd.DataFrame([{**base, "overlap_comm": ""}]).to_csv(tmp_path / "old.csv", index=False)
     pd.DataFrame([{**base, "key": "k2", "overlap_comm": True}]).to_csv(tmp_path / "new.csv", index=False)
     rows = load([str(tmp_path / "old.csv"), str(tmp_path / "new.csv")])

@@ -144,8 +144,13 @@ def test_a_half_row_is_skipped_by_report_and_dropped_on_resume(tmp_path, fake):
 def test_a_row_written_onto_a_half_row_is_skipped_not_a_parser_error(tmp_path):
     """A file an older validator damaged: a half row, then a whole row appended onto it (one line too
     wide). The report skips that line and names it; the rows around it are read."""
+    from validate.rows import COLUMNS, rejected_row
+    job = make_job(Architecture("seed-gpt", 64, 16, 1, 2, 2, 64, False), 1, stage=0, seq_len=8, micro_batch=1)
+    row = {k: results_file.render(list(COLUMNS), [{**rejected_row(job, "a reason", "cpu", "test"), "key": k}])
+           for k in "ABCD"}
     path = tmp_path / "old.csv"
-    path.write_text("key,outcome,stage\nA,ok,0\nB,o" "C,error,1\nD,error,2\n")
+    path.write_text(results_file.render(list(COLUMNS), [], with_header=True) + row["A"] + row["B"][:20] + row["C"]
+                    + row["D"])
     df, notes = report.read_results(str(path))
     assert list(df["key"]) == ["A", "D"]
     assert len(notes) == 1 and "field count" in notes[0]
@@ -399,21 +404,68 @@ def test_fit_on_rows_without_a_gpu_measurement_is_a_one_line_error(tmp_path, con
     assert not cal.exists()
 
 
-@pytest.mark.parametrize("column, value, says", [
-    ("outcome", "7", "row 1 has outcome '7'; a results file's outcomes are ok, oom, error, crash, timeout"),
-    ("stage", "two", "row 1 has stage = 'two', not a number"),
-    ("predicted_state_bytes", "lots", "row 1 has predicted_state_bytes = 'lots', not a number")])
-def test_report_on_a_hand_edited_row_names_it(tmp_path, column, value, says):
-    """A results file edited by hand or by another tool: one Error line naming the row and the column."""
+def _ok_row(**edits) -> dict:
+    """A CPU row as the runner writes an ok job's (the measured columns a report reads filled), edited."""
     from validate.rows import rejected_row
-    out = tmp_path / "rows.csv"
     job = make_job(Architecture("seed-gpt", 64, 16, 1, 2, 2, 64, False), 1, stage=0, seq_len=8, micro_batch=1)
-    row = rejected_row(job, "a reason", "cpu", "test")
-    row.update({"predicted_state_bytes": 123, column: value})
-    results_file.append_row(str(out), row)
+    row = rejected_row(job, "", "cpu", "test")
+    row.update(outcome="ok", measured_state_bytes=1000, measured_comm_bytes=0, predicted_state_bytes=123)
+    return {**row, **edits}
+
+
+@pytest.mark.parametrize("column, value, says", [
+    ("outcome", "7", "line 2, column outcome: '7' is not one of ok, oom, error, crash, timeout"),
+    ("stage", "two", "line 2, column stage: 'two' is not a number"),
+    ("predicted_state_bytes", "lots", "line 2, column predicted_state_bytes: 'lots' is not a number"),
+    ("nproc", "1.5", "line 2, column nproc: '1.5' is not a whole number"),
+    ("measured_state_bytes", "inf", "line 2, column measured_state_bytes: 'inf' is not a number"),
+    ("measured_state_bytes", "", "line 2, column measured_state_bytes: empty on an ok row"),
+    ("key", "", "line 2, column key: empty"),
+    ("activation_checkpointing", "maybe", "line 2, column activation_checkpointing: 'maybe' is not True or False"),
+    ("optimizer", "lion", "line 2, column optimizer: 'lion' is not one of adam, adamw, sgd, sgd-momentum"),
+    ("measured_step_times_s", "[0.1,", "line 2, column measured_step_times_s: '[0.1,' is not JSON"),
+    ("losses", '["x"]', "line 2, column losses: '[\"x\"]' is not a list of numbers"),
+    # a value of the right kind that zerocalc refuses: its own words name the field
+    ("stage", "9", "line 2: stage must be 0, 1, 2 or 3, got 9"),
+    ("dtype", "fp8", "line 2: dtype must be one of fp32, fp16, bf16, got 'fp8'"),
+    ("micro_batch", "0", "line 2: micro_batch must be a positive integer, got 0")])
+def test_report_on_a_hand_edited_row_names_it(tmp_path, column, value, says):
+    """A results file edited by hand or by another tool: one Error line naming the file, the line and the
+    column, before any table is printed (exit 2)."""
+    out = tmp_path / "rows.csv"
+    results_file.append_row(str(out), _ok_row(**{column: value}))
     result = CliRunner().invoke(validate_main, ["report", str(out)])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert result.output == f"Error: {out}: {says}\n"
+    assert result.output == f"Error: {out}, {says}\n"
+
+
+def _joined(tmp_path):
+    """Two results files joined with `cat`: the second header is line 3."""
+    one = tmp_path / "one.csv"
+    results_file.append_row(str(one), _ok_row())
+    return one.read_text() * 2
+
+
+@pytest.mark.parametrize("command", ["report", "fit", "crossval", "host"])
+@pytest.mark.parametrize("content, says", [
+    (b"", "{f} has no header line: not a validator results file"),
+    (bytes(range(256)), "{f} is not a validator results file (not UTF-8 text at byte 128)"),
+    (b"name,score\nx,1\n", "{f} is not a validator results file (its header starts 'name,score')"),
+    (b"key,outcome,stage\nA,ok,0\n", "{f}: no column 'backend', which every results file has (key, outcome, "
+                                      "backend, nproc, stage, optimizer, family, vocab_size, hidden_size, num_layers, "
+                                      "num_heads, num_kv_heads, ffn_hidden_size, tie_embeddings)"),
+    (b"key,outcome,key\nA,ok,B\n", "{f}, line 1: column 'key' appears twice in the header"),
+    (_joined, "{f}, line 3 repeats the header line (files joined end to end?): remove it")])
+def test_a_file_no_validator_wrote_is_one_error_line_for_every_reader(tmp_path, command, content, says):
+    """Whatever reads results files (report, fit, crossval, host) reads them through one check: an empty
+    or binary file, someone else's CSV, a missing or doubled column, two files joined end to end."""
+    path = tmp_path / "rows.csv"
+    path.write_bytes(content(tmp_path).encode() if callable(content) else content)
+    args = [command, str(path)] + (["--out", str(tmp_path / "cal.json")] if command == "fit" else [])
+    result = CliRunner().invoke(validate_main, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output == "Error: " + says.format(f=path) + "\n"
+    assert not (tmp_path / "cal.json").exists()
 
 
 def test_one_runner_per_file_through_any_link(tmp_path):

@@ -217,8 +217,8 @@ def crossval_cmd(csv_paths):
     from validate.fit import cross_validate_time, cross_validation_report
     try:
         timed, sections = cross_validate_time(list(csv_paths), progress=lambda m: click.echo(m, err=True))
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="CSV_PATHS")
+    except ValueError as err:   # ResultsFileError among them
+        _fail(str(err), 2)
     click.echo(cross_validation_report(timed, sections))
 
 
@@ -230,10 +230,14 @@ def host_cmd(csv_paths):
     (docs/host-memory.md)."""
     _needs_pandas("host")
     from validate.host_report import host_rows, markdown_table
-    rows = host_rows(list(csv_paths))
+    from validate.results_file import ResultsFileError
+    try:
+        rows = host_rows(list(csv_paths))
+    except ResultsFileError as err:
+        _fail(str(err), 2)
     if not rows:
-        raise click.BadParameter("no row with host measurements (measured_host_peak_bytes); give "
-                                 "data/h200-host-*.csv", param_hint="CSV_PATHS")
+        _fail(f"no ok row with host measurements (measured_host_peak_bytes) in {', '.join(csv_paths)}; give "
+              "data/h200-host-*.csv", 2)
     click.echo(markdown_table(rows))
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from zerocalc import sequence
-from validate import results_file
+from validate import schema
 from zerocalc.estimate import estimate
 from validate.jobs import to_zerocalc
 from validate.rows import (_cast, at_row_host, is_hf_row, job_from_row, measured_host_launch_s,
@@ -90,39 +90,16 @@ def configuration(row: dict, allocator: bool = True) -> str:
     return json.dumps(job, sort_keys=True)
 
 
-OUTCOMES = ("ok", "oom", "error", "crash", "timeout")   # what the runner writes (validate.rows, runner)
-_WHOLE = ("nproc", "stage", "gas", "micro_batch", "seq_len", "vocab_size", "hidden_size", "num_layers", "num_heads")
-
-
-def _check_types(df: pd.DataFrame, path: str) -> None:
-    """A results file edited by hand or by another tool: an outcome the runner never writes, or a
-    word where a count or a byte count belongs, is one ResultsFileError naming the row and column."""
-    if "outcome" in df:
-        bad = df[~df["outcome"].astype(str).isin(OUTCOMES)]
-        if len(bad):
-            raise results_file.ResultsFileError(
-                f"{path}: row {bad.index[0] + 1} has outcome {str(bad['outcome'].iloc[0])!r}; a results file's "
-                f"outcomes are {', '.join(OUTCOMES)}")
-    for col in [c for c in df.columns if c in _WHOLE or c.endswith("_bytes")]:
-        numbers = pd.to_numeric(df[col], errors="coerce")
-        bad = df[col].notna() & numbers.isna()
-        if bad.any():
-            i = bad.idxmax()
-            raise results_file.ResultsFileError(f"{path}: row {i + 1} has {col} = {str(df.at[i, col])!r}, not a number")
-
-
 def read_results(path: str) -> tuple[pd.DataFrame, list[str]]:
     """One results file's whole rows, and a note for each row skipped: a half row at the end (a sweep
     killed mid-write; the next resume drops it) or a row whose field count is not the header's (a row
     an older validator appended onto a half one)."""
-    parsed = results_file.read(path)
-    if not parsed.header:
-        raise results_file.ResultsFileError(f"{path} has no header line: not a validator results file")
-    if not results_file.is_results_header(parsed.header):
-        raise results_file.ResultsFileError(f"{path} is not a validator results file (its header starts "
-                                            f"{','.join(parsed.header[:3])[:60]!r})")
+    parsed = schema.read_checked(path)
     df = pd.read_csv(io.StringIO(parsed.text), keep_default_na=False, na_values=[""])
-    _check_types(df, path)
+    later = schema.defaults_for_missing(parsed.header)   # columns added since the file was written
+    if later:
+        df = pd.concat([df, pd.DataFrame({c: [np.nan if v is None else v] * len(df) for c, v in later.items()},
+                                         index=df.index)], axis=1)
     notes = [f"{path}: skipped a row whose field count is not the header's {len(parsed.header)} ({r[:50]!r}...)"
              for r in parsed.bad]
     if parsed.partial:

@@ -26,13 +26,14 @@ class Parsed:
     written (what pandas reads); `bad` holds complete records whose field count is not the header's
     (a row written onto the end of a half one by an older validator), skipped; `partial` is what follows
     the last whole record (a row cut mid-write), empty when the file ends cleanly; `whole_bytes` is
-    where it starts."""
+    where it starts; `lines` the line each row starts on (the header is line 1)."""
     header: list[str]
     rows: list[dict]
     text: str
     bad: list[str] = field(default_factory=list)
     partial: str = ""
     whole_bytes: int = 0
+    lines: list[int] = field(default_factory=list)
 
 
 def _records(text: str):
@@ -75,20 +76,21 @@ def parse(data: bytes, path: str = "") -> Parsed:
         return Parsed([], [], "", partial=head_raw)
     header = _fields(head_raw)
     rows, good, bad, partial, offset = [], [head_raw], [], "", len(head_raw.encode())
-    whole = offset
+    whole, line, starts = offset, 1 + head_raw.count("\n"), []
     for raw, complete in records[1:]:
         if not complete:
             partial = raw
             break
         offset += len(raw.encode())
-        whole = offset
+        whole, line = offset, line + raw.count("\n")
         values = _fields(raw)
         if len(values) != len(header):
             bad.append(raw)
             continue
         rows.append(dict(zip(header, values)))
         good.append(raw)
-    return Parsed(header, rows, "".join(good), bad, partial, whole)
+        starts.append(line - raw.count("\n"))
+    return Parsed(header, rows, "".join(good), bad, partial, whole, starts)
 
 
 def read(path: str) -> Parsed:
@@ -100,6 +102,17 @@ def is_results_header(header: list[str]) -> bool:
     """A header the validator wrote: the key first and an outcome column (older files lack later
     columns and keep some since renamed, so the exact set is not required)."""
     return bool(header) and header[0] == "key" and "outcome" in header
+
+
+def repeated_column(header: list[str]) -> str | None:
+    """A column named twice in a header (a hand-made or joined file): which of its values a reader
+    took would depend on the reader. None where every name is once."""
+    seen = set()
+    for name in header:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
 
 
 def check_output(path: str) -> None:
@@ -121,6 +134,9 @@ def check_output(path: str) -> None:
     if parsed.header and not is_results_header(parsed.header):
         shown = ",".join(parsed.header[:3])[:60]
         raise ResultsFileError(f"--out {path} is not a validator results file (its header starts {shown!r}); "
+                               "give a new file or one written by `validate run`")
+    if repeated_column(parsed.header):
+        raise ResultsFileError(f"--out {path}: column {repeated_column(parsed.header)!r} appears twice in its header; "
                                "give a new file or one written by `validate run`")
     if not parsed.header and parsed.partial and not "key,".startswith(parsed.partial[:4]):
         raise ResultsFileError(f"--out {path} is not a validator results file (no header line); "

@@ -354,7 +354,7 @@ def job_from_row(row: dict) -> dict:
         if isinstance(row.get("hf_spec"), str) and row["hf_spec"].startswith("{"):
             job["hf_spec"] = json.loads(row["hf_spec"])
         for key in ("lora", "freeze"):
-            if isinstance(row.get(key), str) and row[key][:1] in "{[":
+            if isinstance(row.get(key), str) and row[key][:1] in ("{", "["):   # not "": every str holds it
                 job[key] = json.loads(row[key])
     return job
 
