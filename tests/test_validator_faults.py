@@ -468,7 +468,7 @@ def test_a_file_no_validator_wrote_is_one_error_line_for_every_reader(tmp_path, 
     assert not (tmp_path / "cal.json").exists()
 
 
-def test_one_runner_per_file_through_any_link(tmp_path):
+def test_one_runner_per_file_through_any_link(tmp_path, monkeypatch):
     """Two runners given one results file by two names (a symbolic link) take one lock: the second is
     refused rather than appending the same rows."""
     real = tmp_path / "rows.csv"
@@ -480,6 +480,23 @@ def test_one_runner_per_file_through_any_link(tmp_path):
                 pass
     with results_file.OutputLock(str(link)):   # released: taken again through the link
         pass
+    monkeypatch.chdir(tmp_path)
+    with results_file.OutputLock("./rows.csv"):   # a relative name and an absolute one: one lock
+        with pytest.raises(results_file.ResultsFileError, match="another `validate run`"):
+            with results_file.OutputLock(str(real)):
+                pass
+
+
+def test_a_row_through_a_link_lands_in_the_linked_file(tmp_path):
+    """A row with a column the file lacks rewrites the file: through a link, the file the link names is
+    rewritten and the link stays a link (it was replaced by a copy, the row missing from the real file)."""
+    real, link = tmp_path / "rows.csv", tmp_path / "alias.csv"
+    results_file.append_row(str(real), _ok_row(key="A"))
+    link.symlink_to(real)
+    results_file.append_row(str(link), {**_ok_row(key="B"), "a_new_column": 1})
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert [(r["key"], r["a_new_column"]) for r in file_rows(str(real))] == [("A", ""), ("B", "1")]
+    assert sorted(os.listdir(tmp_path)) == ["alias.csv", "rows.csv"]   # no rows.csv.tmp
 
 
 def test_a_bad_validate_steps_is_refused_before_any_launch(tmp_path, monkeypatch):

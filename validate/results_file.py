@@ -200,6 +200,7 @@ def append_row(path: str, row: dict) -> None:
     written before a column existed (a new Setup field) gets it, empty in its earlier rows (read back
     as the field's default, `rows.job_from_row`)."""
     from validate.rows import COLUMNS
+    path = os.path.realpath(path)   # a link stays a link: the rewrite below replaces the file it names
     parsed = read(path) if os.path.exists(path) else None
     header = parsed.header if parsed and parsed.header else list(COLUMNS)
     missing = [k for k in row if k not in header]
