@@ -404,6 +404,60 @@ def test_fit_on_rows_without_a_gpu_measurement_is_a_one_line_error(tmp_path, con
     assert not cal.exists()
 
 
+def _gpt_row(held_out: bool) -> dict:
+    """An ok H200 row of data/h200-n1-gpt.csv whose configuration is (or is not) in the held-out split."""
+    from validate.fit import held_out as is_held_out
+    with open(os.path.join(ROOT, "data", "h200-n1-gpt.csv"), newline="") as f:
+        return next(r for r in csv.DictReader(f) if r["outcome"] == "ok" and is_held_out(r) == held_out)
+
+
+def test_fit_on_held_out_rows_only_is_one_error_line(tmp_path):
+    """GPU rows, but every one of a configuration the fit never sees (the held-out quarter): nothing to
+    fit on, said in one line, nothing written (it raised a TypeError in the allocator fit)."""
+    out, cal = tmp_path / "rows.csv", tmp_path / "cal.json"
+    results_file.append_row(str(out), _gpt_row(held_out=True))
+    result = CliRunner().invoke(validate_main, ["fit", str(out), "--out", str(cal)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output == (f"Error: the 1 GPU rows in {out} are all of held-out configurations (`fit.held_out`, "
+                             "a quarter of them, never fitted): give more rows; nothing written\n")
+    assert not cal.exists()
+
+
+def test_fit_says_what_it_kept_and_a_full_disk_keeps_the_old_calibration(tmp_path, monkeypatch):
+    """One training row: the device context is fitted, every other constant kept (and said so). Written
+    whole: a disk that fills while it is written leaves the old calibration and no .tmp (exit 1)."""
+    out, cal = tmp_path / "rows.csv", tmp_path / "cal.json"
+    results_file.append_row(str(out), _gpt_row(held_out=False))
+    cal.write_text("old")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(results_file.os, "fsync", full)
+        result = CliRunner().invoke(validate_main, ["fit", str(out), "--out", str(cal)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output.endswith(f"Error: could not write {cal}: No space left on device; it is as it was before\n")
+    assert cal.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["cal.json", "rows.csv"]
+    result = CliRunner().invoke(validate_main, ["fit", str(out), "--out", str(cal)])
+    assert result.exit_code == 0, result.output
+    assert ("too few rows to fit, kept as they were: activations.hf-llama, allocator_param_offload, allocator, "
+            "allocator_simulated, allocator_expandable, time\n") in result.output
+    assert json.loads(cal.read_text())["device"]["gpu"] == "NVIDIA H200"
+
+
+@pytest.mark.parametrize("content", [b"", b"not a pickle", b"\x80\x04K\x01."])   # the last: pickled 1
+def test_snapshot_of_a_file_that_is_not_one_is_one_line_and_writes_nothing(tmp_path, content):
+    """`validate snapshot --compact-to DIR`: a file that is not an allocator history is one Error line,
+    and no empty or half .json.gz is left in DIR (it was opened before the input was read)."""
+    path = tmp_path / "s.pickle"
+    path.write_bytes(content)
+    result = CliRunner().invoke(validate_main, ["snapshot", str(path), "--compact-to", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.startswith(f"Error: {path} is not a torch memory snapshot written by the worker (")
+    assert result.output.count("\n") == 1
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+
+
 def _ok_row(**edits) -> dict:
     """A CPU row as the runner writes an ok job's (the measured columns a report reads filled), edited."""
     from validate.rows import rejected_row
@@ -497,6 +551,24 @@ def test_a_row_through_a_link_lands_in_the_linked_file(tmp_path):
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert [(r["key"], r["a_new_column"]) for r in file_rows(str(real))] == [("A", ""), ("B", "1")]
     assert sorted(os.listdir(tmp_path)) == ["alias.csv", "rows.csv"]   # no rows.csv.tmp
+
+
+def test_a_whole_file_write_that_fails_leaves_the_old_file_and_no_tmp(tmp_path, monkeypatch):
+    """What the validator writes whole (a results file given a column, the calibration, the documents,
+    a compacted snapshot) goes through `<path>.tmp` and a rename: a full disk leaves the old file."""
+    path = tmp_path / "cal.json"
+    path.write_text("old")
+    path.chmod(0o640)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(results_file.os, "fsync", full)
+        with pytest.raises(OSError, match="No space left"):
+            results_file.replace_whole(str(path), b"new")
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["cal.json"]
+    results_file.replace_whole(str(path), b"new")
+    assert path.read_text() == "new" and (path.stat().st_mode & 0o777) == 0o640   # its mode kept
 
 
 def test_a_bad_validate_steps_is_refused_before_any_launch(tmp_path, monkeypatch):

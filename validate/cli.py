@@ -175,13 +175,15 @@ def report(csv_paths, strict, markdown):
 def fit_cmd(csv_paths, out_path):
     """Fit the calibrated constants on a training split of GPU rows; report the held-out split."""
     _needs_pandas("fit")
-    from validate.fit import NothingToFit, fit
+    from validate.fit import CannotWrite, NothingToFit, fit
     from validate.report import report as make_report
     from validate.results_file import ResultsFileError
     try:
         _, text = fit(list(csv_paths), out_path)
     except (ResultsFileError, NothingToFit) as err:
         _fail(str(err), 2)
+    except CannotWrite as err:
+        _fail(str(err), 1)
     click.echo(text)
     from zerocalc import calibration
     calibration._cache.clear()
@@ -202,7 +204,11 @@ def docs_cmd(check):
             click.echo(f"stale: {', '.join(bad)}; run python -m validate docs", err=True)
             sys.exit(1)
         return
-    changed = write_all()
+    try:
+        changed = write_all()
+    except OSError as err:   # a full disk: each document is written whole or left as it was
+        _fail(f"could not write {err.filename or 'a document'}: {err.strerror or err}; run it again once there is "
+              "room", 1)
     click.echo(f"rewrote {', '.join(changed)}" if changed else "up to date")
 
 
@@ -255,20 +261,21 @@ def snapshot_cmd(paths, top, compact_to):
     import gzip
     import json
     import os
-    import pickle
 
+    from validate.results_file import replace_whole
     from validate.snapshot import compact, load, summarize
     for path in paths:
         try:
-            if compact_to:
-                os.makedirs(compact_to, exist_ok=True)
-                name = os.path.basename(path).removesuffix(".pickle") + ".json.gz"
-                with gzip.open(os.path.join(compact_to, name), "wt") as f:
-                    json.dump(compact(load(path)), f, separators=(",", ":"))
+            if not compact_to:
+                click.echo(summarize(path, top))
                 continue
-            click.echo(summarize(path, top))
-        except (pickle.UnpicklingError, EOFError, KeyError, StopIteration, TypeError, AttributeError, OSError,
-                ValueError) as err:
-            raise click.BadParameter(f"{path} is not a torch memory snapshot written by the worker "
-                                     f"({type(err).__name__}); give the .pickle files from VALIDATE_SNAPSHOT_DIR",
-                                     param_hint="PATHS")
+            data = gzip.compress(json.dumps(compact(load(path)), separators=(",", ":")).encode())
+        except Exception as err:   # noqa: BLE001 -- unpickling bytes that are not a snapshot raises anything
+            _fail(f"{path} is not a torch memory snapshot written by the worker ({type(err).__name__}); give the "
+                  ".pickle files from VALIDATE_SNAPSHOT_DIR", 2)
+        name = os.path.basename(path).removesuffix(".pickle") + ".json.gz"
+        try:   # read first, then written whole: a bad input or a full disk leaves no file behind
+            os.makedirs(compact_to, exist_ok=True)
+            replace_whole(os.path.join(compact_to, name), data)
+        except OSError as err:
+            _fail(f"could not write {os.path.join(compact_to, name)}: {err.strerror or err}", 1)

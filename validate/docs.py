@@ -15,6 +15,8 @@ from functools import lru_cache
 
 from click.testing import CliRunner
 
+from validate import results_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md", "docs/scale.md", "docs/planning.md", "docs/lora.md",
              "docs/inputs.md")
@@ -365,7 +367,6 @@ def write_all(rows=None) -> list[str]:
             text = f.read()
         new = update(text, rows)
         if new != text:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(new)
+            results_file.replace_whole(path, new.encode("utf-8"))   # a full disk leaves the old one whole
             changed.append(doc)
     return changed

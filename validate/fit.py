@@ -42,6 +42,7 @@ import pandas as pd
 from validate.jobs import to_zerocalc
 from validate.report import (configuration, earlier_jobs, expandable_rows, hf_rows, load, predicted_reserved, process_replays,
                              started_clean, timed_whole_steps, with_configuration)
+from validate.results_file import replace_whole
 from validate.rows import at_row_host, is_hf_row, job_from_row, measured_host_launch_s
 from zerocalc import calibration, sequence
 from zerocalc.estimate import estimate
@@ -390,7 +391,8 @@ def _expandable_factors(clean: pd.DataFrame) -> list[float]:
     expandable_segments:True over the ratio with the default allocator (each the mean of its rows)."""
     ratio = clean["measured_peak_reserved_bytes"] / clean["measured_peak_allocated_bytes"]
     expandable = expandable_rows(clean)
-    conf = clean.apply(lambda r: configuration(r.to_dict(), allocator=False), axis=1)
+    conf = pd.Series([configuration(r.to_dict(), allocator=False) for _, r in clean.iterrows()], index=clean.index,
+                     dtype=object)   # not DataFrame.apply: on no rows it gives a frame, not a series
     factors = []
     for c in sorted(set(conf[expandable])):
         default = ratio[(conf == c) & ~expandable]
@@ -414,14 +416,22 @@ class NothingToFit(ValueError):
     """The rows given hold no GPU measurement to fit on (CPU rows, failed jobs, a header alone)."""
 
 
+class CannotWrite(RuntimeError):
+    """The calibration file could not be written (a full disk); the old one is left as it was."""
+
+
 def fit(paths, out_path=None) -> tuple[dict, str]:
-    """Raises NothingToFit where `paths` hold no measured GPU row of a transcribed family."""
+    """Raises NothingToFit where `paths` hold no measured GPU row of a transcribed family to fit on, and
+    CannotWrite where out_path cannot be written."""
     cal = json.loads(json.dumps(calibration.default()))
     df = gpu_rows(paths)
     if df.empty:
         raise NothingToFit(f"no GPU row with a measured peak in {', '.join(paths)}: the constants are fitted on "
                            "jobs run with --backend cuda (CPU rows measure bytes only); nothing written")
     train = df[~df["held_out"]]
+    if train.empty:
+        raise NothingToFit(f"the {len(df)} GPU rows in {', '.join(paths)} are all of held-out configurations "
+                           "(`fit.held_out`, a quarter of them, never fitted): give more rows; nothing written")
     lines = [f"{len(df)} GPU rows: {len(train)} for fitting, {len(df) - len(train)} held out"]
     act = [r for r in _llama_activation_rows(train, cal)]
     if len(act) >= 2:
@@ -504,10 +514,15 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
     cal["device"] = {"context_bytes": int(df["measured_device_overhead_bytes"].median()),
                      "gpu": str(df["gpu"].iloc[0])}
     lines.append(f"device.context_bytes: {cal['device']['context_bytes'] / 2**30:.2f} GiB (median of {len(df)} rows)")
+    kept = [name for name in ("activations.hf-llama", "allocator_param_offload", "allocator", "allocator_simulated",
+                              "allocator_expandable", "time") if not any(line.startswith(name + ":") for line in lines)]
+    if kept:
+        lines.append(f"too few rows to fit, kept as they were: {', '.join(kept)}")
     cal["fitted_on"] = sorted(set(paths))
     if out_path:
-        with open(out_path, "w") as f:
-            json.dump(cal, f, indent=2)
-            f.write("\n")
+        try:   # the old file or the new one, whole, whatever stops the write
+            replace_whole(out_path, (json.dumps(cal, indent=2) + "\n").encode())
+        except OSError as err:
+            raise CannotWrite(f"could not write {out_path}: {err.strerror or err}; it is as it was before") from err
         lines.append(f"wrote {out_path}")
     return cal, "\n".join(lines)

@@ -229,19 +229,29 @@ def _add_columns(path: str, parsed: Parsed, missing: list[str]) -> list[str]:
     """Rewrite the file with the missing columns at the end of its header, atomically (a killed sweep
     keeps the old file or the new one). Whole rows only: a half row at the end is dropped here too."""
     header = parsed.header + missing
-    tmp = path + ".tmp"
+    replace_whole(path, render(header, parsed.rows, with_header=True).encode())
+    return header
+
+
+def replace_whole(path: str, data: bytes) -> None:
+    """Write `path` through `<path>.tmp`, fsynced, and a rename: a reader sees the old file or the new
+    one, whole. On any failure (a full disk, a signal) the old file stays as it was and the .tmp is
+    removed. A link is followed: the file it names is replaced, the link kept."""
+    real = os.path.realpath(path)
+    tmp = real + ".tmp"
     try:
-        with open(tmp, "w", newline="") as f:
-            f.write(render(header, parsed.rows, with_header=True))
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:   # a full disk, a signal: the old file stays whole, no half copy beside it
+        if os.path.exists(real):
+            os.chmod(tmp, os.stat(real).st_mode & 0o7777)
+        os.replace(tmp, real)
+    except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-    _fsync_dir(path)
-    return header
+    _fsync_dir(real)
 
 
 def _fsync_dir(path: str) -> None:
