@@ -571,15 +571,67 @@ def test_a_whole_file_write_that_fails_leaves_the_old_file_and_no_tmp(tmp_path, 
     assert path.read_text() == "new" and (path.stat().st_mode & 0o777) == 0o640   # its mode kept
 
 
-def test_a_bad_validate_steps_is_refused_before_any_launch(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, value, says", [
+    ("VALIDATE_STEPS", "2,x,1", "VALIDATE_STEPS='2,x,1': give three whole numbers W,P,T"),
+    ("VALIDATE_SNAPSHOT_SCOPE", "warm", "VALIDATE_SNAPSHOT_SCOPE='warm': give 'step' or 'warmup' or 'job', or unset it"),
+    ("VALIDATE_FEW_STEPS", "0", "VALIDATE_FEW_STEPS='0': give '1', or unset it"),   # the worker read "0" as on
+    ("VALIDATE_FAKE_WORLD", "abc", "VALIDATE_FAKE_WORLD is set by `validate run --fake-world`: unset it"),
+    ("VALIDATE_STEP", "2,1,1", "VALIDATE_STEP is not a variable validate reads (it reads VALIDATE_STEPS, "),
+    ("VALIDATE_SNAPSHOT_DIR", "@file/snap", "VALIDATE_SNAPSHOT_DIR='@file/snap': @file is not a directory")])
+def test_a_bad_validate_variable_is_refused_before_any_launch(tmp_path, monkeypatch, name, value, says):
+    """A VALIDATE_* variable every worker would refuse or misread (VALIDATE_FAKE_WORLD=abc failed each
+    launch at import: a launch and a crash row per job, naming an int() error), or a misspelt one that
+    would be ignored: one line naming it, exit 2, before any launch."""
     monkeypatch.setattr(runner, "launch_command", _no_launch)
-    monkeypatch.setenv("VALIDATE_STEPS", "2,x,1")
+    (tmp_path / "file").write_text("")
+    value, says = (x.replace("@", str(tmp_path) + os.sep) for x in (value, says))
+    monkeypatch.setenv(name, value)
     out = tmp_path / "rows.csv"
     result = CliRunner().invoke(validate_main, ["run", "--backend", "cpu", "--nproc", "1", "--stages", "0",
                                                 "--hidden-size", "32", "--num-layers", "1", "--vocab-size", "64",
                                                 "--seq-len", "8", "--out", str(out)])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert "VALIDATE_STEPS='2,x,1': give three whole numbers W,P,T" in result.output and not out.exists()
+    assert result.output.startswith("Error: " + says) and result.output.count("\n") == 1, result.output
+    assert not out.exists()
+
+
+def test_launches_that_start_no_job_cost_no_row_and_stop_the_sweep(tmp_path, fake, monkeypatch):
+    """Every launch fails before its first job (a library the ranks cannot load): no job is charged a
+    row (each was a crash row, done on resume), the second such launch stops the sweep with one line
+    naming the rank's exception (exit 1), and once it is fixed the same command runs every job."""
+    todo = jobs(3)
+    log = fake({})
+    monkeypatch.setenv("FAKE_START", "raise")
+    out = str(tmp_path / "rows.csv")
+    with pytest.raises(runner.LaunchError) as err:
+        runner.run(todo, "cpu", 2, out, log=lambda *a: None)
+    assert str(err.value).startswith("two launches in a row ended before a job started the same way: rank ")
+    assert "ImportError: libfake.so: cannot open shared object file (rank " in str(err.value)
+    assert str(err.value).endswith("no row written for the 3 jobs left: fix it and run the same command again")
+    assert (log / "launches").read_text() == "3 jobs\n3 jobs\n" and not os.path.exists(out)
+    monkeypatch.setenv("FAKE_START", "print")   # the launcher's own output, no rank record: its exception line
+    result = CliRunner().invoke(validate_main, ["run", "--backend", "cpu", "--nproc", "2", "--stages", "0",
+                                                "--hidden-size", "32", "--num-layers", "1", "--vocab-size", "64",
+                                                "--seq-len", "8", "--out", out])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: two launches in a row ended before a job started the same way: ValueError: invalid literal for "
+        "int() with base 10: 'abc'; no row written for the 1 job left: fix it and run the same command again")
+    monkeypatch.delenv("FAKE_START")
+    assert [r["outcome"] for r in runner.run(todo, "cpu", 2, out, log=lambda *a: None)] == ["ok"] * 3
+
+
+def test_a_launch_that_fails_once_before_any_job_is_launched_again(tmp_path, fake, monkeypatch):
+    """A failure of one launch only (a port taken, a file system slow to mount): launched again, no row
+    lost or charged."""
+    todo = jobs(2)
+    log = fake({})
+    monkeypatch.setenv("FAKE_START", "raise-once")
+    logged = []
+    written = runner.run(todo, "cpu", 2, str(tmp_path / "rows.csv"), log=logged.append)
+    assert [(r["key"], r["outcome"]) for r in written] == [(j["key"], "ok") for j in todo]
+    assert (log / "launches").read_text() == "2 jobs\n2 jobs\n"
+    assert any(m.startswith("the launch ended (exit 1) before its first job started: rank ") for m in logged)
 
 
 def test_a_sweep_whose_every_job_failed_says_so(tmp_path, monkeypatch):

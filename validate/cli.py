@@ -85,7 +85,7 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
     """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows."""
     from validate import jobs as J
     from validate.results_file import ResultsFileError, check_output
-    from validate.runner import RowWriteError, SetupError, run as run_jobs
+    from validate.runner import LaunchError, RowWriteError, SetupError, check_env, check_launcher, run as run_jobs
     if matrix:
         try:
             job_list = J.load_matrix(matrix)
@@ -124,14 +124,16 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
         job_list = [J.with_fake_world(j) for j in job_list]
     try:
         check_output(out_csv)
-    except ResultsFileError as err:
+        check_launcher()
+        check_env()
+    except (ResultsFileError, SetupError) as err:
         _fail(str(err), 2)
     ranks = f"rank 0 of {nproc} (fake world)" if fake_world else f"{nproc} ranks"
     click.echo(f"{len(job_list)} jobs, backend {backend}, {ranks} -> {out_csv}", err=True)
     try:
         written = run_jobs(job_list, backend, nproc, out_csv, timeout_s, include,
                            log=lambda m: click.echo(m, err=True), retry_failed=retry_failed)
-    except RowWriteError as err:     # mid-sweep (a full disk): the file keeps whole rows; resumable
+    except (RowWriteError, LaunchError) as err:   # mid-sweep (a full disk, a broken environment): resumable
         _fail(str(err), 1)
     except (ResultsFileError, SetupError) as err:  # --out unusable or no DeepSpeed, found before any launch
         _fail(str(err), 2)

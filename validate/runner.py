@@ -10,6 +10,7 @@ lock); the output is checked before the first launch; nothing the runner started
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -108,23 +109,56 @@ def check_launcher() -> None:
                          "(pip install deepspeed==0.19.8) or run validate with the Python that has it")
 
 
-def check_steps() -> None:
-    """VALIDATE_STEPS (`jobs.steps_override`), read before any launch: a value every worker would
-    refuse would otherwise cost a launch and a crash row per job."""
-    try:
-        steps_override(os.environ.get("VALIDATE_STEPS"))
-    except ValueError as err:
-        raise SetupError(str(err))
+# Every VALIDATE_* variable the runner or its worker reads, and what it may hold: a tuple of values ("" where
+# an empty value is read as unset), "dir" (the worker creates it), "steps" (`jobs.steps_override`), or None
+# for the runner's own, which it sets for each launch (docs/validating.md).
+ENV_KNOBS = {"VALIDATE_STEPS": "steps", "VALIDATE_FEW_STEPS": ("", "1"), "VALIDATE_ONE_JOB": ("", "0", "1"),
+             "VALIDATE_SNAPSHOT_DIR": "dir", "VALIDATE_SNAPSHOT_SCOPE": ("step", "warmup", "job"),
+             "VALIDATE_SNAPSHOT_STACKS": ("python", "all", "none"), "VALIDATE_PROFILE_DIR": "dir",
+             "VALIDATE_PIN_CPUS": ("", "rank", "main"), "VALIDATE_PROTOCOL": ("", "concurrent"),
+             "VALIDATE_FAKE_WORLD": None, lifeline.RUNNER_ENV: None}
+
+
+def _env_problem(name: str, value: str) -> str | None:
+    rule = ENV_KNOBS.get(name, "unknown")
+    if rule == "unknown":
+        return f"{name} is not a variable validate reads (it reads {', '.join(ENV_KNOBS)}): fix its name or unset it"
+    if rule is None:
+        return None if name == lifeline.RUNNER_ENV else f"{name} is set by `validate run --fake-world`: unset it"
+    if rule == "steps":
+        try:
+            steps_override(value)
+        except ValueError as err:
+            return str(err)
+    elif rule == "dir":
+        parent = os.path.abspath(value)
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if value and not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):
+            return f"{name}={value!r}: {parent} is not a directory this user can write to; give another or unset it"
+    elif value not in rule:
+        return f"{name}={value!r}: give {' or '.join(repr(v) for v in rule if v)}, or unset it"
+    return None
+
+
+def check_env() -> None:
+    """The VALIDATE_* variables, read before any launch: a value every worker would refuse or misread (a
+    misspelt name is silently ignored) would otherwise cost a launch and a row per job."""
+    for name in sorted(os.environ):
+        problem = name.startswith("VALIDATE_") and _env_problem(name, os.environ[name])
+        if problem:
+            raise SetupError(problem)
 
 
 def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: float = 600,
         include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False) -> list[dict]:
     """Run every job not yet in csv_path; return the rows written. Raises ResultsFileError (one line)
     for an --out it cannot use, before any launch, or for a row it cannot write (the file keeps its
-    whole rows: run the same command again to resume), and SetupError without DeepSpeed. Jobs marked
-    `fake_world` (all or none) run as rank 0 of nproc ranks in one process (`validate.worker`)."""
+    whole rows: run the same command again to resume), SetupError without DeepSpeed or for a VALIDATE_*
+    variable the worker would refuse, and LaunchError when two launches in a row start no job. Jobs
+    marked `fake_world` (all or none) run as rank 0 of nproc ranks in one process (`validate.worker`)."""
     check_launcher()
-    check_steps()
+    check_env()
     results_file.check_output(csv_path)
     with results_file.OutputLock(csv_path):
         for d in lifeline.clean_orphans(shm_dir=SHM_DIR):
@@ -152,6 +186,7 @@ def _write(csv_path: str, row: dict, written: list) -> None:
 
 def _launch_env(backend: str, fake_world: int = 0) -> dict:
     env = dict(os.environ)
+    env.pop("VALIDATE_FAKE_WORLD", None)   # the launch's own, never inherited: a fake world only when asked
     if fake_world:
         env["VALIDATE_FAKE_WORLD"] = str(fake_world)
     if backend == "cpu":
@@ -185,17 +220,30 @@ def _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry
         raise SetupError("some jobs ask for a fake world and some do not: run them with separate commands")
     env = _launch_env(backend, nproc if fake == {True} else 0)
     processes = 1 if fake == {True} else nproc
+    causes = []   # of the launches in a row that started no job
     while pending:
-        finished = _launch(pending, backend, processes, csv_path, timeout_s, include, log, command, env,
-                           written, total, t_start)
+        finished, cause = _launch(pending, backend, processes, csv_path, timeout_s, include, log, command, env,
+                                  written, total, t_start)
         pending = [j for j in pending if j["key"] not in finished]
+        causes = [] if finished else causes + [cause]
+        if len(causes) == 2:
+            same = re.sub(r"\d+", "N", causes[0]) == re.sub(r"\d+", "N", causes[1])
+            raise LaunchError(f"two launches in a row ended before a job started{' the same way' if same else ''}: "
+                              f"{causes[-1][:300]}; no row written for the {len(pending)} job{'s' * (len(pending) != 1)} "
+                              "left: fix it and run the same command again")
     return written
 
 
+class LaunchError(RuntimeError):
+    """Launches that end before any job starts (an import, the process group, the environment): not the
+    jobs' fault, so they get no row; the sweep stops, naming the cause, and the same command resumes it."""
+
+
 def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command, env, written, total,
-            t_start) -> set[str]:
+            t_start) -> tuple[set[str], str | None]:
     """One launch over the pending jobs, until it ends, hangs or loses a rank; every job it finished or
-    lost has a row. Returns their keys."""
+    lost has a row. Returns their keys, and why the launch ended before its next job started (None if
+    it did not)."""
     tmp = tempfile.mkdtemp(prefix=lifeline.TEMP_PREFIX)
     try:
         jobs_path = os.path.join(tmp, "jobs.json")
@@ -230,9 +278,9 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
                                                 start_new_session=True, preexec_fn=lifeline.die_with_parent())
             failed_rank, hung = _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s)
             collect()   # results that landed as the launch ended
-            _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path,
-                      written, total, log)
-        return finished
+            cause = _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path,
+                              written, total, log)
+        return finished, cause
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -241,7 +289,7 @@ def _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s) -> t
     """Write rows as the launch finishes jobs, until it exits, a rank's failure outlasts the grace
     period (the other ranks are blocked in one of the job's collectives: `lifeline.arrive`), or a job
     runs past the timeout; the launch is killed in the last two cases. Returns (the key of the job a
-    rank failed, the key of the job that hung), None where not so."""
+    rank failed, the key of the job that hung: "" where none had started), None where not so."""
     failure_seen = {}
     while True:
         code = proc.poll()
@@ -261,15 +309,16 @@ def _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s) -> t
         since = running[-1]["time"] if running else last_progress[0]
         if now - max(since, last_progress[0]) > timeout_s:
             kill_launch(proc)
-            return None, (running[-1]["key"] if running else None)
+            return None, (running[-1]["key"] if running else "")   # "": before any job started
         time.sleep(0.5)
 
 
 def _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path, written,
-              total, log) -> None:
-    """The row of the job a launch lost (started and not finished, or the first not started when the
-    launch died before it), with the failing rank's traceback where one was recorded, else the
-    launcher's last lines. The jobs after it are relaunched."""
+              total, log) -> str | None:
+    """The row of the job a launch lost (started and not finished), with the failing rank's traceback
+    where one was recorded, else the launcher's last lines. The jobs after it are relaunched. A launch
+    that ended before its next job started (at import, in the process group, between jobs) cost that
+    job nothing: no row, it runs in the next launch; returns why the launch ended, else None."""
     started = [s["key"] for s in lifeline.read_lines(os.path.join(tmp, "started.jsonl"))]
     lost = [k for k in started if k not in finished and k in by_key]
     restarted = lifeline.read_lines(os.path.join(tmp, "restart.jsonl"))
@@ -278,12 +327,14 @@ def _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, 
     elif restarted and not lost:
         log(f"fresh process for the remaining {len(pending) - len(finished)} jobs "
             "(the last engine left memory allocated, or was a Trainer's)")
-        return
+        return None
     elif not lost and len(finished) < len(pending):
-        # The launch died before starting the next job (e.g. at import): report the first pending.
-        lost = [next(j["key"] for j in pending if j["key"] not in finished)]
+        cause = _launch_failure(tmp, stalled=hung == "")
+        log(f"the launch ended (exit {proc.returncode}) before its {'next' if finished else 'first'} job started: "
+            f"{cause[:300]}")
+        return cause
     if not lost:
-        return
+        return None
     key = lost[0]
     failures = lifeline.rank_failures(tmp)
     record = failures.get(key) or failures.get("")
@@ -302,3 +353,17 @@ def _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, 
     _write(csv_path, row, written)
     finished.add(key)
     log(f"[{len(written)}/{total}] {key}: {outcome} (launch exit {proc.returncode}): {row['error'][:200]}; continuing")
+    return None
+
+
+def _launch_failure(tmp: str, stalled: bool) -> str:
+    """Why a launch ended before a job started, in one line: a rank's recorded traceback, else the last
+    exception the launcher's output names, else its last lines."""
+    failures = lifeline.rank_failures(tmp)
+    if failures:
+        return lifeline.describe_failure(min(failures.values(), key=lambda r: r["time"]))
+    with open(os.path.join(tmp, "launch.log"), errors="replace") as f:
+        lines = [ln.strip() for ln in f.read()[-4000:].splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"[\w.]*(Error|Exception|Interrupt)\b", ln)]
+    why = errors[-1] if errors else " | ".join(lines[-3:]) or "no output"
+    return f"no job started within the timeout ({why})" if stalled else why

@@ -13,6 +13,9 @@ gather done through files. What each job does is FAKE_PLAN (a JSON file {key: be
   crash      rank 1 fails outside the job's try (its traceback recorded as the worker's __main__ does)
   sleep      every rank sleeps (a long job)
 FAKE_LOG (a folder) gets each process's pid as LOG/pid-<name>, and one line per launch in LOG/launches.
+FAKE_START makes a launch fail before any job, as a broken environment does: "raise", each rank raises
+at start (its traceback recorded as the worker's __main__ does); "print", the launcher prints an
+exception and exits 1 without starting a rank; "raise-once", only the first launch raises.
 """
 import json
 import os
@@ -51,6 +54,14 @@ def gather(out_dir, key, rank, world, result):
 
 def rank_main(jobs_path, out_dir, rank, world):
     lifeline.watch_runner(out_dir=out_dir)
+    start = os.environ.get("FAKE_START", "")
+    if start == "raise" or (start == "raise-once" and
+                            open(os.path.join(os.environ["FAKE_LOG"], "launches")).read().count("\n") == 1):
+        try:
+            raise ImportError(f"libfake.so: cannot open shared object file (rank {rank})")
+        except ImportError:
+            lifeline.record_crash(out_dir, rank, traceback.format_exc())
+        sys.exit(1)
     plan = json.load(open(os.environ["FAKE_PLAN"])) if os.environ.get("FAKE_PLAN") else {}
     port = json.load(open(os.path.join(out_dir, lifeline.OWNER_FILE)))["port"]
     with open(os.path.join(lifeline.SHM_DIR, f"deepspeed_fake_127.0.0.1_{port}_{rank}"), "w") as f:
@@ -92,6 +103,9 @@ def launcher_main(jobs_path, out_dir, world):
     if os.environ.get("FAKE_LOG"):
         with open(os.path.join(os.environ["FAKE_LOG"], "launches"), "a") as f:
             f.write(f"{len(json.load(open(jobs_path)))} jobs\n")
+    if os.environ.get("FAKE_START") == "print":
+        print("[launch.py] starting ranks\nValueError: invalid literal for int() with base 10: 'abc'", flush=True)
+        sys.exit(1)
     ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), jobs_path, out_dir, str(world)])
              for r in range(world)]
     alive = list(ranks)
