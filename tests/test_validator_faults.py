@@ -367,6 +367,37 @@ def test_bad_output_or_matrix_is_a_one_line_error_before_any_launch(tmp_path, mo
         assert out.read_text() == "name,score\nx,1\n"
 
 
+A = {"vocab_size": 64, "hidden_size": 32, "num_layers": 1, "num_heads": 4}
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"nproc": 1, "nproc": 2, "architectures": []}', "not a readable JSON matrix (the key 'nproc' is given twice "
+                                                      "in one object)"),   # json kept the last one silently
+    ("[" * 100_000 + "]" * 100_000, "not a readable JSON matrix (nested too deeply)"),   # a RecursionError
+    ({"nproc": 1, "architectures": [A], "axes": {"micro_batch": ["2"]}}, 'axes: micro_batch must be a whole number, '
+                                                                         'got "2"'),   # each job an error row
+    ({"nproc": 1, "architectures": [A], "axes": {"activation_checkpointing": ["yes"]}},
+     'axes: activation_checkpointing must be true or false, got "yes"'),   # launched, read as true
+    ({"nproc": 1, "architectures": [A], "axes": {"seq_len": [None]}}, "axes: seq_len must be a whole number, got "
+                                                                      "null"),   # launched, failed in each job
+    ({"nproc": 1, "architectures": [{**A, "hidden_size": 32.0}]}, "architectures[0]: hidden_size must be a whole "
+                                                                  "number, got 32.0"),
+    ({"nproc": 1, "hf_models": [{"config": "qwen3-0.6b"}], "hf_axes": {"stage": 3}},
+     "axis 'stage' of hf_axes must be a non-empty list, got 3"),   # a TypeError
+    ({"nproc": 1, "architectures": []}, "no jobs: give architectures (with axes), jobs or hf_models")],   # exit 0
+    ids=["repeated key", "nested", "text count", "text flag", "null length", "float size", "axis not a list", "empty"])
+def test_a_matrix_of_the_wrong_shape_is_one_error_line_before_any_launch(tmp_path, monkeypatch, text, says):
+    """A matrix whose values are not of their key's kind is refused as a misspelt key is (exit 2, one
+    line naming the key), not launched, nor written as a row per job."""
+    monkeypatch.setattr(runner, "launch_command", _no_launch)
+    matrix, out = tmp_path / "m.json", tmp_path / "rows.csv"
+    matrix.write_text(text if isinstance(text, str) else json.dumps(text))
+    result = CliRunner().invoke(validate_main, ["run", "--backend", "cpu", "--nproc", "1", "--matrix", str(matrix),
+                                                "--out", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output == f"Error: {matrix}: {says}\n" and not out.exists()
+
+
 def test_a_fake_world_of_trainer_jobs_is_refused_before_any_launch(tmp_path, monkeypatch):
     """HF Trainer's path sets up its own distributed state: not run as rank 0 of a fake world."""
     monkeypatch.setattr(runner, "launch_command", _no_launch)

@@ -4,6 +4,7 @@ import hashlib
 import itertools
 import json
 from dataclasses import fields
+from typing import get_args
 
 from validate import hf_models
 from zerocalc import arch as _arch
@@ -139,6 +140,37 @@ class MatrixError(ValueError):
     """A matrix file that cannot be run as written: one line naming the file, the key and what is valid."""
 
 
+def _types(field_type) -> tuple:
+    return tuple(get_args(field_type) or (field_type,))   # `int | None` -> (int, NoneType)
+
+
+# What a matrix may give each key (a JSON number of the wrong kind would reach the worker, or change
+# nothing but the key): a Setup field's own type, the architecture's, and the keys the runner adds.
+VALUE_TYPES = {f.name: _types(f.type) for f in fields(Setup) if f.name in SETUP_FIELDS}
+VALUE_TYPES.update({f.name: _types(f.type) for f in fields(_arch.Architecture)}, stage=(int,), optimizer=(str,),
+                   repeat=(int,), nproc=(int,), allocator_capacity_bytes=(int,), zero_weights=(bool,), path=(str,),
+                   ds_config=(str,), timed_steps=(int,), shared_gpu=(int,), lora=(dict, type(None)), freeze=(list,),
+                   seq_len=(int,))   # zerocalc may go without one; a run may not
+_TYPE_WORDS = {int: "a whole number", bool: "true or false", str: "a string", float: "a number", dict: "an object",
+               list: "a list", type(None): "null"}
+
+
+def _check_value(path: str, where: str, name: str, value) -> None:
+    kinds = VALUE_TYPES.get(name, ())
+    ok = any(isinstance(value, k) and not (k is int and isinstance(value, bool)) for k in kinds)
+    if kinds and not ok:
+        raise MatrixError(f"{path}: {where}: {name} must be {' or '.join(_TYPE_WORDS[k] for k in kinds)}, "
+                          f"got {json.dumps(value)}")
+
+
+def _check_axes(path: str, where: str, axes: dict) -> None:
+    for name, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise MatrixError(f"{path}: axis {name!r} of {where} must be a non-empty list, got {json.dumps(values)}")
+        for v in values:
+            _check_value(path, where, name, v)
+
+
 def _check_keys(path: str, where: str, given, valid) -> None:
     if not isinstance(given, dict):
         raise MatrixError(f"{path}: {where} must be a JSON object, got {type(given).__name__}")
@@ -152,6 +184,8 @@ def _architecture(path: str, where: str, a) -> _arch.Architecture:
     missing = [k for k in ("vocab_size", "hidden_size", "num_layers", "num_heads") if k not in a]
     if missing:
         raise MatrixError(f"{path}: {where} lacks {missing[0]!r}")
+    for name, value in a.items():
+        _check_value(path, where, name, value)
     fields_ = {**ARCH_DEFAULTS, "num_kv_heads": a["num_heads"], "ffn_hidden_size": 4 * a["hidden_size"], **a}
     try:
         return _arch.Architecture(**fields_)
@@ -175,6 +209,7 @@ def _hf_jobs(path: str, spec: dict, nproc: int) -> list[dict]:
     for i, entry in enumerate(spec.get("hf_models", [])):
         for axes in hf_axes if isinstance(hf_axes, list) else [hf_axes]:
             _check_keys(path, "hf_axes", axes, JOB_KEYS + HF_JOB_KEYS)
+            _check_axes(path, "hf_axes", axes)
             names = list(axes)
             for values in itertools.product(*(axes[n] for n in names)):
                 jobs.append(_hf_job(path, f"hf_models[{i}]", entry, nproc, dict(zip(names, values))))
@@ -189,18 +224,18 @@ def load_matrix(path: str) -> list[dict]:
     one and the valid ones."""
     try:
         with open(path) as f:
-            spec = json.load(f)
+            spec = json.load(f, object_pairs_hook=_no_repeated_key)
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise MatrixError(f"{path}: not a readable JSON matrix ({err})")
+    except RecursionError:
+        raise MatrixError(f"{path}: not a readable JSON matrix (nested too deeply)")
     _check_keys(path, "the matrix", spec, MATRIX_KEYS)
     nproc = spec.get("nproc", 1)
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
         raise MatrixError(f"{path}: nproc must be a positive integer, got {nproc!r}")
     axes = spec.get("axes", {})
     _check_keys(path, "axes", axes, JOB_KEYS)
-    for name, values in axes.items():
-        if not isinstance(values, list) or not values:
-            raise MatrixError(f"{path}: axis {name!r} must be a non-empty list, got {values!r}")
+    _check_axes(path, "axes", axes)
     for name in ("architectures", "jobs"):
         if not isinstance(spec.get(name, []), list):
             raise MatrixError(f"{path}: {name} must be a list")
@@ -209,6 +244,8 @@ def load_matrix(path: str) -> list[dict]:
     jobs += _hf_jobs(path, spec, nproc)
     for i, extra in enumerate(spec.get("jobs", [])):
         _check_keys(path, f"jobs[{i}]", extra, JOB_KEYS + HF_JOB_KEYS + ("arch", "hf", "nproc"))
+        for name, value in extra.items():
+            _check_value(path, f"jobs[{i}]", name, value)
         extra = dict(extra)
         if "hf" in extra:
             jobs.append(_hf_job(path, f"jobs[{i}]", extra.pop("hf"), extra.pop("nproc", nproc), extra))
@@ -217,4 +254,16 @@ def load_matrix(path: str) -> list[dict]:
             raise MatrixError(f"{path}: jobs[{i}] lacks 'arch'")
         arch = _architecture(path, f"jobs[{i}].arch", extra.pop("arch"))
         jobs.append(make_job(arch, extra.pop("nproc", nproc), **extra))
+    if not jobs:
+        raise MatrixError(f"{path}: no jobs: give architectures (with axes), jobs or hf_models")
     return jobs
+
+
+def _no_repeated_key(pairs: list) -> dict:
+    """A JSON object whose keys are each given once (json keeps the last of a repeated key silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice in one object")
+        out[key] = value
+    return out
