@@ -524,6 +524,21 @@ def test_report_on_a_hand_edited_row_names_it(tmp_path, column, value, says):
     assert result.output == f"Error: {out}, {says}\n"
 
 
+@pytest.mark.parametrize("value, says", [
+    ("{}", "empty on an ok row of an HF config"),   # an AttributeError in the markdown tables
+    ('{"trace": []}', "not what a run records (KeyError: 'param_numels')")])   # a KeyError
+def test_report_on_an_hf_row_without_its_recorded_model_names_it(tmp_path, value, says):
+    """An HF config's row is predicted from the model its run recorded (hf_spec): one edited away is
+    named like any other column."""
+    with open(os.path.join(ROOT, "data", "h200-hf-time-a.csv"), newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["outcome"] == "ok")
+    out = tmp_path / "rows.csv"
+    results_file.append_row(str(out), {**row, "hf_spec": value})
+    result = CliRunner().invoke(validate_main, ["report", "--markdown", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output == f"Error: {out}, line 2, column hf_spec: {says}\n"
+
+
 def _joined(tmp_path):
     """Two results files joined with `cat`: the second header is line 3."""
     one = tmp_path / "one.csv"

@@ -8,7 +8,7 @@ import math
 from dataclasses import MISSING, fields
 
 from validate import results_file
-from validate.jobs import SETUP_FIELDS
+from validate.jobs import SETUP_FIELDS, to_zerocalc
 from validate.rows import COLUMNS, _field_kind
 from zerocalc.arch import Architecture, validate_architecture
 from zerocalc.training import OPTIMIZERS, Setup, validate_setup
@@ -94,6 +94,13 @@ def _row_problem(row: dict) -> tuple[str | None, str] | None:
                              **{k: job[k] for k in SETUP_FIELDS}))
     except (ValueError, TypeError) as err:
         return None, str(err)
+    if "hf" not in job:
+        return None
+    try:   # what report and fit predict an HF config's row from: what its run recorded
+        if to_zerocalc(job)[0] is None:
+            return "hf_spec", "empty on an ok row of an HF config"
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        return "hf_spec", f"not what a run records ({type(err).__name__}: {err})"
     return None
 
 
