@@ -398,6 +398,27 @@ def test_a_matrix_of_the_wrong_shape_is_one_error_line_before_any_launch(tmp_pat
     assert result.output == f"Error: {matrix}: {says}\n" and not out.exists()
 
 
+@pytest.mark.parametrize("flag, content, says", [
+    ("--hf-config", b"[" * 100_000 + b"]" * 100_000, "not a readable config.json (nested too deeply)"),
+    ("--hf-config", b'{"model_type": "llama", "hidden_size": "64"}',
+     "transformers refuses this llama config: "),
+    ("--trainer-ds-config", b"[1]", "not a ds_config (a JSON object, its zero_optimization an object)"),
+    ("--trainer-ds-config", b"", "not a readable ds_config (JSONDecodeError: Expecting value")],
+    ids=["nested config", "text size", "ds list", "ds empty"])
+def test_a_malformed_hf_config_or_ds_config_is_one_error_line(tmp_path, monkeypatch, flag, content, says):
+    """--hf-config and --trainer-ds-config files that are not what they say (each traced back: a
+    RecursionError, transformers' own validation error, an AttributeError, a JSONDecodeError)."""
+    monkeypatch.setattr(runner, "launch_command", _no_launch)
+    given = tmp_path / "given.json"
+    given.write_bytes(content)
+    args = ["run", "--backend", "cpu", "--nproc", "1", "--hf-layers", "1", "--out", str(tmp_path / "rows.csv")]
+    args += ["--hf-config", str(given)] if flag == "--hf-config" else [
+        "--hf-config", "validate/hf_configs/qwen3-0.6b.json", "--trainer-ds-config", str(given)]
+    result = CliRunner().invoke(validate_main, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.count("\n") == 1 and says in result.output, result.output
+
+
 def test_a_fake_world_of_trainer_jobs_is_refused_before_any_launch(tmp_path, monkeypatch):
     """HF Trainer's path sets up its own distributed state: not run as rank 0 of a fake world."""
     monkeypatch.setattr(runner, "launch_command", _no_launch)

@@ -44,6 +44,8 @@ def load_config(ref, overrides: dict | None = None) -> tuple[str, dict]:
                 cfg = json.load(f)
         except (OSError, UnicodeDecodeError, ValueError) as err:
             raise ValueError(f"{path}: not a readable config.json ({err})")
+        except RecursionError:
+            raise ValueError(f"{path}: not a readable config.json (nested too deeply)")
         if not isinstance(cfg, dict):
             raise ValueError(f"{path}: not a config.json (a JSON object)")
     if "model_type" not in cfg:
@@ -63,6 +65,9 @@ def make_config(cfg: dict):
             raise
         raise ValueError(f"model_type {cfg['model_type']!r} is not one transformers {transformers.__version__} "
                          "knows (AutoConfig)") from None
+    except Exception as err:   # noqa: BLE001 -- transformers' own checks of a field (a string for a size)
+        raise ValueError(f"transformers refuses this {cfg['model_type']} config: {type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:300]}") from None
 
 
 def _first(config, *names, default=None):
@@ -337,5 +342,11 @@ def load_ds_config(name: str) -> dict:
     path = name if os.path.isfile(name) else os.path.join(DS_CONFIG_DIR, name + ".json")
     if not os.path.exists(path):
         raise ValueError(f"no ds_config {name!r}: give a ds_config.json or a name under {DS_CONFIG_DIR}")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            ds = json.load(f)
+    except (OSError, ValueError, RecursionError) as err:   # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path}: not a readable ds_config ({type(err).__name__}: {err})"[:400])
+    if not isinstance(ds, dict) or not isinstance(ds.get("zero_optimization", {}), dict):
+        raise ValueError(f"{path}: not a ds_config (a JSON object, its zero_optimization an object)")
+    return ds
