@@ -688,6 +688,26 @@ def test_launches_that_start_no_job_cost_no_row_and_stop_the_sweep(tmp_path, fak
     assert [r["outcome"] for r in runner.run(todo, "cpu", 2, out, log=lambda *a: None)] == ["ok"] * 3
 
 
+def test_a_full_temp_disk_is_one_line_and_leaves_no_launch_folder(tmp_path, fake, monkeypatch):
+    """The launch's folder (its jobs file, the ranks' records) cannot be written: the sweep stops with one
+    line saying where and why (it traced back), and the half-made folder is removed."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(runner.tempfile, "tempdir", str(temp))
+    real = json.dump
+
+    def full(obj, f, *a, **k):
+        if f.name.endswith("jobs.json"):
+            f.write("[{")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, f, *a, **k)
+    monkeypatch.setattr(runner.json, "dump", full)
+    with pytest.raises(runner.LaunchError, match=r"could not write a launch's files in .*: No space left on device; "
+                                                 r"make room \(or set TMPDIR\) and run the same command again"):
+        runner.run(jobs(1), "cpu", 2, str(tmp_path / "rows.csv"), log=lambda *a: None)
+    assert os.listdir(temp) == [] and not (tmp_path / "rows.csv").exists()
+
+
 def test_a_launch_that_fails_once_before_any_job_is_launched_again(tmp_path, fake, monkeypatch):
     """A failure of one launch only (a port taken, a file system slow to mount): launched again, no row
     lost or charged."""

@@ -244,13 +244,18 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
     """One launch over the pending jobs, until it ends, hangs or loses a rank; every job it finished or
     lost has a row. Returns their keys, and why the launch ended before its next job started (None if
     it did not)."""
-    tmp = tempfile.mkdtemp(prefix=lifeline.TEMP_PREFIX)
+    tmp = None
     try:
-        jobs_path = os.path.join(tmp, "jobs.json")
-        with open(jobs_path, "w") as f:
-            json.dump([to_worker(j) for j in pending], f)
-        port = _free_port()
-        lifeline.write_owner(tmp, port)
+        try:   # a full temp disk: one line, nothing left there
+            tmp = tempfile.mkdtemp(prefix=lifeline.TEMP_PREFIX)
+            jobs_path = os.path.join(tmp, "jobs.json")
+            with open(jobs_path, "w") as f:
+                json.dump([to_worker(j) for j in pending], f)
+            port = _free_port()
+            lifeline.write_owner(tmp, port)
+        except OSError as err:
+            raise LaunchError(f"could not write a launch's files in {tmp or tempfile.gettempdir()}: "
+                              f"{err.strerror or err}; make room (or set TMPDIR) and run the same command again")
         cmd = launch_command(backend, nproc, jobs_path, tmp, include, port)
         log(f"launching {len(pending)} jobs on {nproc} ranks, master port {port}")
         by_key = {j["key"]: j for j in pending}
@@ -282,7 +287,8 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
                               written, total, log)
         return finished, cause
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s) -> tuple[str | None, str | None]:
