@@ -338,7 +338,7 @@ def _no_launch(*a, **k):
     raise AssertionError("launched")
 
 
-@pytest.mark.parametrize("case", ["missing dir", "foreign csv", "read-only dir", "matrix typo"])
+@pytest.mark.parametrize("case", ["missing dir", "foreign csv", "doubled column", "read-only dir", "matrix typo"])
 def test_bad_output_or_matrix_is_a_one_line_error_before_any_launch(tmp_path, monkeypatch, case):
     monkeypatch.setattr(runner, "launch_command", _no_launch)
     args = ["run", "--backend", "cpu", "--nproc", "1", "--stages", "0", "--hidden-size", "32", "--num-layers", "1",
@@ -349,6 +349,9 @@ def test_bad_output_or_matrix_is_a_one_line_error_before_any_launch(tmp_path, mo
     elif case == "foreign csv":
         out.write_text("name,score\nx,1\n")
         expect = "not a validator results file"
+    elif case == "doubled column":   # which value a reader took would depend on the reader
+        out.write_text("key,outcome,stage,stage\nA,ok,0,1\n")
+        expect = "column 'stage' appears twice in its header"
     elif case == "read-only dir":
         monkeypatch.setattr(results_file.os, "access", lambda p, mode: False)
         expect = "not writable"
@@ -363,8 +366,8 @@ def test_bad_output_or_matrix_is_a_one_line_error_before_any_launch(tmp_path, mo
     assert expect in result.output and "Traceback" not in result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    if case == "foreign csv":
-        assert out.read_text() == "name,score\nx,1\n"
+    if case in ("foreign csv", "doubled column"):
+        assert out.read_text() in ("name,score\nx,1\n", "key,outcome,stage,stage\nA,ok,0,1\n")
 
 
 A = {"vocab_size": 64, "hidden_size": 32, "num_layers": 1, "num_heads": 4}
