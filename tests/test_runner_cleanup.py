@@ -3,6 +3,8 @@ failed launch's ranks created, and only its own;
 it extends an older results file by a new column instead of refusing the row."""
 import os
 
+import pytest
+
 from validate import runner
 
 
@@ -83,7 +85,7 @@ def test_a_row_with_a_new_column_extends_an_older_file(tmp_path):
 def test_a_failed_launch_leaves_no_build_lock_of_its_own(tmp_path, monkeypatch):
     """A rank that dies while it JIT-builds an extension leaves torch's build lock, on which every later
     launch would wait until its timeout. A stand-in launch creates a lock and records it as the worker
-    does (`lifeline.note_build_lock`, called by the patched FileBaton), then fails; a lock created
+    does (`lifeline.note_build_lock`, called by the patched FileBaton), then fails, twice; a lock created
     during the launch by another process (another build in the shared cache, not recorded) and one
     made before the launch both stay."""
     import sys
@@ -107,8 +109,9 @@ def test_a_failed_launch_leaves_no_build_lock_of_its_own(tmp_path, monkeypatch):
         return [sys.executable, "-c", code]
     monkeypatch.setattr(runner, "launch_command", launch)
     job = make_job(Architecture("seed-gpt", 64, 32, 2, 4, 4, 128, False), 1, stage=0, seq_len=8)
-    written = runner.run([job], "cpu", 1, str(tmp_path / "rows.csv"), log=lambda *a: None)
-    assert [r["outcome"] for r in written] == ["crash"]
+    with pytest.raises(runner.LaunchError, match="two launches in a row ended before a job started"):
+        runner.run([job], "cpu", 1, str(tmp_path / "rows.csv"), log=lambda *a: None)
+    assert not (tmp_path / "rows.csv").exists()   # it failed before its job started: no row, a resume runs it
     assert not new_lock.exists()
     assert others.exists()
     assert older.exists()
