@@ -44,9 +44,9 @@ from validate.report import (configuration, earlier_jobs, expandable_rows, hf_ro
                              started_clean, timed_whole_steps, with_configuration)
 from validate.results_file import replace_whole
 from validate.rows import at_row_host, is_hf_row, job_from_row, measured_host_launch_s
-from zerocalc import calibration, sequence
+from zerocalc import calibrate, calibration, sequence
 from zerocalc.estimate import estimate
-from zerocalc.timing import STEP_CLASSES, accuracy_regime, features, phase_times, whole_step_s
+from zerocalc.timing import STEP_CLASSES, accuracy_regime, features
 
 FOLDS = 4
 
@@ -164,78 +164,9 @@ def typical_host_launch_s(rows: pd.DataFrame) -> float:
     return float(np.nanmedian(values))
 
 
-# The time constants, fitted in log space (all positive); the shares through a logistic (0 < ε, φ ≤ 1).
-_SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "launch_s_per_op",
-            "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s",
-            "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s",
-            "host_launch_share")
-_SHARES = ("link_efficiency", "host_launch_share")
-_START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
-          "launch_s_per_op": 1e-5,
-          "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5, "grad_hook_s": 3e-5, "grad_move_s": 3e-5,
-          "host_link_bytes_per_s": 25e9, "host_adam_elements_per_s": 1e9, "host_pageable_bytes_per_s": 10e9,
-          "host_launch_share": 0.9,
-          "step_overhead_s": dict.fromkeys(STEP_CLASSES, 0.005),
-          "optimizer_s_per_element": dict.fromkeys(STEP_CLASSES, 3e-11),
-          "optimizer_s_per_tensor": dict.fromkeys(STEP_CLASSES, 5e-5)}
-_PER_CLASS = ("step_overhead_s", "optimizer_s_per_element", "optimizer_s_per_tensor")
-
-
-def _unpack(z, efficiency_max: float = 1.0) -> dict:
-    k = {name: float(np.exp(np.clip(v, -60, 60))) for name, v in zip(_SCALARS, z)}
-    # a share of its ceiling (`matmul_ceiling`), smooth up to it
-    k["efficiency"] = float(efficiency_max / (1 + np.exp(-np.clip(z[_SCALARS.index("efficiency")], -30, 60))))
-    for name in _SHARES:
-        k[name] = float(1 / (1 + np.exp(-np.clip(z[_SCALARS.index(name)], -30, 60))))   # never 0
-    n, m = len(_SCALARS), len(STEP_CLASSES)
-    for j, name in enumerate(_PER_CLASS):
-        k[name] = {c: float(np.exp(np.clip(z[n + j * m + i], -60, 60))) for i, c in enumerate(STEP_CLASSES)}
-    return k
-
-
-def _pack(k: dict, efficiency_max: float = 1.0) -> np.ndarray:
-    z = [np.log(k[name]) for name in _SCALARS]
-    z[_SCALARS.index("efficiency")] = np.log(k["efficiency"] / (efficiency_max - k["efficiency"]))
-    for name in _SHARES:
-        z[_SCALARS.index(name)] = np.log(k[name] / (1 - k[name]))
-    for name in _PER_CLASS:
-        z += [np.log(k[name][c]) for c in STEP_CLASSES]
-    return np.array(z, dtype=float)
-
-
-def _predict(feats, k) -> np.ndarray:
-    """(rows, 4): forward, backward, optimizer step and whole step, seconds."""
-    out = []
-    for f in feats:
-        fwd, bwd, step, reduce = phase_times(f, k)
-        out.append((fwd, bwd, step, whole_step_s(f, fwd, bwd, step, reduce)))
-    return np.array(out)
-
-
-def _levenberg_marquardt(residuals, z, iterations=100):
-    """Minimise |residuals(z)|² (numerical Jacobian); small and dependency-free."""
-    r = residuals(z)
-    cost, damping = r @ r, 1e-2
-    for _ in range(iterations):
-        jac = np.empty((len(r), len(z)))
-        for j in range(len(z)):
-            dz = np.zeros_like(z)
-            dz[j] = 1e-6
-            jac[:, j] = (residuals(z + dz) - r) / 1e-6
-        a, g = jac.T @ jac, jac.T @ r
-        while damping < 1e12:
-            step = np.linalg.solve(a + damping * np.diag(np.diag(a) + 1e-12), -g)
-            r_new = residuals(z + step)
-            if r_new @ r_new < cost:
-                improved = cost - r_new @ r_new
-                z, r, cost, damping = z + step, r_new, r_new @ r_new, damping / 3
-                break
-            damping *= 10
-        else:
-            break
-        if improved < 1e-10 * max(cost, 1e-30):
-            break
-    return z
+# The fitting core is zerocalc's (`zerocalc.calibrate`, which `zerocalc calibrate` calls too).
+_SCALARS, _SHARES, _PER_CLASS = calibrate.SCALARS, calibrate.SHARES, calibrate.PER_CLASS
+_predict = calibrate.predict
 
 
 def fit_time(train: pd.DataFrame, cal: dict | None = None, fixed: dict | None = None) -> dict:
@@ -279,20 +210,8 @@ def matmul_ceiling(rows: pd.DataFrame) -> float:
 
 
 def fit_constants(feats: list[dict], measured: np.ndarray, efficiency_max: float = 1.0, fixed: dict | None = None) -> dict:
-    """The time constants minimizing the weighted log ratios of `_predict(feats)` to `measured` (rows ×
-    forward, backward, optimizer step, whole step; NaN: not measured, left out), the efficiency at most
-    `efficiency_max`; `fixed` constants held as given."""
-    fixed = fixed or {}
-    # The whole step (median of 5-10 unsynchronized steps) is what is judged; the phases (3 steps with
-    # a synchronize at each boundary) only split it.
-    weights = np.array([1.0, 1.0, 1.0, 4.0])
-
-    def residuals(z):
-        r = np.log(_predict(feats, {**fixed, **_unpack(z, efficiency_max)}) / measured) * weights
-        return np.nan_to_num(r, nan=0.0).ravel()
-
-    start = {**_START, "efficiency": min(_START["efficiency"], efficiency_max / 2)}
-    return {**fixed, **_unpack(_levenberg_marquardt(residuals, _pack(start, efficiency_max)), efficiency_max)}
+    """`zerocalc.calibrate.fit_constants`: every time constant, from its usual start."""
+    return calibrate.fit_constants(feats, measured, efficiency_max, fixed)
 
 
 def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:
@@ -382,8 +301,7 @@ def _reserved_ratio(rows: pd.DataFrame) -> float:
     """The reserved/allocated ratio r minimizing the squared relative error of r·allocated against the
     measured reserved (the target is relative; bytes would let the largest runs decide alone):
     r = Σ(a/m) / Σ(a/m)²."""
-    q = (rows["measured_peak_allocated_bytes"] / rows["measured_peak_reserved_bytes"]).astype(float).to_numpy()
-    return float(q.sum() / (q * q).sum())
+    return calibrate.reserved_ratio(rows["measured_peak_allocated_bytes"], rows["measured_peak_reserved_bytes"])
 
 
 def _expandable_factors(clean: pd.DataFrame) -> list[float]:
