@@ -134,8 +134,22 @@ def activation_traffic_bytes(model, setup, cal: dict | None = None) -> tuple[flo
     return full.layers_bytes + 10 * tokens * model.architecture.vocab_size, full.layers_bytes
 
 
+def inter_node(setup, hw: Hardware) -> bool:
+    """Whether the job's collectives cross nodes: N ranks over more than one node's GPUs. A ring or
+    tree across nodes then runs at the network's pace (each GPU's share of it), not NVLink's."""
+    return setup.dp > hw.gpus_per_node
+
+
 def link_bytes_per_s(setup, hw: Hardware) -> float:
-    return hw.intra_node_bytes_per_s if setup.dp <= hw.gpus_per_node else hw.inter_node_bytes_per_s
+    return hw.inter_node_bytes_per_s if inter_node(setup, hw) else hw.intra_node_bytes_per_s
+
+
+def link_efficiency(f: dict, k: dict) -> float:
+    """ε of the link the job uses: `inter_node_link_efficiency` across nodes where the calibration has
+    one (`zerocalc calibrate` fits it on rows of jobs that spanned nodes), else `link_efficiency`."""
+    if f.get("inter_node") and "inter_node_link_efficiency" in k:
+        return k["inter_node_link_efficiency"]
+    return k["link_efficiency"]
 
 
 def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -> dict:
@@ -159,6 +173,7 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
     ops_fwd, ops_bwd = dispatched_ops(model, setup)
     return {
         "gas": gas,
+        "inter_node": 1 if inter_node(setup, hw) else 0,
         "forward_at_peak_s": fwd / hw.peak_flops_per_s,
         "backward_at_peak_s": bwd / hw.peak_flops_per_s,
         "traffic_at_hbm_s": traffic / hw.hbm_bytes_per_s,
@@ -285,7 +300,7 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     """(forward, backward per micro-step, optimizer step, what else waits once per step: the exposed
     reduce, stage 1's gradient moves, HF Trainer's loop) in seconds from `features` and the time
     constants `k` (the calibration's "time" section)."""
-    eff, mu = k["link_efficiency"], k.get("activation_passes", 0.0)
+    eff, mu = link_efficiency(f, k), k.get("activation_passes", 0.0)
     h = host_scale(f["host_launch_ratio"], k)   # the host-side constants below are the fitted hosts'; h × on this host
     t_op = k.get("launch_s_per_op", 0.0)
     host_fwd = h * (f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["ops_fwd"] * t_op + f["modules_fwd"] * k["module_hook_s"]
@@ -347,11 +362,12 @@ def step_time(model, setup, collectives, hw: Hardware, cal: dict | None = None) 
     k = cal["time"]
     f = features(model, setup, collectives, hw, cal)
     forward, backward, optimizer, reduce = phase_times(f, k)
-    link = link_bytes_per_s(setup, hw) * k["link_efficiency"]
+    eff = link_efficiency(f, k)
+    link = link_bytes_per_s(setup, hw) * eff
     comm = sum(c.wire_bytes for c in collectives) / link
     hidden = sum(c.wire_bytes for c in collectives if c.op == "reduce_scatter_tensor") / link
     if f["overlap_passes"]:   # overlap_comm at stages 1/2: as much of the reduction as backward covers
-        hidden += min(f["reduce_at_link_s"] / k["link_efficiency"], f["overlap_passes"] * backward)
+        hidden += min(f["reduce_at_link_s"] / eff, f["overlap_passes"] * backward)
     h = host_scale(f["host_launch_ratio"], k)
     gather_calls = h * f["gas"] * (f["gathers_fwd"] + f["gathers_bwd"]) * k["gather_call_s"]
     exposed = comm - hidden + gather_calls

@@ -4,7 +4,7 @@
 A calibration file given by path is checked against the shipped one before use: it must be a JSON
 object holding each section the model reads, every value of the shipped file's kind (a finite
 number where a number is read); a `time` section fitted before a constant existed takes that constant
-from the shipped file."""
+from the shipped file. `zerocalc calibrate` writes such files from a user's own rows."""
 import math
 import os
 
@@ -14,6 +14,9 @@ _DIR = os.path.dirname(os.path.abspath(__file__))
 DEFAULT = "h200"
 # The sections `estimate`, `timing` and `activations` read.
 REQUIRED = ("activations", "allocator", "device", "time")
+# Time constants a calibration may hold that the shipped one does not, and the shares among them (at most 1).
+OPTIONAL_TIME = ("host_launch_s", "inter_node_link_efficiency")
+OPTIONAL_SHARES = ("inter_node_link_efficiency",)
 _cache = {}
 
 
@@ -56,6 +59,13 @@ def load(name: str = DEFAULT) -> dict:
                     raise InputError(f"calibration {name}: no \"{section}\" section (a file written by "
                                      "`python -m validate fit` has one)")
             _check(cal, ref, "calibration", name)
+            for key in OPTIONAL_TIME:
+                value = cal["time"].get(key)
+                if key in cal["time"] and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                           or not math.isfinite(value)
+                                           or not 0 < value <= (1 if key in OPTIONAL_SHARES else math.inf)):
+                    raise InputError(f"calibration {name}: time.{key} = {value!r}: must be a number above 0"
+                                     + (" and at most 1" if key in OPTIONAL_SHARES else ""))
             # A file fitted before a time constant existed (e.g. the offload host rates) takes that
             # constant from the shipped calibration.
             cal["time"] = {**ref["time"], **cal["time"]}
