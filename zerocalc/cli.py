@@ -301,6 +301,23 @@ def host_options(f):
                              "(`python benchmarks/cpu_adam.py` measures yours) [default: the calibration's].")(f)
 
 
+def link_options(f):
+    """A cluster's node size and links, over the GPU preset's."""
+    f = click.option("--inter-node-gbps", type=_float("gbps"), help="GB/s per GPU between nodes (the network) "
+                     "[default: the GPU preset's].")(f)
+    f = click.option("--intra-node-gbps", type=_float("gbps"), help="GB/s per GPU inside a node (NVLink, PCIe) "
+                     "[default: the GPU preset's].")(f)
+    return click.option("--gpus-per-node", type=_int("gpus_per_node"),
+                        help="GPUs in one node: N above it crosses nodes [default: the GPU preset's].")(f)
+
+
+def _linked(gpu_name, gpus_per_node, intra_node_gbps, inter_node_gbps):
+    """The GPU preset with the cluster's node size and links (`link_options`)."""
+    return hardware.gpu(gpu_name, gpus_per_node=gpus_per_node,
+                        intra_node_bytes_per_s=intra_node_gbps and intra_node_gbps * 1e9,
+                        inter_node_bytes_per_s=inter_node_gbps and inter_node_gbps * 1e9)
+
+
 def _calibration(name, cpu_adam_rate, host_link_gbps, host_launch_us=None) -> dict:
     try:
         cal = calibration.load(name)
@@ -434,7 +451,8 @@ def _host_memory(given, hw):
 @click.option("--intra-node-gbps", type=_float("gbps"), help="GB/s per GPU inside a node.")
 @click.option("--inter-node-gbps", type=_float("gbps"), help="GB/s per GPU between nodes.")
 @click.option("--calibration", "calibration_name", default="h200", show_default=True,
-              help="Calibrated constants: a shipped name or a JSON file written by `python -m validate fit`.")
+              help="Calibrated constants: h200 (shipped), or a file `zerocalc calibrate` (your rows) or "
+                   "`python -m validate fit` wrote.")
 @host_options
 @adapter_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
@@ -555,13 +573,16 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
 @click.option("--zero-init/--no-zero-init", default=None, help=(
     "Stage-3 candidates are built under deepspeed.zero.Init, as HF Trainer builds them [default: off, "
     "the model is built outside it, as a plain script does; on for a ds_config written for HF Trainer]."))
-@click.option("--calibration", "calibration_name", default="h200", show_default=True)
+@click.option("--calibration", "calibration_name", default="h200", show_default=True,
+              help="h200 (shipped), or a file `zerocalc calibrate` wrote from your rows.")
+@link_options
 @host_options
 @adapter_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
              ffn_hidden_size, tie_embeddings, gpu_name, gpu_memory, host_memory, max_gpus, seq_len, global_batch, dtype,
              ds_config, fewest, price_per_gpu_hour, top, explain, expandable_segments, zero_init, calibration_name,
+             gpus_per_node, intra_node_gbps, inter_node_gbps,
              cpu_adam_rate, host_link_gbps, host_launch_us, lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config,
              freeze, fmt):
     """Rank every ZeRO setup that fits by predicted throughput (or cost).
@@ -623,7 +644,7 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
                     if fields["zero_init"] else "default; --zero-init if the model is built under it, as HF "
                                                 "Trainer does") + ")")
     cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
-    hw = hardware.gpu(gpu_name)
+    hw = _linked(gpu_name, gpus_per_node, intra_node_gbps, inter_node_gbps)
     memory = gpu_memory or hw.memory_bytes
     try:
         base = Setup(seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments, **fields)
@@ -686,10 +707,18 @@ MAX_SWEEP_VALUES = 1000
               help="bf16, fp16 and/or fp32. fp16 and bf16 hold the same bytes (param_bytes 2, one set of rows); "
                    "fp16's 1-byte overflow all-reduce at stage 3 is left out, as are the other few-byte collectives.")
 @click.option("--gas", "gas_list", default="1", show_default=True, callback=_list(_whole, "gas", "--gas"))
+@click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)),
+              help="Add comm_s: the wire bytes at this GPU's links (NVLink in a node, the network across nodes).")
+@click.option("--calibration", "calibration_name",
+              help="Add reserved_bytes (the peak times its reserved/allocated ratio); with --gpu, its link "
+                   "efficiency sets comm_s [default with --gpu: h200].")
+@link_options
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="CSV file [default: standard output].")
-def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
+def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, gpu_name, calibration_name, gpus_per_node,
+              intra_node_gbps, inter_node_gbps, out_path):
     """Every combination of the lists, vectorized: resident and peak bytes, logged and wire
-    communication per rank, for P-only models (no activations). A million rows take about a second."""
+    communication per rank, for P-only models (no activations). A million rows take about a second.
+    With --gpu or --calibration, also reserved bytes and (with --gpu) the communication's time."""
     import csv
     import os
     import tempfile
@@ -712,8 +741,15 @@ def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
                                "(about a few hundred MB of arrays): split it into several sweeps")
     if out_path:
         inputs.check_output_path(out_path)
+    if gpu_name is None and any(x is not None for x in (gpus_per_node, intra_node_gbps, inter_node_gbps)):
+        raise click.UsageError("--gpus-per-node and the bandwidth flags need --gpu")
+    cal = _calibration(calibration_name or "h200", None, None) if gpu_name or calibration_name else None
     g = sweep.grid(num_params=params_list, dp=dp_list, stage=stage_list, param_bytes=param_bytes, gas=gas_list)
-    columns = sweep.table(g, sweep.evaluate(g))
+    out = sweep.evaluate(g)
+    columns = sweep.table(g, out)
+    if cal is not None:
+        hw = _linked(gpu_name, gpus_per_node, intra_node_gbps, inter_node_gbps) if gpu_name else None
+        columns.update(sweep.calibrated_columns(g, out, cal, hw))
     if not out_path:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(columns)
@@ -735,6 +771,97 @@ def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, out_path):
         os.unlink(tmp)
         raise InputFailure(f"cannot write {out_path}: {err.strerror or err}; nothing was written")
     click.echo(f"{len(g['num_params']):,} rows -> {out_path}", err=True)
+
+
+def _measured_rows(paths, gpu_name):
+    from zerocalc import measured
+    return measured.read(paths, hardware.gpu(gpu_name))
+
+
+@main.command("calibrate")
+@click.argument("csv_paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="The calibration file to write (JSON), for --calibration.")
+@click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)), default="h200", show_default=True,
+              help="The GPU the rows ran on (its peak and link bandwidths).")
+@click.option("--calibration", "calibration_name", default="h200", show_default=True,
+              help="The calibration whose constants the rows do not determine are kept.")
+def calibrate_cmd(csv_paths, out_path, gpu_name, calibration_name):
+    """Fit the constants your measured rows determine: step time (compute efficiency, element-wise
+    traffic, host launch costs, link efficiency within and across nodes, the optimizer step, offload's
+    host rates), the caching allocator's reserved/allocated ratios and the GPU's own memory. Each fitted
+    constant is printed with its fit error and the rows it rests on; the others keep the shipped values
+    and are named, with why.
+
+    ROWS: CSV files, from `python -m validate run` or your own jobs (docs/your-cluster.md).
+
+    \b
+    Examples:
+      zerocalc calibrate rows.csv -o mycluster.json
+      zerocalc estimate --model llama-2-7b --dp 16 --nodes 2 --gpus-per-node 8 --seq-len 4096 --gpu h100 \\
+          --calibration mycluster.json
+    """
+    import json as _json
+    from zerocalc import calibrate, report
+    inputs.check_output_path(out_path)
+    base = _calibration(calibration_name, None, None)
+    rows, notes = _measured_rows(csv_paths, gpu_name)
+    try:
+        result = calibrate.calibrate(rows, base, list(csv_paths), notes) if rows else None
+    except ValueError as err:
+        raise InputFailure(str(err))
+    if result is None:
+        raise InputFailure(f"no usable row in {', '.join(csv_paths)}" + (f" ({notes[0]})" if notes else ""))
+    try:
+        with open(out_path, "w") as f:
+            _json.dump(result.calibration, f, indent=2)
+            f.write("\n")
+    except OSError as err:
+        raise InputFailure(f"cannot write {out_path}: {err.strerror or err}")
+    click.echo(report.calibration_text(result, len(rows), out_path))
+
+
+@main.command("report")
+@click.argument("csv_paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--gpu", "gpu_name", type=click.Choice(sorted(hardware.PRESETS)), default="h200", show_default=True,
+              help="The GPU the rows ran on.")
+@click.option("--calibration", "calibration_name", default="h200", show_default=True,
+              help="Predict with this calibration (a file `zerocalc calibrate` wrote).")
+@click.option("--figure", "figure_path", type=click.Path(dir_okay=False),
+              help="Also draw predicted against measured to this image (PNG, PDF, SVG; needs matplotlib).")
+def report_cmd(csv_paths, gpu_name, calibration_name, figure_path):
+    """zerocalc's predictions against your measured rows: step time, peak allocated and reserved, row by
+    row, then how many are within 15% (step time, also by regime), 3% (allocated) and 8% (reserved).
+
+    ROWS: CSV files, from `python -m validate run` or your own jobs (docs/your-cluster.md).
+
+    \b
+    Examples:
+      zerocalc report rows.csv --figure rows.png
+      zerocalc report rows.csv --calibration mycluster.json
+    """
+    from zerocalc import report
+    if figure_path:
+        inputs.check_output_path(figure_path)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise InputFailure("--figure needs matplotlib: pip install 'zerocalc[plot]' (or pip install matplotlib)")
+    cal = _calibration(calibration_name, None, None)
+    rows, notes = _measured_rows(csv_paths, gpu_name)
+    if not rows:
+        raise InputFailure(f"no usable row in {', '.join(csv_paths)}" + (f" ({notes[0]})" if notes else ""))
+    label = f"{len(rows)} rows of {', '.join(csv_paths)}, calibration {calibration_name}"
+    compared = report.compare(rows, cal)
+    if not any(c.step_s or c.predicted_allocated_bytes for c in compared):
+        raise InputFailure("no usable row: none has a step time (measured_step_s, with seq_len and a model with a "
+                           "shape) or a measured peak (measured_peak_allocated_bytes)")
+    click.echo(report.table(compared, label))
+    for n in notes:
+        click.echo(f"note: {n}")
+    if figure_path:
+        report.figure(compared, figure_path, label)
+        click.echo(f"wrote {figure_path}")
 
 
 @main.command("models")

@@ -174,7 +174,7 @@ def as_table(estimates, host_note: str | None = None, explain: bool = False) -> 
         k = e0.cal["time"]
         launch_s = k.get("host_launch_s") or k.get("host_launch_s_fitted")
         host = f"; a host issuing a kernel in {launch_s * 1e6:.1f} us" if launch_s else ""
-        lines.append(f"Step time on {e0.hardware.name} (calibrated on H200 runs{host}):")
+        lines.append(f"Step time on {e0.hardware.name} (calibrated on {_calibrated_on(e0.cal)}{host}):")
         for e in estimates:
             t = e.time
             calls = f", all-gather calls {t.gather_calls_share:5.1%}" if e.setup.stage == 3 else ""
@@ -185,10 +185,13 @@ def as_table(estimates, host_note: str | None = None, explain: bool = False) -> 
                          "not wire time.")
         acc = k.get("accuracy")
         if acc:
-            lines.append(f"Measured: {acc['within_15pct']} of {acc['rows']} H200 steps within 15% of this model (mean "
-                         f"{acc['mean_abs_error']:.0%}){_by_configuration(acc)}; small and stage-3 steps are host-bound "
-                         "and follow the host's speed, which drifted 7-25 us per launch on those VMs (--host-launch-us).")
-            lines += _by_regime(acc, estimates)
+            shipped = "calibrated_on" not in e0.cal
+            lines.append(f"Measured: {acc['within_15pct']} of {acc['rows']} {'H200 ' if shipped else ''}steps within 15% of "
+                         f"this model (mean {acc['mean_abs_error']:.0%}){_by_configuration(acc)}" + (
+                             "; small and stage-3 steps are host-bound and follow the host's speed, which drifted "
+                             "7-25 us per launch on those VMs (--host-launch-us)." if shipped else
+                             f", on the rows it was calibrated on ({e0.cal['calibrated_on']})."))
+            lines += _by_regime(acc, estimates, "H200 steps" if shipped else "steps")
     elif e0.hardware is not None:
         lines.append("Step time needs an architecture and --seq-len.")
     if e0.activation_bytes is None:
@@ -315,8 +318,9 @@ def plan(spec, hw, memory_bytes, ranked, rejected, price, fmt, note=None, fewest
         lines.append(f"Host memory: {gib(host_memory_bytes):.0f} GiB per node" + (f" ({host_note})." if host_note else "."))
     acc = ranked[0].estimate.cal["time"].get("accuracy") if ranked else None
     if acc:
-        lines.append(f"Step time calibrated on H200 runs: {acc['within_15pct']} of {acc['rows']} measured steps within "
-                     f"15% of the model (mean {acc['mean_abs_error']:.0%}{_by_configuration(acc)}; README).")
+        lines.append(f"Step time calibrated on {_calibrated_on(ranked[0].estimate.cal)}: {acc['within_15pct']} of "
+                     f"{acc['rows']} measured steps within 15% of the model (mean {acc['mean_abs_error']:.0%}"
+                     f"{_by_configuration(acc)}; README).")
     if rejected is not None:
         lines += _rejections([c for c in rejected if c.rejected])
     else:
@@ -343,14 +347,21 @@ def _rejections(rejected) -> list[str]:
     return lines
 
 
-def _by_regime(acc: dict, estimates) -> list[str]:
+def _calibrated_on(cal: dict) -> str:
+    """What the calibration's time constants were fitted on: the shipped H200 runs, or the rows a user's
+    calibration names (`zerocalc calibrate`)."""
+    return cal.get("calibrated_on", "H200 runs")
+
+
+def _by_regime(acc: dict, estimates, steps: str = "H200 steps") -> list[str]:
     """The calibration's accuracy for the regimes these estimates fall in (`timing.accuracy_regime`)."""
     by = acc.get("by_regime") or {}
     offloaded = lambda s: (s.offload_optimizer, s.offload_param) != ("none", "none")  # noqa: E731
     seen = dict.fromkeys(accuracy_regime(e.setup.stage, e.setup.dp, offloaded(e.setup)) for e in estimates)
     parts = [f"{r}: {by[r]['within_15pct']} of {by[r]['rows']} (mean {by[r]['mean_abs_error']:.0%})"
              for r in seen if r in by]
-    return [f"  by regime, H200 steps within 15% (N > 1 measured at N = 2 only): {'; '.join(parts)}"] if parts else []
+    at_two = " (N > 1 measured at N = 2 only)" if steps == "H200 steps" else ""
+    return [f"  by regime, {steps} within 15%{at_two}: {'; '.join(parts)}"] if parts else []
 
 
 def _by_configuration(acc: dict) -> str:

@@ -238,3 +238,22 @@ def sweep(**axes):
     frame.update(_whole_bytes(out))
     frame["peak_phase"] = pd.Categorical.from_codes(out["peak_phase"], PHASES)
     return pd.DataFrame(frame)
+
+
+def calibrated_columns(g, out: dict, cal: dict, hw=None) -> dict:
+    """Columns that need a calibration (and a GPU): `reserved_bytes`, the peak times the calibration's
+    reserved/allocated ratio, as `Estimate.peak_reserved_bytes` has it where no allocation sequence is
+    simulated (never for a P-only model); with `hw`, `comm_s`: the wire bytes at the link's speed
+    (`timing.link_bytes_per_s`: NVLink while N fits one node, the network across nodes) times its
+    calibrated efficiency (`timing.link_efficiency`), hidden or not, as `StepTime.comm_s`."""
+    a = cal.get("allocator", {"reserved_over_allocated": 1.0})
+    cols = {"reserved_bytes": np.floor(out["peak_bytes"] * a["reserved_over_allocated"]
+                                       + a.get("reserved_extra_bytes", 0)).astype(np.int64)}
+    if hw is not None:
+        from zerocalc.timing import link_efficiency
+        across = g["dp"] > hw.gpus_per_node
+        k = cal["time"]
+        rate = np.where(across, hw.inter_node_bytes_per_s * link_efficiency({"inter_node": 1}, k),
+                        hw.intra_node_bytes_per_s * link_efficiency({"inter_node": 0}, k))
+        cols["comm_s"] = out["wire_bytes"] / rate
+    return cols
