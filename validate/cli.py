@@ -78,14 +78,28 @@ def _needs_pandas(command: str) -> None:
               help="Run each job as rank 0 of --nproc ranks in one process (torch's fake process group): what "
                    "rank 0 of N holds, allocates and logs, on one GPU or CPU; collectives move nothing, so "
                    "losses and times are not the job's (rows marked world=fake, never timed or fitted).")
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
+              help="Spread each job's --nproc ranks over nodes: DeepSpeed's hostfile (`hostname slots=N` a line). "
+                   "Run the same command on every node with its --node-rank; node 0's writes --out.")
+@click.option("--node-rank", type=click.IntRange(min=0), help="With --hostfile: this node's line in it, from 0.")
+@click.option("--master-addr", help="With --hostfile: node 0's address, which every node can reach.")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
+              help="With --hostfile: the port on node 0 every node's launch meets at.")
 @click.option("--out", "out_csv", required=True, type=click.Path(dir_okay=False), help="CSV to append rows to.")
 def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers, num_heads, num_kv_heads,
         ffn_hidden_size, vocab_size, seq_lens, micro_batches, gases, rbs, ckpt, hf_config, hf_layers, trainer_ds_config,
-        attention, timeout_s, include, retry_failed, fake_world, out_csv):
-    """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows."""
+        attention, timeout_s, include, retry_failed, fake_world, hostfile, node_rank, master_addr, master_port, out_csv):
+    """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows.
+
+    \b
+    Across two nodes (2 ranks each; the same command on both, --node-rank 0 on the first):
+      python -m validate run --backend cuda --nproc 4 --hostfile hosts --node-rank 0 \\
+          --master-addr 10.0.0.1 --matrix m.json --out rows.csv
+    """
     from validate import jobs as J
     from validate.results_file import ResultsFileError, check_output
     from validate.runner import LaunchError, RowWriteError, SetupError, check_env, check_launcher, run as run_jobs
+    nodes = _nodes(hostfile, node_rank, master_addr, master_port, nproc, include, fake_world)
     if matrix:
         try:
             job_list = J.load_matrix(matrix)
@@ -122,17 +136,22 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
             _fail("--fake-world runs DeepSpeed's engine directly; HF Trainer jobs (--trainer-ds-config, a matrix's "
                   "path \"trainer\") are not run in a fake world: leave one of them out", 2)
         job_list = [J.with_fake_world(j) for j in job_list]
+    if nodes is not None:
+        job_list = [J.with_nodes(j, nodes.count) for j in job_list]
     try:
-        check_output(out_csv)
+        if nodes is None or nodes.leader:
+            check_output(out_csv)
         check_launcher()
         check_env()
     except (ResultsFileError, SetupError) as err:
         _fail(str(err), 2)
-    ranks = f"rank 0 of {nproc} (fake world)" if fake_world else f"{nproc} ranks"
+    ranks = f"rank 0 of {nproc} (fake world)" if fake_world else f"{nproc} ranks" + (
+        f" over {nodes.count} nodes (this is node {nodes.node_rank}" + (")" if nodes.leader else ": node 0 writes the rows)")
+        if nodes else "")
     click.echo(f"{len(job_list)} jobs, backend {backend}, {ranks} -> {out_csv}", err=True)
     try:
         written = run_jobs(job_list, backend, nproc, out_csv, timeout_s, include,
-                           log=lambda m: click.echo(m, err=True), retry_failed=retry_failed)
+                           log=lambda m: click.echo(m, err=True), retry_failed=retry_failed, nodes=nodes)
     except (RowWriteError, LaunchError) as err:   # mid-sweep (a full disk, a broken environment): resumable
         _fail(str(err), 1)
     except (ResultsFileError, SetupError) as err:  # --out unusable or no DeepSpeed, found before any launch
@@ -142,6 +161,29 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
     if written and len(bad) == len(written):   # the rows stay in --out; something common to every job is wrong
         _fail(f"every one of the {len(written)} jobs failed; the first ({bad[0]['key']}): "
               f"{bad[0]['outcome']}: {str(bad[0].get('error', ''))[:300]}", 2)
+
+
+def _nodes(hostfile, node_rank, master_addr, master_port, nproc, include, fake_world):
+    """`runner.Nodes` from run's --hostfile flags, None without one; one line, exit 2, for flags that do not
+    go together or a hostfile whose slots are not --nproc."""
+    from validate.runner import Nodes, SetupError, read_hostfile
+    if hostfile is None:
+        if node_rank is not None or master_addr is not None:
+            _fail("--node-rank and --master-addr go with --hostfile", 2)
+        return None
+    if node_rank is None or master_addr is None:
+        _fail("--hostfile needs --node-rank (this node's line in it, from 0) and --master-addr (node 0's address)", 2)
+    if include or fake_world:
+        _fail(f"--hostfile spreads the ranks over nodes: leave out {'--include' if include else '--fake-world'}", 2)
+    try:
+        slots = read_hostfile(hostfile)
+    except SetupError as err:
+        _fail(str(err), 2)
+    if node_rank >= len(slots):
+        _fail(f"--node-rank {node_rank}: {hostfile} has {len(slots)} nodes (0-{len(slots) - 1})", 2)
+    if sum(slots) != nproc:
+        _fail(f"--nproc {nproc}: the job's ranks, over every node; {hostfile}'s slots add up to {sum(slots)}", 2)
+    return Nodes(hostfile, node_rank, master_addr, master_port, slots)
 
 
 @main.command()

@@ -38,7 +38,8 @@ def job_key(job: dict) -> str:
     family = a["family"] + ("-trainer" if job.get("path") == "trainer" else "") + \
         (f"-lora{job['lora'].get('r', 8)}" if job.get("lora") else "") + ("-frozen" if job.get("freeze") else "")
     fake = "fake" if job.get("fake_world") else ""
-    return (f"{family}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}{fake}"
+    nodes = f"-nodes{job['nodes']}" if job.get("nodes", 1) > 1 else ""
+    return (f"{family}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}{fake}{nodes}"
             f"-b{job['micro_batch']}x{job['seq_len']}-gas{job['gas']}-{digest}")
 
 
@@ -104,6 +105,16 @@ def with_fake_world(job: dict) -> dict:
     """The job run as rank 0 of its nproc ranks in one process (torch's fake process group): its own
     key, so that a fake row never resumes or stands for a real one."""
     out = {**job, "fake_world": True}
+    out["key"] = job_key(out)
+    return out
+
+
+def with_nodes(job: dict, nodes: int) -> dict:
+    """The job with its N ranks over `nodes` nodes (`validate run --hostfile`): its own key, since its
+    collectives cross the network where the one-node job's stay on NVLink; the same job on one node."""
+    if nodes < 2:
+        return job
+    out = {**job, "nodes": nodes}
     out["key"] = job_key(out)
     return out
 

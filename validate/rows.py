@@ -60,12 +60,13 @@ def _hf_config_columns(job):
 
 # How a job ran, where not as a real job of nproc ranks on a whole GPU (`validate.jobs.RUN_KEYS`):
 # world "fake" for rank 0 of nproc in one process, the allocator's cap in bytes (an emulated card),
-# zero weights; and where an out-of-memory error was raised. Rows without them leave them out.
-RUN_COLUMNS = ("world", "allocator_capacity_bytes", "zero_weights", "oom_at")
+# zero weights, the nodes its ranks spanned (`validate run --hostfile`); and where an out-of-memory
+# error was raised. Rows without them leave them out.
+RUN_COLUMNS = ("world", "allocator_capacity_bytes", "zero_weights", "nodes", "oom_at")
 
 
 def _run_columns(job):
-    out = {"world": "fake" if job.get("fake_world") else None,
+    out = {"world": "fake" if job.get("fake_world") else None, "nodes": job.get("nodes"),
            "allocator_capacity_bytes": job.get("allocator_capacity_bytes"),
            "zero_weights": True if job.get("zero_weights") else None}
     return {k: v for k, v in out.items() if v is not None}
@@ -348,6 +349,9 @@ def job_from_row(row: dict) -> dict:
         if f.name in SETUP_FIELDS:
             value = _cast(row.get(f.name), _field_kind(f))
             job[f.name] = f.default if value is None else value
+    nodes = _cast(row.get("nodes"), int)
+    if nodes and nodes > 1:
+        job["nodes"] = nodes
     if is_hf_row(row):
         job["path"] = row.get("path") or "engine"
         job["hf"] = {"name": row.get("hf_name"), "config": json.loads(row["hf_config"])}

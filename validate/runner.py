@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 from validate import lifeline, results_file, rows
 from validate.jobs import steps_override, to_worker
@@ -91,10 +92,57 @@ def launcher() -> list[str]:
     return [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """A job across nodes: DeepSpeed's hostfile ("host slots=N" a line), this node's index in it, and
+    node 0's address and port, which every node's launch meets at. Each node runs its own `validate
+    run` (DeepSpeed's launcher without ssh, `--no_ssh --node_rank`); node 0's writes the rows."""
+    hostfile: str
+    node_rank: int
+    master_addr: str
+    master_port: int
+    slots: tuple[int, ...]        # ranks per node, in the hostfile's order
+
+    @property
+    def count(self) -> int:
+        return len(self.slots)
+
+    @property
+    def leader(self) -> bool:
+        return self.node_rank == 0
+
+
+def read_hostfile(path: str) -> tuple[int, ...]:
+    """The slots of each host in DeepSpeed's hostfile (`hostname slots=N` a line, # comments), as
+    DeepSpeed's `fetch_hostfile` reads it; SetupError naming the line for one it would refuse."""
+    slots, hosts = [], set()
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as err:
+        raise SetupError(f"--hostfile {path}: {err.strerror or err}")
+    for i, line in enumerate(lines, 1):
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].startswith("slots=") or not parts[1][6:].isdigit() or parts[0] in hosts:
+            raise SetupError(f"--hostfile {path}:{i}: {line!r}: write one `hostname slots=N` per node, each host once")
+        hosts.add(parts[0])
+        slots.append(int(parts[1][6:]))
+    if not slots:
+        raise SetupError(f"--hostfile {path}: no `hostname slots=N` line")
+    return tuple(slots)
+
+
 def launch_command(backend: str, nproc: int, jobs_path: str, out_dir: str, include: str | None,
-                   port: int) -> list[str]:
+                   port: int, nodes: Nodes | None = None) -> list[str]:
     cmd = launcher() + ["--master_port", str(port)]
-    cmd += ["--include", include] if include else ["--num_gpus", str(nproc)]
+    if nodes is not None:   # this node's share of the ranks, meeting node 0's at its address
+        cmd += ["--hostfile", nodes.hostfile, "--no_ssh", "--node_rank", str(nodes.node_rank),
+                "--master_addr", nodes.master_addr]
+    else:
+        cmd += ["--include", include] if include else ["--num_gpus", str(nproc)]
     return cmd + ["--module", "validate.worker", jobs_path, out_dir]
 
 
@@ -116,7 +164,8 @@ ENV_KNOBS = {"VALIDATE_STEPS": "steps", "VALIDATE_FEW_STEPS": ("", "1"), "VALIDA
              "VALIDATE_SNAPSHOT_DIR": "dir", "VALIDATE_SNAPSHOT_SCOPE": ("step", "warmup", "job"),
              "VALIDATE_SNAPSHOT_STACKS": ("python", "all", "none"), "VALIDATE_PROFILE_DIR": "dir",
              "VALIDATE_PIN_CPUS": ("", "rank", "main"), "VALIDATE_PROTOCOL": ("", "concurrent"),
-             "VALIDATE_FAKE_WORLD": None, lifeline.RUNNER_ENV: None}
+             "VALIDATE_FAKE_WORLD": None, "VALIDATE_NODES": None, lifeline.RUNNER_ENV: None}
+_SET_BY = {"VALIDATE_FAKE_WORLD": "--fake-world", "VALIDATE_NODES": "--hostfile"}
 
 
 def _env_problem(name: str, value: str) -> str | None:
@@ -124,7 +173,7 @@ def _env_problem(name: str, value: str) -> str | None:
     if rule == "unknown":
         return f"{name} is not a variable validate reads (it reads {', '.join(ENV_KNOBS)}): fix its name or unset it"
     if rule is None:
-        return None if name == lifeline.RUNNER_ENV else f"{name} is set by `validate run --fake-world`: unset it"
+        return None if name == lifeline.RUNNER_ENV else f"{name} is set by `validate run {_SET_BY[name]}`: unset it"
     if rule == "steps":
         try:
             steps_override(value)
@@ -151,14 +200,18 @@ def check_env() -> None:
 
 
 def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: float = 600,
-        include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False) -> list[dict]:
+        include: str | None = None, log=print, command: str | None = None, retry_failed: bool = False,
+        nodes: Nodes | None = None) -> list[dict]:
     """Run every job not yet in csv_path; return the rows written. Raises ResultsFileError (one line)
     for an --out it cannot use, before any launch, or for a row it cannot write (the file keeps its
     whole rows: run the same command again to resume), SetupError without DeepSpeed or for a VALIDATE_*
     variable the worker would refuse, and LaunchError when two launches in a row start no job. Jobs
-    marked `fake_world` (all or none) run as rank 0 of nproc ranks in one process (`validate.worker`)."""
+    marked `fake_world` (all or none) run as rank 0 of nproc ranks in one process (`validate.worker`).
+    With `nodes`, this node's ranks of each job; a node other than 0 runs node 0's jobs, writes no row."""
     check_launcher()
     check_env()
+    if nodes is not None and not nodes.leader:
+        return _follow_leader(jobs, backend, nproc, timeout_s, log, command, nodes)
     results_file.check_output(csv_path)
     with results_file.OutputLock(csv_path):
         for d in lifeline.clean_orphans(shm_dir=SHM_DIR):
@@ -167,7 +220,7 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
         if dropped:
             log(f"dropped a half-written last row of {csv_path} ({len(dropped.encode())} bytes, "
                 f"{dropped[:60]!r}...): its job runs again")
-        return _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry_failed)
+        return _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry_failed, nodes)
 
 
 class RowWriteError(ResultsFileError):
@@ -184,11 +237,13 @@ def _write(csv_path: str, row: dict, written: list) -> None:
     written.append(row)
 
 
-def _launch_env(backend: str, fake_world: int = 0) -> dict:
+def _launch_env(backend: str, fake_world: int = 0, nodes: Nodes | None = None) -> dict:
     env = dict(os.environ)
     env.pop("VALIDATE_FAKE_WORLD", None)   # the launch's own, never inherited: a fake world only when asked
     if fake_world:
         env["VALIDATE_FAKE_WORLD"] = str(fake_world)
+    if nodes is not None:
+        env["VALIDATE_NODES"] = str(nodes.count)
     if backend == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -197,7 +252,7 @@ def _launch_env(backend: str, fake_world: int = 0) -> dict:
     return env
 
 
-def _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry_failed) -> list[dict]:
+def _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry_failed, nodes=None) -> list[dict]:
     command = command or " ".join(shlex.quote(a) for a in sys.argv)
     done = done_keys(csv_path, retry_failed)
     todo = [j for j in jobs if j["key"] not in done]
@@ -218,19 +273,17 @@ def _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry
     fake = {bool(j.get("fake_world")) for j in jobs}
     if len(fake) > 1:
         raise SetupError("some jobs ask for a fake world and some do not: run them with separate commands")
-    env = _launch_env(backend, nproc if fake == {True} else 0)
+    env = _launch_env(backend, nproc if fake == {True} else 0, nodes)
     processes = 1 if fake == {True} else nproc
     causes = []   # of the launches in a row that started no job
+    if nodes is not None and not pending:   # the other nodes' launches wait for one: an empty one ends them
+        _launch([], backend, processes, csv_path, timeout_s, include, log, command, env, written, total, t_start, nodes)
     while pending:
         finished, cause = _launch(pending, backend, processes, csv_path, timeout_s, include, log, command, env,
-                                  written, total, t_start)
+                                  written, total, t_start, nodes)
         pending = [j for j in pending if j["key"] not in finished]
         causes = [] if finished else causes + [cause]
-        if len(causes) == 2:
-            same = re.sub(r"\d+", "N", causes[0]) == re.sub(r"\d+", "N", causes[1])
-            raise LaunchError(f"two launches in a row ended before a job started{' the same way' if same else ''}: "
-                              f"{causes[-1][:300]}; no row written for the {len(pending)} job{'s' * (len(pending) != 1)} "
-                              "left: fix it and run the same command again")
+        _two_in_a_row(causes, len(pending))
     return written
 
 
@@ -239,11 +292,40 @@ class LaunchError(RuntimeError):
     jobs' fault, so they get no row; the sweep stops, naming the cause, and the same command resumes it."""
 
 
+def _two_in_a_row(causes: list, left: int) -> None:
+    """LaunchError where the last two launches both ended before a job started."""
+    if len(causes) == 2:
+        same = re.sub(r"\d+", "N", causes[0]) == re.sub(r"\d+", "N", causes[1])
+        raise LaunchError(f"two launches in a row ended before a job started{' the same way' if same else ''}: "
+                          f"{causes[-1][:300]}; no row written for the {left} job{'s' * (left != 1)} "
+                          "left: fix it and run the same command again")
+
+
+def _follow_leader(jobs, backend, nproc, timeout_s, log, command, nodes) -> list[dict]:
+    """A node other than 0: launch its ranks of node 0's jobs (the worker takes node 0's list) until node
+    0 has none left, as node 0's runner decides it from the same launch: every job finished or lost
+    (`_lost_row`); two launches in a row that start no job stop it as they stop node 0's. Writes no row;
+    returns []."""
+    env = _launch_env(backend, 0, nodes)
+    pending, causes = jobs, []
+    while True:
+        seen = {"jobs": None}
+        finished, cause = _launch(pending, backend, nproc, None, timeout_s, None, log, command, env, [], len(pending),
+                                  time.time(), nodes, seen)
+        pending = [j for j in (pending if seen["jobs"] is None else seen["jobs"]) if j["key"] not in finished]
+        if not pending:
+            return []
+        causes = [] if finished else causes + [cause or "the launch ended before node 0's jobs reached this node"]
+        _two_in_a_row(causes, len(pending))
+        log(f"node {nodes.node_rank}: node 0 has {len(pending)} jobs left; launching again")
+
+
 def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command, env, written, total,
-            t_start) -> tuple[set[str], str | None]:
+            t_start, nodes=None, leader=None) -> tuple[set[str], str | None]:
     """One launch over the pending jobs, until it ends, hangs or loses a rank; every job it finished or
     lost has a row. Returns their keys, and why the launch ended before its next job started (None if
-    it did not)."""
+    it did not). On a node other than 0 (`leader` a dict whose "jobs" become node 0's jobs as this
+    node's worker received them) no row is written."""
     tmp = None
     try:
         try:   # a full temp disk: one line, nothing left there
@@ -251,20 +333,29 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
             jobs_path = os.path.join(tmp, "jobs.json")
             with open(jobs_path, "w") as f:
                 json.dump([to_worker(j) for j in pending], f)
-            port = _free_port()
+            port = nodes.master_port if nodes else _free_port()
             lifeline.write_owner(tmp, port)
         except OSError as err:
             raise LaunchError(f"could not write a launch's files in {tmp or tempfile.gettempdir()}: "
                               f"{err.strerror or err}; make room (or set TMPDIR) and run the same command again")
-        cmd = launch_command(backend, nproc, jobs_path, tmp, include, port)
-        log(f"launching {len(pending)} jobs on {nproc} ranks, master port {port}")
+        cmd = launch_command(backend, nproc, jobs_path, tmp, include, port, **({"nodes": nodes} if nodes else {}))
+        where = f" (node {nodes.node_rank}: {nodes.slots[nodes.node_rank]} of them, node 0 at {nodes.master_addr})" \
+            if nodes else ""
+        log(f"launching {len(pending)} jobs on {nproc} ranks{where}, master port {port}")
         by_key = {j["key"]: j for j in pending}
+        follower = leader is not None
         finished, last_progress = set(), [time.time()]
 
         def collect():
             """Rows for the results the launch has written so far."""
+            if follower:
+                by_key.update(_leader_jobs(tmp, leader))
             for res in lifeline.read_lines(os.path.join(tmp, "results.jsonl")):
                 if res["key"] in finished or res["key"] not in by_key:
+                    continue
+                if follower:
+                    finished.add(res["key"])
+                    last_progress[0] = time.time()
                     continue
                 try:
                     row = rows.make_row(by_key[res["key"]], res, backend, command)
@@ -283,12 +374,23 @@ def _launch(pending, backend, nproc, csv_path, timeout_s, include, log, command,
                                                 start_new_session=True, preexec_fn=lifeline.die_with_parent())
             failed_rank, hung = _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s)
             collect()   # results that landed as the launch ended
-            cause = _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, command, csv_path,
-                              written, total, log)
+            cause = _lost_row(tmp, leader["jobs"] or pending if follower else pending, by_key, finished, failed_rank,
+                              hung, proc, backend, command, None if follower else csv_path, written, total, log)
         return finished, cause
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _leader_jobs(tmp: str, leader: dict) -> dict:
+    """Node 0's jobs as this node's worker received them (`leader_jobs.json`, `validate.worker`), into
+    leader["jobs"] once written; {key: job} of them."""
+    path = os.path.join(tmp, "leader_jobs.json")
+    if leader["jobs"] is None and os.path.exists(path):
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as f:
+                leader["jobs"] = json.load(f)
+    return {j["key"]: j for j in leader["jobs"] or []}
 
 
 def _follow(proc, tmp, by_key, finished, collect, last_progress, timeout_s) -> tuple[str | None, str | None]:
@@ -355,9 +457,12 @@ def _lost_row(tmp, pending, by_key, finished, failed_rank, hung, proc, backend, 
     else:
         with open(os.path.join(tmp, "launch.log"), errors="replace") as f:
             text = f.read()[-2000:]
+    finished.add(key)
+    if csv_path is None:   # a node other than 0: node 0's runner writes the row
+        log(f"{key}: {outcome} (launch exit {proc.returncode}); node 0 writes its row")
+        return None
     row = rows.failed_row(by_key[key], outcome, text, backend, command)
     _write(csv_path, row, written)
-    finished.add(key)
     log(f"[{len(written)}/{total}] {key}: {outcome} (launch exit {proc.returncode}): {row['error'][:200]}; continuing")
     return None
 

@@ -1,7 +1,8 @@
 """Runs under DeepSpeed's launcher (`deepspeed --num_gpus N -m validate.worker JOBS OUT_DIR`): trains
 each job of JOBS (a JSON list) with a fresh engine and appends one JSON line per job to
 OUT_DIR/results.jsonl from rank 0 holding every rank's measurements. Rank 0 writes
-OUT_DIR/started.jsonl before each job, so the driver can tell a crash or hang from a finished job."""
+OUT_DIR/started.jsonl before each job, so the driver can tell a crash or hang from a finished job.
+Across nodes (`validate run --hostfile`) every node's first rank keeps these files for its own runner."""
 import contextlib
 import gc
 import json
@@ -392,9 +393,12 @@ def main(jobs_path, out_dir):
         device = torch.device("cpu")
     with open(jobs_path) as f:
         jobs = json.load(f)
+    jobs = _node_zeros_jobs(jobs, out_dir, device)
+    # each node's first rank keeps its runner's files (on one node, rank 0)
+    first = local_rank == 0
     for i, job in enumerate(jobs):
         if i and ONE_JOB:
-            if rank == 0:
+            if first:
                 measure.append_line(os.path.join(out_dir, "restart.jsonl"), {"before": job["key"]})
             break
         before = jobs[i - 1] if i else {}
@@ -404,10 +408,10 @@ def main(jobs_path, out_dir):
             # Trainer job too: accelerate keeps its state (the DeepSpeed plugin) per process; and after
             # a model built under zero.Init: the next zero.Init build in the process fails (HF Llama:
             # "'LlamaAttention' object has no attribute '_kernel_funcs'", seen on CPU ranks).
-            if rank == 0:
+            if first:
                 measure.append_line(os.path.join(out_dir, "restart.jsonl"), {"before": job["key"]})
             break
-        if rank == 0:
+        if first:
             measure.append_line(os.path.join(out_dir, "started.jsonl"), {"key": job["key"], "time": time.time()})
         failure = ""
         try:
@@ -437,11 +441,27 @@ def main(jobs_path, out_dir):
             results[0] = result   # the other ranks do not exist
         else:
             dist.all_gather_object(results, result)
-        if rank == 0:
+        if first:
             measure.append_line(os.path.join(out_dir, "results.jsonl"),
                                 {"key": job["key"], "world_size": world, "ranks": results,
                                  "fake_world": bool(FAKE_WORLD), "env": measure.environment(device)})
     dist.barrier()
+
+
+def _node_zeros_jobs(jobs: list, out_dir: str, device) -> list:
+    """Across nodes (VALIDATE_NODES, the runner's --hostfile): node 0's job list, which every rank then
+    runs (another node's runner may resume from a different file), kept in this node's `out_dir` as
+    `leader_jobs.json` for its runner; on one node, `jobs` as given."""
+    if int(os.environ.get("VALIDATE_NODES") or 1) < 2:
+        return jobs
+    import torch.distributed as tdist
+    box = [jobs]
+    tdist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        with open(os.path.join(out_dir, "leader_jobs.json.tmp"), "w") as f:
+            json.dump(box[0], f)
+        os.replace(os.path.join(out_dir, "leader_jobs.json.tmp"), os.path.join(out_dir, "leader_jobs.json"))
+    return box[0]
 
 
 # VALIDATE_FAKE_WORLD=N: this one process is rank 0 of a world of N (the runner's --fake-world).
