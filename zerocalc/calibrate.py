@@ -495,8 +495,9 @@ def calibrate(rows, base: dict, paths, notes=(), start: dict | None = None) -> R
     else:
         kept.insert(0, Kept("time.*", "no row timed whole optimizer steps (measured_step_s with seq_len)"))
     kept += VALIDATOR_ONLY
-    label = f"{len(timed)} timed rows of {', '.join(os.path.basename(p) for p in paths)}" if timed else \
-        ", ".join(os.path.basename(p) for p in paths)
+    files = ", ".join(os.path.basename(p) for p in paths) if len(paths) <= 3 else \
+        f"{len(paths)} files ({os.path.basename(paths[0])}, ...)"
+    label = f"{len(timed)} timed rows of {files}" if timed else files
     cal.update(about=f"Calibrated by `zerocalc calibrate` on {label}; the constants the rows do not determine are "
                      "the shipped calibration's (`calibrated.kept`).",
                fitted_on=list(paths), calibrated_on=label,
