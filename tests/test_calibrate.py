@@ -268,3 +268,20 @@ def test_sweep_adds_reserved_and_the_wires_time():
         assert int(row["reserved_bytes"]) == int(int(row["peak_bytes"]) * a["reserved_over_allocated"])
     plain = CliRunner().invoke(main, ["sweep", "--params", "1e9", "--dp", "8"]).output.splitlines()[0]
     assert "comm_s" not in plain and "reserved_bytes" not in plain
+
+
+def test_a_row_may_name_its_model_by_a_config_json_beside_it(tmp_path):
+    """`hf_config`: a config.json's path, relative to the CSV's folder; a shipped model's is that model."""
+    import shutil
+    shutil.copy(os.path.join(ROOT, "docs", "examples", "llama-3-8b-config.json"), tmp_path / "config.json")
+    rows = write_rows(tmp_path / "rows.csv", [{"hf_config": "config.json", "nproc": 8, "stage": 3, "seq_len": 4096,
+                                                "measured_step_s": 2.0}])
+    (row,), _ = measured.read([rows], gpu("h200"))
+    assert row.model.num_params == 8_030_261_248 and row.timed and row.setup.dp == 8
+
+
+def test_report_reads_the_validators_rows():
+    """A committed results file as it is: 23 rows of one H200, each predicted at its own host speed."""
+    r = CliRunner().invoke(main, ["report", os.path.join(ROOT, "data", "h200-t7-retime-a.csv")])
+    assert r.exit_code == 0, r.output
+    assert "step time: 21 of 23 rows within 15%" in r.output and "peak allocated: 23 of 23 rows within 3%" in r.output

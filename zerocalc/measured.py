@@ -183,7 +183,8 @@ def model_of(row: dict, folder: str) -> ModelSpec:
             raise RowsError(f"{row['_where']}: hf_config could not be traced: {str(err)[:200]}")
     if _text(row, "hf_config"):
         path = _text(row, "hf_config")
-        path = path if os.path.isabs(path) or not os.path.exists(os.path.join(folder, path)) else os.path.join(folder, path)
+        beside = os.path.join(folder, path)   # a relative path: beside the CSV where it is there
+        path = beside if not os.path.isabs(path) and os.path.exists(beside) else path
         try:
             return resolve.hf_config_spec(path, {})[0]
         except ImportError:
