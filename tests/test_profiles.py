@@ -37,6 +37,94 @@ def test_shipped_profiles_have_the_published_parameter_counts(name):
     assert P.shipped_profile(name).num_params == PUBLISHED[name]
 
 
+# Published parameter counts as their publishers print them, rounded: the model card's or paper's
+# figure, or the Hub's own count of the publisher's upload (the model page's "params", the safetensors
+# total). A figure matches within half a unit of its last digit ("7.61B": ±0.005B), and never closer
+# than 1%: publishers round loosely (Qwen2.5-32B's card says 32.5B of a 32.76B model). Left out where the figure counts another model than the one built:
+# the Hub's count of a tied-embedding checkpoint that stores the head twice (Qwen1.5-1.8B's 1.84B,
+# Falcon-40B's 41.8B), DeepSeek-V3's 685B (with the multi-token-prediction layer transformers does
+# not build: 671B without); names that round down past their own last digit (GPT-2 XL's "1.5B" of
+# 1.56B; StarCoder2-15B's "15B" of 15.7B).
+FIGURES = {
+    # EleutherAI/pythia README, "Models" table, total parameters (exact)
+    "pythia-14m": "14,067,712", "pythia-160m": "162,322,944", "pythia-1.4b": "1,414,647,808", "pythia-70m": "70,426,624", "pythia-410m": "405,334,016",
+    "pythia-1b": "1,011,781,632", "pythia-2.8b": "2,775,208,960", "pythia-12b": "11,846,072,320",
+    # BigScience model cards, "Number of parameters" (exact)
+    "bloom-560m": "559,214,592", "bloom-1b1": "1,065,314,304", "bloom-1b7": "1,722,408,960",
+    "bloom-3b": "3,002,557,440", "bloom-7b1": "7,069,016,064", "bloom-176b": "176,247,271,424",
+    # OpenAI gpt-oss model card, table 1 (total parameters)
+    "gpt-oss-20b": "20.91B", "gpt-oss-120b": "116.83B",
+    # DeepSeek cards: V3/R1 "671B total" (main model), V2 "236B", Coder-V2-Lite "16B", LLM and Coder names
+    "deepseek-v3": "671B", "deepseek-r1": "671B", "deepseek-v2": "236B", "deepseek-coder-v2-lite": "16B",
+    "deepseek-llm-7b": "7B", "deepseek-llm-67b": "67B", "deepseek-coder-1.3b": "1.3B",
+    "deepseek-coder-6.7b": "6.7B", "deepseek-coder-33b": "33B",
+    # the Hub's count of the R1 distills (Qwen2.5 and Llama-3.x tensors)
+    "deepseek-r1-distill-qwen-1.5b": "1.78B", "deepseek-r1-distill-qwen-7b": "7.62B",
+    "deepseek-r1-distill-qwen-14b": "14.8B", "deepseek-r1-distill-qwen-32b": "32.8B",
+    "deepseek-r1-distill-llama-8b": "8.03B", "deepseek-r1-distill-llama-70b": "70.6B",
+    # Qwen: the Qwen2 release table, the Qwen2.5-Coder and Qwen3 cards ("Number of Parameters"),
+    # the Hub's count of the Qwen2.5-Math base models
+    "qwen2-0.5b": "0.49B", "qwen2-1.5b": "1.54B", "qwen2-72b": "72.71B", "qwen2-57b-a14b": "57.41B",
+    "qwen2-7b": "7.62B", "qwen2.5-coder-0.5b": "0.49B", "qwen2.5-coder-1.5b": "1.54B", "qwen2.5-coder-3b": "3.09B",
+    "qwen2.5-coder-7b": "7.61B", "qwen2.5-coder-14b": "14.7B", "qwen2.5-coder-32b": "32.5B",
+    "qwen2.5-math-1.5b": "1.54B", "qwen2.5-math-7b": "7.62B", "qwen2.5-math-72b": "72.7B",
+    "qwen3-1.7b": "1.7B", "qwen3-14b": "14.8B", "qwen3-235b-a22b": "235B", "qwen3-0.6b": "0.6B", "qwen3-4b": "4.0B",
+    "qwen3-32b": "32.8B", "qwen2.5-1.5b": "1.54B", "qwen2.5-3b": "3.09B", "qwen2.5-14b": "14.7B",
+    "qwen2.5-32b": "32.5B", "qwen1.5-moe-a2.7b": "14.3B",
+    # Mistral AI cards and the Hub's counts
+    "mistral-7b-v0.2": "7.24B", "mistral-7b-v0.3": "7.25B", "mistral-nemo-12b": "12.2B", "mistral-small-22b": "22.2B",
+    "mistral-small-24b": "23.6B", "ministral-8b": "8.02B", "mistral-large-2407": "123B", "codestral-22b": "22.2B",
+    # Meta's Llama cards and the Hub's counts (Llama-2-70B's card says 70B of 69.0B: the Hub's 69B)
+    "llama-2-13b": "13B", "llama-2-70b": "69B", "llama-3-70b": "70.6B", "llama-3.1-8b": "8.03B",
+    "llama-3.1-70b": "70.6B", "llama-3.3-70b": "70.6B", "llama-3.2-3b": "3.21B",
+    # Meta's Code Llama and TinyLlama on the Hub
+    "codellama-7b": "6.74B", "codellama-13b": "13.0B", "codellama-34b": "33.7B", "tinyllama-1.1b": "1.1B",
+    # Gemma reports: embedding + non-embedding parameters (Gemma 1 table 2; Gemma 3 table 1, text only)
+    "gemma-2b": "2.51B", "gemma-7b": "8.54B", "gemma-3-270m": "268M", "gemma-3-4b": "3,884M",
+    "gemma-3-12b": "11,771M", "gemma-3-27b": "27,016M", "gemma-3-1b": "1,000M",
+    # Gemma 2 on the Hub
+    "gemma-2-9b": "9.24B", "gemma-2-27b": "27.2B",
+    # Microsoft cards and the Hub's counts
+    "phi-1": "1.42B", "phi-1.5": "1.42B", "phi-2": "2.78B", "phi-3-medium": "14B", "phi-3.5-mini": "3.8B",
+    "phi-4-mini": "3.8B", "phi-3.5-moe": "41.9B", "phi-4": "14.7B",
+    # AI2 (OLMo, OLMo 2, OLMoE), IBM Granite 3.1, Hugging Face SmolLM, BigCode StarCoder2 on the Hub
+    "olmo-2-7b": "7.3B", "olmo-2-13b": "13.7B", "olmo-1b": "1.18B", "olmo-7b": "6.89B", "olmo-2-1b": "1.48B", "olmo-2-32b": "32.2B", "olmoe-1b-7b": "6.92B",
+    "granite-3.1-2b": "2.53B", "granite-3.1-8b": "8.17B", "granite-3.1-1b-a400m": "1.33B",
+    "granite-3.1-3b-a800m": "3.3B", "smollm2-135m": "135M", "smollm2-360m": "362M", "smollm2-1.7b": "1.71B",
+    "smollm3-3b": "3.08B", "starcoder2-3b": "3.03B", "starcoder2-7b": "7.17B",
+    # TII (Falcon-7B card's name; Falcon3 on the Hub), Cohere, 01.AI names
+    "falcon-7b": "7B", "falcon3-1b": "1.67B", "falcon3-3b": "3.23B", "falcon3-7b": "7.46B", "falcon3-10b": "10.3B",
+    "command-r": "35B", "command-r-plus": "104B", "aya-23-8b": "8B", "yi-6b": "6B", "yi-9b": "9B", "yi-34b": "34B",
+    # OpenAI GPT-2 and DistilGPT2 cards; Meta's OPT (names, the Hub's 331M for OPT-350M)
+    "gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "distilgpt2": "82M",
+    "opt-125m": "125M", "opt-350m": "331M", "opt-1.3b": "1.3B", "opt-2.7b": "2.7B", "opt-6.7b": "6.7B",
+    "opt-13b": "13B", "opt-30b": "30B", "opt-66b": "66B",
+}
+
+
+def published(figure: str) -> tuple[float, float]:
+    """(count, tolerance) of a published figure: "14,067,712" exact; "7.61B" ±0.005B, at least 1%."""
+    if figure[-1] not in "MB":
+        return float(figure.replace(",", "")), 0.0
+    digits, scale = figure[:-1].replace(",", ""), {"M": 1e6, "B": 1e9}[figure[-1]]
+    decimals = len(digits.split(".")[1]) if "." in digits else 0
+    count = float(digits) * scale
+    return count, max(0.5 * 10 ** -decimals * scale, 0.01 * count)
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_shipped_profiles_have_their_publishers_parameter_counts(name):
+    count, tolerance = published(FIGURES[name])
+    assert abs(P.shipped_profile(name).num_params - count) <= tolerance, (name, FIGURES[name])
+
+
+def test_published_figures_by_hand():
+    assert published("14,067,712") == (14_067_712, 0)
+    assert published("7.61B") == (7.61e9, 0.01 * 7.61e9)            # 1% is wider than ±0.005B
+    assert published("7B") == (7e9, 0.5e9)                           # a name: ±0.5B
+    assert published("3,884M") == (3.884e9, 0.01 * 3.884e9)
+
+
 def test_qwen2_5_7b_by_hand():
     """Qwen2.5-7B (h 3584, 28 layers, 28 heads, 4 KV heads of 128, FFN 18944, vocab 152064, untied):
     the attention's q, k, v projections have biases (Qwen2), o_proj none."""
@@ -61,14 +149,21 @@ def test_traced_profiles_of_the_presets_equal_the_transcribed_tensors_and_traces
     assert spec.buffer_numels == want.buffer_numels
 
 
+# The shipped profiles together (152: 1.66 MB, half of it the allocation streams; the repeated layers
+# of each stored once): a bound that fails before the package outgrows a couple of MB.
+SIZE_BOUND = 2_000_000
+
+
 def test_shipped_profiles_are_small_and_cover_the_families():
     files = P.shipped()
-    assert len(files) >= 25
+    assert len(files) >= 150
     sizes = [os.path.getsize(f) for f in files.values()]
-    assert max(sizes) < 32_000 and sum(sizes) < 600_000
+    assert max(sizes) < 32_000 and sum(sizes) < SIZE_BOUND
     kinds = {P.shipped_profile(n).model_type for n in files}
-    assert {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "phi3", "olmo2",
-            "gpt_neox", "gpt2", "deepseek_v2"} <= kinds
+    assert {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+            "gemma3_text", "phi", "phi3", "phimoe", "olmo", "olmo2", "olmoe", "granite", "granitemoe", "smollm3",
+            "starcoder2", "falcon", "gpt_oss", "cohere", "deepseek_v2", "deepseek_v3", "gpt_neox", "gpt2", "opt",
+            "bloom"} <= kinds
 
 
 def test_json_round_trip_and_repeated_layers_stored_once():

@@ -19,7 +19,7 @@ from validate import results_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ("README.md", "docs/accuracy.md", "docs/speed.md", "docs/scale.md", "docs/planning.md", "docs/lora.md",
-             "docs/inputs.md")
+             "docs/inputs.md", "docs/models.md")
 SPEED = os.path.join(ROOT, "data", "speed.json")   # `python benchmarks/run_all.py --json data/speed.json`
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 
@@ -49,17 +49,27 @@ def committed_paths(kind: str = "real") -> list[str]:
 
 
 def supported_models() -> str:
-    """What `--model` and `--hf-config` accept, read from `zerocalc.resolve.listing`: one line per model_type."""
+    """The README's summary of what `--model` and `--hf-config` accept, read from
+    `zerocalc.resolve.listing`: how many models of each model_type; the names are in docs/models.md."""
+    from zerocalc import resolve
+    rows = resolve.listing()
+    by_type = {}
+    for r in rows:
+        by_type[r["model_type"]] = by_type.get(r["model_type"], 0) + 1
+    types = ", ".join(f"{t} {n}" for t, n in sorted(by_type.items()))
+    return (f"**{len(rows)} models** by `--model NAME` without torch ({types}): the names in "
+            "[models](docs/models.md#shipped-models), P, layers and experts in `zerocalc models`. `--hf-config` "
+            "takes any config.json or model directory (other model_types: `pip install '.[trace]'`).")
+
+
+def model_names() -> str:
+    """Every `--model` name, one line per model_type, read from `zerocalc.resolve.listing`."""
     from zerocalc import resolve
     by_type = {}
     for r in resolve.listing():
         by_type.setdefault(r["model_type"], []).append(r["name"] + ("*" if r["source"] == "transcribed" else ""))
-    lines = ["; ".join(f"**{t}** {' '.join(names)}" for t, names in sorted(by_type.items())) + "."]
-    lines += ["", "\\* transcribed by hand; the others are read from the model's own code. "
-                  "`zerocalc models` prints P, layers and experts. "
-                  "`--hf-config` takes any config.json or model directory (other model_types: "
-                  "`pip install '.[trace]'`, [models](docs/models.md))."]
-    return "\n".join(lines)
+    lines = [f"- **{t}** {' '.join(names)}" for t, names in sorted(by_type.items())]
+    return "\n".join(lines + ["", "\\* transcribed by hand; the others are read from the model's own code."])
 
 
 def ds_keys() -> str:
@@ -311,6 +321,8 @@ def generate(name: str, rows) -> str:
     """The text of block `name`; `rows()` gives the re-predicted committed rows (only called when needed)."""
     if name == "models":
         return supported_models()
+    if name == "models:names":
+        return model_names()
     if name == "ds-keys":
         return ds_keys()
     if name == "hf-summary":

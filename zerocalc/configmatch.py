@@ -136,17 +136,32 @@ def records() -> dict:
     return recorded().get("profiles", {})
 
 
+def _closeness(d: dict, record: dict, skip=()) -> tuple[int, int]:
+    """How near config `d` is to a record's config, ignored keys included, `skip` left out: (keys both
+    hold at other values, minus the keys both hold at the same value); smaller is nearer."""
+    config = record["config"]
+    both = [k for k in d if k in config and k not in skip]
+    same_value = sum(1 for k in both if same(d[k], config[k]))
+    return len(both) - same_value, -same_value
+
+
 def match(d: dict) -> tuple[list[str], str | None, list[str]]:
     """(the shipped names `d` is: several where shipped models are one architecture, as Llama-3.1-70B and
-    Llama-3.3-70B; else [], the nearest shipped name of its model_type and the keys it differs in)."""
-    names, near, near_diff = [], None, []
+    Llama-3.3-70B, the nearest first, by the values of the keys zerocalc ignores too (Qwen2-7B's file
+    is qwen2-7b, not qwen2.5-7b); else [], the nearest shipped name of its model_type and the keys it
+    differs in)."""
+    names, others = [], []
     for name, record in sorted(records().items()):
         diff = differences(d, record)
         if not diff:
             names.append(name)
-        elif diff != ["model_type"] and (near is None or len(diff) < len(near_diff)):
-            near, near_diff = name, diff
-    return (names, None, []) if names else ([], near, near_diff)
+        elif diff != ["model_type"]:
+            others.append((len(diff), _closeness(d, record, diff), name, diff))
+    names.sort(key=lambda n: _closeness(d, records()[n]))      # stable: by name among equals
+    if names or not others:
+        return names, None, []
+    _, _, near, near_diff = min(others)
+    return [], near, near_diff
 
 
 def describe(d: dict, name: str, keys: list[str], most: int = 4) -> str:
