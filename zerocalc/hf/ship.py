@@ -79,7 +79,8 @@ def match_record(d: dict) -> dict:
     value of `d`, the one transformers resolves it to, the class default, null), each tried, or that
     change only that key where the model never reads it; inert: the keys the model never reads whose
     every probed value changes nothing but themselves (any value then); required: the keys of `d`
-    whose absence changes the config. Keys zerocalc ignores whatever the model are left out."""
+    whose absence changes the config (but for a key the model never reads). Keys zerocalc ignores
+    whatever the model are left out."""
     base = resolved(d)
     if base is None:
         raise ValueError(f"transformers refuses the shipped config of model_type {d.get('model_type')!r}")
@@ -90,12 +91,12 @@ def match_record(d: dict) -> dict:
         if key in configmatch.IGNORED or key == "model_type":
             continue
 
+        def same_model(r) -> bool:     # transformers' config r builds the model of `d`
+            return r is not None and (r == base or (key not in reads and {k: x for k, x in r.items() if k != key}
+                                                    == {k: x for k, x in base.items() if k != key}))
+
         def equivalent(v) -> bool:
-            r = resolved({**d, key: v})
-            if r is None:
-                return False
-            return r == base or (key not in reads and {k: x for k, x in r.items() if k != key} ==
-                                 {k: x for k, x in base.items() if k != key})
+            return same_model(resolved({**d, key: v}))
         if key not in reads and key not in d and all(equivalent(v) for v in _PROBES):
             inert.append(key)
             continue
@@ -106,7 +107,7 @@ def match_record(d: dict) -> dict:
                 tried.append(v)
         if tried:
             accept[key] = tried
-        if key in d and resolved({k: v for k, v in d.items() if k != key}) != base:
+        if key in d and not same_model(resolved({k: v for k, v in d.items() if k != key})):
             required.append(key)
     return {"model_type": d["model_type"], "config": d, "accept": accept, "required": required, "inert": inert}
 
