@@ -31,7 +31,7 @@ INT_OK = [0, 1, 7, 500_000_000, 5e8, "500", " 42 ", "1_000", "3.0", True, False,
 INT_BAD = [-1, 1.5, "5e8", 1e19, 9.3e18, float("inf"), float("nan"), -5.0, [], {"a": 1}, "Infinity", None]
 STAGE_OK = [0, 1, 2, 3, "3", "3.0", " 2 ", "03", True, False, 3.0]
 STAGE_BAD = [4, -1, 3.5, "two", "", [3], float("nan"), None]
-DEV_OK = ["none", "cpu", "nvme"]
+DEV_OK = ["none", "cpu", "nvme", "auto"]   # "auto" is dropped in a nested block too: "none"
 DEV_BAD = ["CPU", "gpu", 1, None, ""]
 BATCH_OK = [1, 2, 4, 8, 2.0, True]
 # 2.5 is left out: DeepSpeedConfig takes a micro-batch of 2.5 sequences (its batch rule only multiplies),
@@ -47,14 +47,14 @@ ZERO_INTS = ["reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_buc
 
 def offload(ratio=False):
     keys = {"device": mix(DEV_OK, DEV_BAD), "pin_memory": mix(BOOL_OK, BOOL_BAD),
-            "buffer_count": mix([0, 4, "8"], [-1, "x"]), "typo": RARE}
+            "buffer_count": mix([0, 4, "8", "auto"], [-1, "x"]), "typo": RARE}
     if ratio:
         keys["ratio"] = mix([0.0, 0.5, 1.0, "0.5", True], [1.5, -0.1, "x"])
     block = st.fixed_dictionaries({}, optional=keys).map(dropped)
     return st.one_of(st.none(), block, block, st.just("cpu"))
 
 
-RARE = st.sampled_from([None] * 19 + [1])    # an unknown or removed key, one time in 20
+RARE = st.sampled_from([None] * 18 + [1, "auto"])    # an unknown or removed key, one time in 10 ("auto": dropped)
 
 
 def dropped(d: dict) -> dict:
@@ -86,6 +86,11 @@ configs = st.fixed_dictionaries({"train_micro_batch_size_per_gpu": mix(BATCH_OK,
     "communication_data_type": mix(["fp16", "FP16", "bf16", "fp32", None], ["fp8", 5]),
     "data_types": mix([{"grad_accum_dtype": "fp32"}, {"grad_accum_dtype": "bf16"}, {}], ["fp32"]),
     "steps_per_print": st.just(10), "amp": RARE,
+    # blocks of other pydantic models: unknown keys refused, "auto" dropped (values are DeepSpeed's to check)
+    "compile": mix([{"deepcompile": False}, {"passes": None, "disable": "auto"}, {}],
+                   [{"disable": False, "backend": "inductor"}, None, "auto"], 0.3),
+    "tensorboard": mix([{"enabled": False, "output_path": "tb"}, "auto"], [{"enabled": False, "typo": 1}, None], 0.3),
+    "timers": mix([{"throughput": {"enabled": True}}, {"other": 1}], [{"throughput": {"enabled": True, "x": 1}}], 0.3),
 }).map(dropped)
 
 

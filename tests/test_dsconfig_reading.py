@@ -99,3 +99,72 @@ def test_auto_under_one_spelling_and_a_value_under_the_other():
     ds = dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
         "stage": 3, "stage3_prefetch_bucket_size": "auto"}}, hidden_size=4096)
     assert ds.fields["prefetch_bucket_size"] == 15_099_494
+
+
+def test_auto_is_dropped_inside_the_offload_blocks_too():
+    """pydantic builds a nested model through its own __init__, which drops "auto" (DeepSpeed 0.19.8
+    takes `offload_param.buffer_size: "auto"` as its default); a device left at "auto" is "none"."""
+    ds = dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_size": "auto"},
+        "offload_optimizer": {"device": "auto"}}})
+    assert (ds.fields["offload_param"], ds.fields["offload_optimizer"]) == ("nvme", "none")
+    assert ds.warnings == tuple(f'zero_optimization.{k} is "auto", which Trainer does not fill: DeepSpeed drops it '
+                                "and uses its default" for k in ("offload_param.buffer_size", "offload_optimizer.device"))
+
+
+def test_auto_in_a_key_without_effect_is_silent():
+    # accelerate fills this one itself; either way it only decides what a checkpoint holds
+    ds = dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "stage3_gather_16bit_weights_on_model_save": "auto"}})
+    assert ds.warnings == ()
+
+
+def test_an_unknown_key_at_auto_is_dropped_before_it_is_checked():
+    ds = dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "frobnicate": "auto"},
+                         "compile": {"disable": "auto"}})
+    assert ds.fields["stage"] == 2
+
+
+@pytest.mark.parametrize("top, says", [
+    # axolotl's torch_compile configs: DeepSpeed 0.19.8's CompileConfig has neither key
+    ({"compile": {"disable": False, "backend": "inductor"}}, "compile.disable = false: DeepSpeed 0.19.8 has no such key"),
+    ({"tensorboard": {"enabled": True, "outputpath": "tb"}}, "tensorboard.outputpath"),
+    ({"timers": {"throughput": {"enabled": True, "sync": True}}}, "timers.throughput.sync"),
+    ({"compile": None}, "compile = null: must be an object"),
+])
+def test_unknown_keys_of_deepspeeds_other_models_are_refused(top, says):
+    with pytest.raises(dsconfig.DsConfigError) as err:
+        dsconfig.parse({"train_micro_batch_size_per_gpu": 1, **top})
+    assert says in str(err.value)
+
+
+def test_bfloat16_auto_is_not_filled_by_trainer():
+    """Trainer fills bf16.enabled, never the old name's: DeepSpeed drops the "auto" and bf16 is off."""
+    ds = dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "bfloat16": {"enabled": "auto"}})
+    assert (ds.fields["dtype"], ds.dtype_auto) == ("fp32", ())
+    assert ds.warnings == ('bfloat16.enabled is "auto", which Trainer does not fill (it fills bf16.enabled): '
+                           'DeepSpeed drops it and leaves bf16 off; name the block "bf16" for Trainer to fill it',)
+    assert dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "bfloat16": {"enabled": True}}).fields["dtype"] == "bf16"
+
+
+def test_trainer_fills_only_the_stage3_spellings():
+    """Trainer looks up zero_optimization.stage3_prefetch_bucket_size and ...stage3_param_persistence_threshold;
+    "auto" under the bare names is left for DeepSpeed to drop, which takes its defaults."""
+    ds = dsconfig.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "prefetch_bucket_size": "auto", "param_persistence_threshold": "auto"}}, hidden_size=4096)
+    assert "prefetch_bucket_size" not in ds.fields and "param_persistence_threshold" not in ds.fields
+    assert ds.warnings == (
+        'zero_optimization.prefetch_bucket_size is "auto" and Trainer fills only its spelling '
+        "stage3_prefetch_bucket_size: DeepSpeed's default 50,000,000 is used",
+        'zero_optimization.param_persistence_threshold is "auto" and Trainer fills only its spelling '
+        "stage3_param_persistence_threshold: DeepSpeed's default 100,000 is used")
+
+
+def test_of_several_faults_the_one_deepspeed_reads_first_is_named():
+    # DeepSpeed reads communication_data_type before zero_optimization, and that before the bf16 block
+    cfg = {"train_micro_batch_size_per_gpu": 1, "communication_data_type": "bfp16",
+           "zero_optimization": {"stage": 5}, "bfloat16": {"enabled": True, "loss_scale": 1.0}}
+    for key in ("communication_data_type", "zero_optimization", "bfloat16"):
+        with pytest.raises(dsconfig.DsConfigError, match=f"^{key}"):
+            dsconfig.parse(cfg)
+        cfg.pop(key)

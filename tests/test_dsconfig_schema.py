@@ -118,6 +118,18 @@ def test_refused_keys_are_deepspeeds_removed_ones():
         f"zero_optimization.{k}" for k in config._REMOVED_ZERO_CONFIG_KEYS}
 
 
+@pytest.mark.slow
+def test_strict_blocks_are_deepspeeds_models():
+    """zerocalc refuses an unknown key in each block DeepSpeed validates with a pydantic model: the
+    ZeRO and precision blocks field by field (tests/test_dsconfig_deepspeed.py), the others here."""
+    pytest.importorskip("deepspeed")
+    blocks = pydantic_blocks()
+    assert set(blocks) == set(dsconfig.STRICT_BLOCKS) | {"zero_optimization", "fp16", "bf16", "bfloat16"}
+    for path, names in dsconfig.STRICT_BLOCKS.items():
+        fields = blocks[path].model_fields
+        assert set(names) == {key for n, f in fields.items() for key in (n, f.alias or n)}, path
+
+
 def test_the_table_by_hand():
     assert dskeys.lookup("zero_optimization.stage3_max_live_parameters")[0] == "modelled"
     assert dskeys.lookup("flops_profiler.top_modules")[0] == "no_effect"          # under "flops_profiler.*"

@@ -160,6 +160,26 @@ FP16_FIELDS = {"enabled": "bool", "auto_cast": "bool", "loss_scale": "loss_scale
                "min_loss_scale": "strict_int", "fp16_master_weights_and_grads": "bool"}
 BF16_FIELDS = {"enabled": "bool", "immediate_grad_update": "bool", "check_grad_overflow": "bool",
                "bf16_master_weights_and_grads": "bool", "bf16_optimizer_states": "bool"}
+# The other blocks DeepSpeed validates with a pydantic model (`extra="forbid"`): their field names and
+# aliases. A key not listed is refused, as DeepSpeed refuses it; the values are its to check (none is modelled).
+STRICT_BLOCKS = {
+    "compile": ("deepcompile", "autoep_non_moe", "free_activation", "free_activation_threshold", "offload_activation",
+                "offload_activation_pin_memory", "offload_opt_states", "double_buffer", "symmetric_memory",
+                "debug_log", "offload_parameters", "sync_before_reduce", "sync_after_reduce", "sync_before_allgather",
+                "sync_after_allgather", "keep_int_input_tensors", "keep_all_input_tensors", "passes"),
+    "comms_logger": ("enabled", "prof_all", "prof_ops", "verbose", "debug"),
+    "tensorboard": ("enabled", "output_path", "job_name"), "csv_monitor": ("enabled", "output_path", "job_name"),
+    "wandb": ("enabled", "group", "team", "project"),
+    "comet": ("enabled", "samples_log_interval", "project", "workspace", "api_key", "experiment_name",
+              "experiment_key", "online", "mode"),
+    "hybrid_engine": ("enabled", "max_out_tokens", "inference_tp_size", "release_inference_cache", "pin_parameters",
+                      "tp_gather_partition_size", "enable_cuda_graph"),
+    "tensor_parallel": ("dtype", "autotp_size", "tp_overlap_comm", "vocab_parallel_lm_head", "vocab_parallel_ce_backend",
+                        "tensor_parallel", "tp", "injection_policy_tuple", "partition_config", "preset_model",
+                        "keep_module_on_host", "replace_with_kernel_inject", "kernel_inject"),
+    "timers.throughput": ("enabled", "synchronized"),
+    "weight_quantization": ("enabled", "num_bits", "q_type", "q_groups", "quantized_initialization", "post_init_quant"),
+}
 # Setup fields zerocalc models, by DeepSpeed field name.
 _MODELLED = {"stage": "stage", "reduce_bucket_size": "reduce_bucket_size", "overlap_comm": "overlap_comm",
              "contiguous_gradients": "contiguous_gradients", "prefetch_bucket_size": "prefetch_bucket_size",
@@ -204,6 +224,8 @@ def _coerce(kind, key: str, value):
         if value is not None and not isinstance(value, dict):
             _fail(key, value, "must be an object {...}")
         return value
+    if kind == "any":
+        return value
     if kind == "strict_int":
         return _strict_int(key, value)
     if kind == "loss_scale":
@@ -215,19 +237,19 @@ def _coerce(kind, key: str, value):
     raise AssertionError(kind)
 
 
-def _model(block: dict, schema: dict, prefix: str, aliases: dict | None = None, drop_auto: bool = True) -> dict:
+def _model(block: dict, schema: dict, prefix: str, aliases: dict | None = None) -> dict:
     """One pydantic model's validation: unknown keys refused (extra="forbid"), a field given under
     both its name and its alias refused, "auto" dropped (the default is used), each value coerced."""
     if not isinstance(block, dict):
         _fail(prefix, block, "must be an object {...}")
     out, seen = {}, {}
     for key, value in block.items():
+        if value == "auto":   # dropped before pydantic sees the block: never unknown, never a duplicate
+            continue
         name = (aliases or {}).get(key, key)
         if name not in schema:
             raise DsConfigError(f"{prefix}.{key} = {_show(value)}: DeepSpeed 0.19.8 has no such key (it refuses "
                                 f"unknown keys here)")
-        if drop_auto and value == "auto":   # dropped before pydantic sees the block, so never a duplicate
-            continue
         if name in seen:
             raise DsConfigError(f"{prefix}.{key}: given twice, as {seen[name]} and {key}")
         seen[name] = key
@@ -243,7 +265,8 @@ class ZeroConfig:
     overlap_comm: bool            # None resolved: True at stage 3 only (`overlap_comm_valid`)
     offload_optimizer: str
     offload_param: str
-    auto: tuple[str, ...]         # fields left at "auto" (DeepSpeed's default unless Trainer fills them)
+    auto: tuple[str, ...]         # keys left at "auto" as the file spells them, offload ones as
+                                  # "offload_param.device" (DeepSpeed's default unless Trainer fills them)
 
 
 def read_zero(zero) -> ZeroConfig:
@@ -258,8 +281,8 @@ def read_zero(zero) -> ZeroConfig:
             raise DsConfigError(f"{key}.{removed}: removed in DeepSpeed 0.19.8, which refuses it")
     values = _model(zero, ZERO_FIELDS, key, ZERO_ALIASES)
     # "auto" under one name and a value under the other (prefetch_bucket_size and its stage3_ alias): the value
-    auto = tuple(n for n in dict.fromkeys(ZERO_ALIASES.get(k, k) for k, v in zero.items() if v == "auto")
-                 if n not in values)
+    auto = tuple(k for k, v in zero.items() if v == "auto" and ZERO_ALIASES.get(k, k) in ZERO_FIELDS
+                 and ZERO_ALIASES.get(k, k) not in values)
     stage = values.get("stage", 0)
     offloads = {}
     for name, schema in (("offload_param", OFFLOAD_PARAM_FIELDS), ("offload_optimizer", OFFLOAD_OPTIMIZER_FIELDS)):
@@ -267,8 +290,9 @@ def read_zero(zero) -> ZeroConfig:
         if block is None or name not in values:
             offloads[name] = {}
             continue
-        # nested models are validated from the dict, without DeepSpeedConfigModel.__init__: "auto" stays
-        offloads[name] = _model(block, schema, f"{key}.{name}", drop_auto=False)
+        # pydantic builds a nested model through its own __init__ (DeepSpeedConfigModel's): "auto" is dropped here too
+        offloads[name] = _model(block, schema, f"{key}.{name}")
+        auto += tuple(f"{name}.{k}" for k, v in block.items() if v == "auto" and k in schema)
     # deprecated booleans (`_process_deprecated_field`): cpu_offload -> offload_optimizer cpu,
     # cpu_offload_param -> offload_param cpu; asserting when the new key is given too.
     for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
@@ -288,6 +312,22 @@ def read_zero(zero) -> ZeroConfig:
     return ZeroConfig(values, stage, stage == 3 if overlap is None else overlap,
                       offloads["offload_optimizer"].get("device", "none"),
                       offloads["offload_param"].get("device", "none"), auto)
+
+
+_MONITORS = ("tensorboard", "wandb", "csv_monitor", "comet")
+
+
+def read_strict_blocks(cfg: dict, paths=tuple(STRICT_BLOCKS)):
+    """The blocks of STRICT_BLOCKS as their models take them: an object without unknown keys. The
+    monitors are fields of one model (`DeepSpeedMonitorConfig`), so "auto" for a whole one is dropped."""
+    for path in paths:
+        names = STRICT_BLOCKS[path]
+        head, _, sub = path.partition(".")
+        if head not in cfg or (sub and not (isinstance(cfg[head], dict) and sub in cfg[head])):
+            continue
+        block = cfg[head][sub] if sub else cfg[head]
+        if not (head in _MONITORS and block == "auto"):
+            _model(block, dict.fromkeys(names, "any"), path)
 
 
 def read_precision(cfg: dict) -> tuple[dict, dict]:
@@ -354,15 +394,20 @@ def _batch_value(key, value):
     return int(value)
 
 
+# The hidden-size keys Trainer fills (`trainer_config_finalize`), spelled as it looks them up: the bare
+# prefetch_bucket_size and param_persistence_threshold stay "auto", and DeepSpeed takes its defaults.
+_TRAINER_FILLS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
 def _hf_auto(key: str, hidden_size: int | None, stage: int):
-    """Trainer's fill for the hidden-size keys (`trainer_config_finalize`); the stage-3 ones only at stage 3."""
+    """Trainer's fill of a hidden-size key as the file spells it; the stage-3 ones only at stage 3."""
     if hidden_size is None:
         return None
     if key == "reduce_bucket_size":
         return hidden_size * hidden_size
-    if stage == 3 and key == "prefetch_bucket_size":
+    if stage == 3 and key == "stage3_prefetch_bucket_size":
         return int(0.9 * hidden_size * hidden_size)
-    if stage == 3 and key == "param_persistence_threshold":
+    if stage == 3 and key == "stage3_param_persistence_threshold":
         return 10 * hidden_size
     return None
 
@@ -401,6 +446,45 @@ def not_modelled(cfg: dict, zero: ZeroConfig) -> list[str]:
     return out
 
 
+def _communication_data_type(comm):
+    if comm is not None and (not isinstance(comm, str) or comm.lower() not in ("fp32", "fp16", "bf16")):
+        _fail("communication_data_type", comm, "DeepSpeed takes fp16, bf16 or fp32")
+    return None if comm is None else comm.lower()
+
+
+def _read_in_order(cfg: dict):
+    """(communication dtype, ZeroConfig, fp16, bf16), each block validated in the order DeepSpeed's
+    `_initialize_params` reads them, so that of several faults the one named is DeepSpeed's."""
+    comm = _communication_data_type(cfg.get("communication_data_type"))
+    zero = read_zero(cfg.get("zero_optimization", {}))
+    read_strict_blocks(cfg, ("comms_logger",) + _MONITORS)
+    fp, bf = read_precision(cfg)
+    read_strict_blocks(cfg, ("hybrid_engine", "weight_quantization", "compile", "timers.throughput", "tensor_parallel"))
+    return comm, zero, fp, bf
+
+
+def _auto_sizes(zero: ZeroConfig, hidden_size: int | None) -> tuple[dict, list[str]]:
+    """The zero_optimization keys left at "auto": ({field: Trainer's fill}, a warning for each other
+    one that moves memory or traffic; DeepSpeed drops those and takes its defaults)."""
+    filled = {ZERO_ALIASES.get(k, k): _hf_auto(k, hidden_size, zero.stage) for k in zero.auto}
+    filled = {name: value for name, value in filled.items() if value is not None}   # both spellings: the filled
+    warnings = []
+    for key in zero.auto:
+        name = ZERO_ALIASES.get(key, key)
+        if name in filled:
+            continue
+        if name in _DEFAULTS:
+            why = (f"Trainer fills only its spelling stage3_{name}" if key not in _TRAINER_FILLS else
+                   "no hidden size is known (give --model or --hf-config to resolve it)" if hidden_size is None
+                   else "Trainer fills it only at stage 3")
+            warnings.append(f"zero_optimization.{key} is \"auto\" and {why}: DeepSpeed's default "
+                            f"{_DEFAULTS[name]:,} is used")
+        elif dskeys.lookup(f"zero_optimization.{key}")[0] != "no_effect":
+            warnings.append(f"zero_optimization.{key} is \"auto\", which Trainer does not fill: DeepSpeed "
+                            "drops it and uses its default")
+    return filled, warnings
+
+
 def parse(cfg, hidden_size: int | None = None) -> DsConfig:
     """DsConfig from a loaded ds_config. Raises DsConfigError naming key and value."""
     if not isinstance(cfg, dict):
@@ -411,7 +495,7 @@ def parse(cfg, hidden_size: int | None = None) -> DsConfig:
         if removed in cfg:
             raise DsConfigError(f"{removed}: removed in DeepSpeed 0.19.8, which refuses this key")
     out, warnings, needs = {}, [], []
-    zero = read_zero(cfg.get("zero_optimization", {}))
+    comm, zero, fp, bf = _read_in_order(cfg)
     warnings += not_modelled(cfg, zero)
     out["stage"] = zero.stage
     for name, setup_name in _MODELLED.items():
@@ -422,25 +506,18 @@ def parse(cfg, hidden_size: int | None = None) -> DsConfig:
         del out["overlap_comm"]
     if out.get("sub_group_size") == 0:
         out["sub_group_size"] = 1   # 0 and 1 both put each parameter in its own sub-group (`_create_fp16_sub_groups`)
-    for name in zero.auto:
-        resolved = _hf_auto(name, hidden_size, zero.stage)
-        if resolved is not None:
-            out[name] = resolved
-        elif name in _DEFAULTS:
-            why = "no hidden size is known (give --model or --hf-config to resolve it)" if hidden_size is None \
-                else "Trainer fills it only at stage 3"
-            warnings.append(f"zero_optimization.{name} is \"auto\" and {why}: DeepSpeed's default "
-                            f"{_DEFAULTS[name]:,} is used")
-        else:
-            warnings.append(f"zero_optimization.{name} is \"auto\", which Trainer does not fill: DeepSpeed "
-                            "drops it and uses its default")
+    filled, said = _auto_sizes(zero, hidden_size)
+    out.update(filled)
+    warnings += said
     out["offload_optimizer"] = zero.offload_optimizer
     out["offload_param"] = zero.offload_param
 
-    fp, bf = read_precision(cfg)
     fp16_auto = isinstance(cfg.get("fp16"), dict) and cfg["fp16"].get("enabled") == "auto"
-    bf_block = cfg.get("bf16") if cfg.get("bf16") is not None else cfg.get("bfloat16")
-    bf16_auto = isinstance(bf_block, dict) and bf_block.get("enabled") == "auto"
+    bf16_auto = isinstance(cfg.get("bf16"), dict) and cfg["bf16"].get("enabled") == "auto"
+    if cfg.get("bf16") is None and isinstance(cfg.get("bfloat16"), dict) and cfg["bfloat16"].get("enabled") == "auto":
+        # Trainer fills bf16.enabled only (`trainer_config_process`); DeepSpeed drops the "auto" left here
+        warnings.append("bfloat16.enabled is \"auto\", which Trainer does not fill (it fills bf16.enabled): DeepSpeed "
+                        "drops it and leaves bf16 off; name the block \"bf16\" for Trainer to fill it")
     # `_do_error_check`: the low-precision master options need ZeRO
     for block, name, values in (("fp16", "fp16_master_weights_and_grads", fp),
                                 ("bf16", "bf16_master_weights_and_grads", bf), ("bf16", "bf16_optimizer_states", bf)):
@@ -492,11 +569,8 @@ def parse(cfg, hidden_size: int | None = None) -> DsConfig:
             else:
                 warnings.append(f"optimizer {kind!r} is not modelled; Adam's 8 bytes/param are assumed")
 
-    comm = cfg.get("communication_data_type")
     if comm is not None:
-        if not isinstance(comm, str) or comm.lower() not in ("fp32", "fp16", "bf16"):
-            _fail("communication_data_type", comm, "DeepSpeed takes fp16, bf16 or fp32")
-        out["communication_data_type"] = comm.lower()
+        out["communication_data_type"] = comm
     types = cfg.get("data_types", {})
     if not isinstance(types, dict):
         _fail("data_types", types, "must be an object {...}")
