@@ -317,6 +317,53 @@ def _lora_rows() -> str:
     return "\n".join(lines)
 
 
+CORPUS = os.path.join(ROOT, "tests", "data", "ds-configs")
+CORPUS_RUN = "estimate --model llama-3.1-8b --dp 8"   # and --micro-batch 4 where a file leaves it to Trainer
+
+
+def _corpus_runs():
+    """(file, exit code, warning lines, error line) of each published ds_config, run as CORPUS_RUN."""
+    from zerocalc import dsconfig
+    from zerocalc.cli import main
+    for path in sorted(glob.glob(os.path.join(CORPUS, "*", "*.json"))):
+        name = os.path.relpath(path, CORPUS)
+        micro = dsconfig.load(path).get("train_micro_batch_size_per_gpu") == "auto"
+        result = CliRunner().invoke(main, CORPUS_RUN.split() + ["--ds-config", path] + ["--micro-batch", "4"] * micro)
+        lines = result.stderr.splitlines()
+        error = next((ln.split(": ", 2)[2] for ln in lines if ln.startswith("Error: ")), None)
+        yield name, result.exit_code, [ln[9:] for ln in lines if ln.startswith("warning: ")], error
+
+
+def ds_corpus() -> str:
+    """The published ds_configs (tests/data/ds-configs): files per project, those refused and why, and the
+    keys named in a warning with how many files set each (`tests/test_dsconfig_corpus.py` checks them)."""
+    import json
+    with open(os.path.join(CORPUS, "sources.json")) as f:
+        sources = json.load(f)
+    runs = list(_corpus_runs())
+    projects, refused, warned = {}, [], {}
+    for name, code, warnings, error in runs:
+        row = projects.setdefault(name.split("/")[0], [sources[name]["repo"], 0, 0])
+        row[1 if code == 0 else 2] += 1
+        if code != 0:
+            refused.append(f"| `{name}` | {error} |")
+        for w in warnings:
+            key = re.match(r"(?:unknown key )?([\w.]+)", w).group(1)
+            kind = ("unknown: DeepSpeed ignores it too" if w.startswith("unknown key") else
+                    '"auto" that Trainer does not fill' if '"auto"' in w else "not modelled")
+            warned.setdefault((key, kind), []).append(name)
+    lines = [f"{len(runs)} files from {len(projects)} projects, each run as `zerocalc {CORPUS_RUN} --ds-config FILE` "
+             "(`--micro-batch 4` where the file leaves it to Trainer).", "",
+             "| project | repository | answered | refused |", "|---|---|---:|---:|"]
+    lines += [f"| {p} | {repo} | {ok} | {no} |" for p, (repo, ok, no) in projects.items()]
+    lines += ["", f"**Refused** ({len(refused)} files), with the line zerocalc prints:", "", "| file | why |",
+              "|---|---|", *refused, "", "**Named in a warning** (the keys these files set that zerocalc does not "
+              "model, or that DeepSpeed ignores):", "", "| key | files | why |", "|---|---:|---|"]
+    lines += [f"| `{key}` | {len(names)} | {kind} |" for (key, kind), names in
+              sorted(warned.items(), key=lambda item: (-len(item[1]), item[0]))]
+    return "\n".join(lines)
+
+
 def generate(name: str, rows) -> str:
     """The text of block `name`; `rows()` gives the re-predicted committed rows (only called when needed)."""
     if name == "models":
@@ -325,6 +372,8 @@ def generate(name: str, rows) -> str:
         return model_names()
     if name == "ds-keys":
         return ds_keys()
+    if name == "ds-corpus":
+        return ds_corpus()
     if name == "hf-summary":
         return hf_summary()
     if name.startswith("example:"):
