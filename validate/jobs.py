@@ -9,11 +9,10 @@ from typing import get_args
 from validate import hf_models
 from zerocalc import arch as _arch
 from zerocalc.model import from_architecture
+from zerocalc.rows_schema import ARCH_FIELDS, SETUP_FIELDS  # noqa: F401  (a job's fields are a row's columns)
 from zerocalc.states import buffer_element_bytes
 from zerocalc.training import OPTIMIZERS, Setup, Stage
 
-SETUP_FIELDS = tuple(f.name for f in fields(Setup) if f.name not in ("extra", "optimizer", "stage", "dp", "hf_trainer"))
-ARCH_FIELDS = tuple(f.name for f in fields(_arch.Architecture))
 DS_OPTIMIZER = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD"}
 
 DEFAULTS = {f.name: f.default for f in fields(Setup) if f.name in SETUP_FIELDS}

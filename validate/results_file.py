@@ -15,6 +15,8 @@ import io
 import os
 from dataclasses import dataclass, field
 
+from zerocalc.rows_schema import render  # noqa: F401  (a row as one CSV line: the schema's)
+
 
 class ResultsFileError(ValueError):
     """--out cannot be used as it is: one line that says why and what to do."""
@@ -168,23 +170,6 @@ def done_keys(path: str, retry_failed: bool = False) -> set[str]:
     return {k for k, o in last.items() if o == "ok" or not retry_failed}
 
 
-def _one_line(value) -> str:
-    text = "" if value is None else str(value)
-    if "\n" in text or "\r" in text:
-        text = " | ".join(p for p in text.replace("\r\n", "\n").replace("\r", "\n").split("\n") if p.strip())
-    return text
-
-
-def render(header: list[str], rows: list[dict], with_header: bool = False) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    if with_header:
-        w.writerow(header)
-    for row in rows:
-        w.writerow([_one_line(row.get(k, "")) for k in header])
-    return buf.getvalue()
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -199,7 +184,7 @@ def append_row(path: str, row: dict) -> None:
     write that fails part-way is cut back, so the file keeps whole rows and the error is raised. A file
     written before a column existed (a new Setup field) gets it, empty in its earlier rows (read back
     as the field's default, `rows.job_from_row`)."""
-    from validate.rows import COLUMNS
+    from zerocalc.rows_schema import COLUMNS
     path = os.path.realpath(path)   # a link stays a link: the rewrite below replaces the file it names
     parsed = read(path) if os.path.exists(path) else None
     header = parsed.header if parsed and parsed.header else list(COLUMNS)
