@@ -8,12 +8,12 @@ as a dict; a matrix may override keys (`num_hidden_layers`, `num_local_experts`,
 Rows record the exact dict the model was built from."""
 import json
 import os
-from dataclasses import replace
+
+from zerocalc.probe.record import SpecRecorder, recorded_spec  # noqa: F401  (what a run saw of its model)
 
 HF_CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_configs")
 DS_CONFIG_DIR = os.path.join(HF_CONFIG_DIR, "ds")
 FAMILY_PREFIX = "auto-"          # an HF job's `family`: "auto-qwen2", never one of zerocalc's transcribed families
-SCALAR_BYTES = 8                 # as measure.SCALAR_BYTES: buffers this small are reported apart (Gemma's embed_scale)
 PATHS = ("engine", "trainer")    # deepspeed.initialize directly, or transformers.Trainer with an "auto" ds_config
 
 
@@ -170,117 +170,15 @@ def trained_parameters(model) -> list:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-class SpecRecorder:
-    """What zerocalc needs of a model it has no architecture for, read from the model being trained:
-    each parameter's element count in `module.parameters()` order (`ds_numel` once zero.Init has
-    partitioned it), the module calls of the first forward as they nest, each with its own parameters
-    (a stage-3 leaf's: all under it, its inner calls unseen, as DeepSpeed's hooks see them), whether
-    its output requires grad (else DeepSpeed's backward hook never fires for it) and whether it is a
-    checkpointed layer: from these zerocalc derives stage 3's forward and backward fetch traces
-    (`model_spec`) as from a traced profile's calls. Also the modules that own parameters in forward
-    order (`trace`, what rows before the calls were recorded carry) and the module buffers' bytes
-    (those over SCALAR_BYTES; read on the device after the engine is built)."""
-
-    def __init__(self, model):
-        import torch
-        from transformers.modeling_layers import GradientCheckpointingLayer
-        self.model = model
-        params = list(model.parameters())
-        index = self._index = {id(p): i for i, p in enumerate(params)}
-        self.param_numels = [int(getattr(p, "ds_numel", p.numel())) for p in params]
-        self.trainable = [bool(p.requires_grad) for p in params]
-        self.fp32 = [p.dtype == torch.float32 for p in params]   # PEFT's adapters in a 16-bit model
-        self.trace, self._done, self._hooks = [], False, []
-        self._stack = [[]]       # the children of each call in progress: [own params, grad, layer, children]
-        self._walk(model, index, GradientCheckpointingLayer)
-
-    def _walk(self, m, index, layer_class):
-        """Hooks on `m` and, unless it is a stage-3 leaf (`set_z3_leaf_modules`), on the modules under it."""
-        from deepspeed.utils import z3_leaf_module
-        leaf = z3_leaf_module(m)
-        own = tuple(index[id(p)] for p in m.parameters(recurse=leaf) if id(p) in index)
-        layer = isinstance(m, layer_class)
-        self._hooks.append(m.register_forward_pre_hook(lambda mod, args, own=own: self._enter(own)))
-        self._hooks.append(m.register_forward_hook(lambda mod, args, out, own=own, layer=layer:
-                                                   self._leave(mod, own, out, layer)))
-        if not leaf:
-            for child in m.children():
-                self._walk(child, index, layer_class)
-
-    def _enter(self, own):
-        if not self._done:
-            self._stack.append([])
-            if own:
-                self.trace.append(list(own))
-
-    def _leave(self, mod, own, out, layer):
-        if self._done:
-            return
-        from zerocalc.hf.trace import _requires_grad
-        children = self._stack.pop()
-        # and the parameters DeepSpeed's getter registered on it in this forward (read outside their own
-        # module's forward while partitioned: PEFT's lora.Linear reads lora_A.weight): its hooks fetch them too
-        index = self._index
-        external = [index[id(p)] for _, p in getattr(mod, "ds_external_parameters", lambda: ())() if id(p) in index]
-        self._stack[-1].append([list(dict.fromkeys([*own, *external])), _requires_grad(out), layer, children])
-        if mod is self.model:
-            self.calls = self._stack[0][0]
-            self._done = True
-            for h in self._hooks:
-                h.remove()
-
-    def spec(self) -> dict:
-        seen, buffers = set(), []
-        for b in self.model.buffers():
-            key = (b.untyped_storage().data_ptr(), b.device.type)
-            nbytes = b.numel() * b.element_size()
-            if key not in seen and nbytes > SCALAR_BYTES:
-                seen.add(key)
-                buffers.append(nbytes)
-        out = {"param_numels": self.param_numels, "trace": self.trace, "buffer_bytes": buffers}
-        if self._done:
-            out["calls"] = self.calls
-        if not all(self.trainable):
-            out["trainable"] = self.trainable
-        if any(self.fp32) and not all(self.fp32):
-            out["fp32"] = self.fp32
-        return out
-
-
-def _call(node: list):
-    """A recorded call ([own params, grad, layer, children]) as zerocalc's `arch.Call`."""
-    from zerocalc.arch import Call
-    params, grad, layer, children = node
-    return Call(tuple(params), tuple(_call(c) for c in children), grad, layer)
-
-
 def model_spec(job: dict, buffer_element_bytes: int = 4):
-    """zerocalc's ModelSpec for an HF job from what its run recorded (`job["hf_spec"]`), None before a
-    run recorded one. Parameters only: no architecture, so zerocalc predicts states and communication,
-    not activations. The fetch traces come from the recorded calls as `profile.to_model_spec` derives
-    them from a traced profile's (the direct path's logits wrapper one more call around them); rows
-    recorded before the calls were have the forward order of the modules with parameters, and
-    backward's as its reverse. Buffers are the recorded bytes, as elements of the size zerocalc counts
-    them in (`states.buffer_element_bytes`): transformers' own zero.Init path keeps the rotary
-    `inv_freq` fp32 (every stage-3 row of data/h200-hf-*.csv), where a bare `deepspeed.zero.Init`
-    makes it 16-bit."""
-    from zerocalc import arch
-    from zerocalc.model import ModelSpec
+    """zerocalc's ModelSpec for an HF job from what its run recorded (`job["hf_spec"]`,
+    `zerocalc.probe.record.recorded_spec`), None before a run recorded one; the direct path's logits
+    wrapper is one more call around the recorded ones."""
     s = job.get("hf_spec")
     if not s:
         return None
-    spec = ModelSpec(job["arch"]["family"], tuple(s["param_numels"]), tuple(tuple(t) for t in s["trace"]),
-                     tuple(-(-b // buffer_element_bytes) for b in s["buffer_bytes"]),
-                     trainable=tuple(s["trainable"]) if "trainable" in s else None,
-                     wide=tuple(s["fp32"]) if "fp32" in s else None)
-    if "calls" not in s:
-        return spec
-    root = _call(s["calls"])
-    if job.get("path", "engine") == "engine":
-        root = arch.Call((), (root,))
-    return replace(spec, trace=tuple(arch._forward(root)), backward_trace=tuple(arch._backward(root)),
-                   checkpointed_backward_trace=tuple(arch._backward(root, checkpointing=True)),
-                   checkpointed_recomputed=arch._recomputed(root))
+    return recorded_spec(s, job["arch"]["family"], wrapper=job.get("path", "engine") == "engine",
+                         buffer_element_bytes=buffer_element_bytes)
 
 
 _TRACED = {}

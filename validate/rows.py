@@ -3,6 +3,7 @@ import json
 import os
 
 import zerocalc
+from zerocalc.probe.measure import comm_by_op as _comm_by_op
 from zerocalc.rows_schema import (ARCH_FIELDS, COLUMNS, CONFIG_COLUMNS, HF_COLUMNS, HOST_COLUMNS,  # noqa: F401
                                   HOST_PHASES, MEASURED_COLUMNS, PHASES, PREDICTED_COLUMNS, RUN_COLUMNS,
                                   SETUP_FIELDS, predicted_state_bytes)
@@ -62,15 +63,6 @@ def rejected_row(job: dict, reason: str, backend: str, command: str) -> dict:
     row.update({f: job.get("arch", {}).get(f) for f in ARCH_FIELDS})
     row.update(outcome="error", error=reason, command=command, zerocalc_version=zerocalc.__version__)
     return row
-
-
-def _comm_by_op(comm: dict) -> dict:
-    """{op: bytes} from the worker's {"op | [Caller Func: f]": [[size, count], ...]}."""
-    out = {}
-    for name, sizes in comm.items():
-        op = name.split(" |")[0]
-        out[op] = out.get(op, 0) + sum(size * count for size, count in sizes)
-    return out
 
 
 def _every_ranks_probes(ranks: list[dict], name: str) -> list[list[float]] | None:

@@ -18,6 +18,7 @@ import torch
 from validate import hf_models, lifeline, measure
 from validate.jobs import steps_override
 from zerocalc.hf.families import HFCausalLM, build_model
+from zerocalc.probe.measure import tolerate_unknown_comm_ops
 
 
 
@@ -79,23 +80,6 @@ def ds_config(job):
     if job.get("communication_data_type"):
         cfg["communication_data_type"] = job["communication_data_type"]
     return cfg
-
-
-def _tolerate_unknown_comm_ops():
-    """DeepSpeed 0.19.8's comms logger calls `exit(0)` for an op missing from its bandwidth table
-    (`utils/comms_logging.py`, `calc_bw_log`; seen with torch.optim.SGD at stage 2: the launch ended
-    'successfully' half-way through a sweep). Give such an op zero bandwidth instead; its size and
-    count are logged as before."""
-    from deepspeed.utils import comms_logging
-    known = comms_logging.calc_bw_log
-
-    def calc_bw_log(comm_op, size, duration):
-        try:
-            return known(comm_op, size, duration)
-        except SystemExit:
-            return 0.0, 0.0
-
-    comms_logging.calc_bw_log = calc_bw_log
 
 
 SNAPSHOT_DIR = os.environ.get("VALIDATE_SNAPSHOT_DIR")   # diagnostics: rank 0's allocator history
@@ -381,7 +365,7 @@ def main(jobs_path, out_dir):
     if FAKE_WORLD:
         _init_fake_world(FAKE_WORLD)
     deepspeed.init_distributed()
-    _tolerate_unknown_comm_ops()
+    tolerate_unknown_comm_ops()
     freeze_imports()
     rank, world = dist.get_rank(), dist.get_world_size()
     processes = 1 if FAKE_WORLD else world
