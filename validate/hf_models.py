@@ -190,6 +190,8 @@ def traced_spec(job: dict):
     activations from the Llama formulas at its dimensions), MoE blocks as stage-3 leaves; the direct
     path's logits wrapper counted. None where the trace extra is missing or the trace fails."""
     cfg = job["hf"]["config"]
+    if not cfg.get("model_type"):       # a probed model of the user's own: no config to trace
+        return None
     wrapper = job.get("path", "engine") == "engine"
     key = (json.dumps(cfg, sort_keys=True), wrapper, json.dumps(job.get("lora"), sort_keys=True),
            json.dumps(job.get("freeze")))

@@ -479,13 +479,15 @@ def hf_section(ok: pd.DataFrame, every: pd.DataFrame | None = None) -> tuple[lis
     err_a = (ok["now_peak_allocated_bytes"] - ok["_own"]) / ok["_own"]
     err_r = (ok["now_peak_reserved_bytes"] - ok["_resv"]) / ok["_resv"]
     lines = ["", "HF configs (AutoModelForCausalLM.from_config; engine = deepspeed.initialize, trainer = HF Trainer with "
-                 "an \"auto\" ds_config); state/comm: = exact from the recorded tensors, traced = from zerocalc's "
-                 "trace of the config; peaks in GiB, predicted as `zerocalc estimate --hf-config` does",
+                 "an \"auto\" ds_config; loop = a user's own engine loop, zerocalc.probe) and probed models of one's "
+                 "own; state/comm: = exact from the recorded tensors, traced = from zerocalc's trace of the config; "
+                 "peaks in GiB, predicted as `zerocalc estimate --hf-config` does",
              f"{'model':>20} {'layers':>6} {'path':>7} {'st':>2} {'ckpt':>4} {'state':>5} {'traced':>6} "
              f"{'alloc':>7} {'pred':>7} {'err':>7} {'resv':>7} {'pred':>7} {'err':>7}"]
     fmt = lambda v, spec: "-" if pd.isna(v) else format(v, spec)  # noqa: E731
     for i, r in ok.sort_values(["hf_name", "path", "stage", "_ckpt"]).iterrows():
-        lines.append(f"{r['hf_name']:>20} {r['num_layers']:>6} {r['path']:>7} {r['stage']:>2} "
+        layers = "-" if pd.isna(r["num_layers"]) else int(r["num_layers"])   # a probed model of one's own has none
+        lines.append(f"{r['hf_name']:>20} {layers:>6} {r['path']:>7} {r['stage']:>2} "
                      f"{'y' if r['_ckpt'] else 'n':>4} {'=' if state_ok[i] and comm_ok[i] else 'DIFF':>5} "
                      f"{'=' if traced_ok[i] else ('-' if pd.isna(r['pred_state_bytes']) else 'DIFF'):>6} "
                      f"{r['_own'] / GiB:>7.2f} {fmt(r['now_peak_allocated_bytes'] / GiB, '7.2f'):>7} "

@@ -230,12 +230,13 @@ def describe(row: dict) -> str:
 def job_from_row(row: dict) -> dict:
     """The job a CSV row measured, to predict it again with the current zerocalc. Columns a row lacks or
     leaves empty (written before a Setup or Architecture field existed, or read beside newer files)
-    take the field's default."""
-    from dataclasses import fields
+    take the field's default (None for a dimension a probed model of the user's own has not)."""
+    from dataclasses import MISSING, fields
     from zerocalc.arch import Architecture
     from zerocalc.training import Setup
     arch = {f.name: _cast(row.get(f.name), _field_kind(f)) for f in fields(Architecture)}
-    arch = {f.name: f.default if arch[f.name] is None else arch[f.name] for f in fields(Architecture)}
+    arch = {f.name: (None if f.default is MISSING else f.default) if arch[f.name] is None else arch[f.name]
+            for f in fields(Architecture)}
     job = {"key": row["key"], "nproc": int(row["nproc"]), "stage": int(row["stage"]), "optimizer": row["optimizer"],
            "arch": arch}
     for f in fields(Setup):
@@ -247,7 +248,9 @@ def job_from_row(row: dict) -> dict:
         job["nodes"] = nodes
     if is_hf_row(row):
         job["path"] = row.get("path") or "engine"
-        job["hf"] = {"name": row.get("hf_name"), "config": json.loads(row["hf_config"])}
+        config = row.get("hf_config")
+        job["hf"] = {"name": row.get("hf_name"),
+                     "config": json.loads(config) if isinstance(config, str) and config.startswith("{") else {}}
         if isinstance(row.get("hf_spec"), str) and row["hf_spec"].startswith("{"):
             job["hf_spec"] = json.loads(row["hf_spec"])
         for key in ("lora", "freeze"):
@@ -257,8 +260,9 @@ def job_from_row(row: dict) -> dict:
 
 
 def is_hf_row(row: dict) -> bool:
-    """A row of an HF config (validate/hf_models.py) rather than a transcribed family."""
-    return isinstance(row.get("hf_config"), str) and row["hf_config"].startswith("{")
+    """A row of an HF config (validate/hf_models.py) or of a model recorded as it ran (a probed job of the
+    user's own, `zerocalc.probe`: `hf_spec` without a config) rather than a transcribed family."""
+    return any(isinstance(row.get(c), str) and row[c].startswith("{") for c in ("hf_config", "hf_spec"))
 
 
 def measured_host_launch_s(row: dict) -> float | None:

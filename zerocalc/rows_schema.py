@@ -1,8 +1,8 @@
 """The tidy row's schema: one measured configuration per row, its setup and model columns, zerocalc's
-prediction beside what was measured, and where it ran. `validate` writes these rows and
-`python -m validate report` reads them; the column names, how a column's text is read back (`cast`),
-how a row is written as one CSV line (`render`) and the predicted columns (`predicted_columns`) live
-in zerocalc, which never imports `validate`, so that a writer outside the validator can share them.
+prediction beside what was measured, and where it ran. `validate` writes these rows for the jobs it
+runs, `zerocalc.probe` for a user's own job, and `python -m validate report` reads both; the column
+names, how a column's text is read back (`cast`), how a row is written as one CSV line (`render`)
+and the predicted columns (`predicted_columns`) live here so that both writers share them.
 Torch-free, as the rest of zerocalc."""
 import csv
 import io
@@ -46,8 +46,8 @@ ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "deepspeed", "python", "date", 
                "measured_comm_detail", "measured_state_detail")
 COLUMNS = CONFIG_COLUMNS + PREDICTED_COLUMNS + MEASURED_COLUMNS + ENV_COLUMNS
 
-# An HF config's rows (validate/hf_models.py) carry what was built and how it ran; other rows leave
-# these columns out (a writer adds a column when a row first has it).
+# An HF config's rows (validate/hf_models.py) and a recorded model's (zerocalc.probe) carry what was built
+# and how it ran; other rows leave these columns out (a writer adds a column when a row first has it).
 HF_COLUMNS = ("path", "hf_name", "hf_model_type", "hf_num_experts", "hf_experts_per_token", "hf_config",
               "ds_config", "hf_resolved_ds_config", "z3_leaf_modules", "timed_steps", "shared_gpu", "hf_spec", "lora", "freeze",
               "measured_trainer_phased_s", "measured_trainer_host_s")
@@ -56,6 +56,13 @@ HF_COLUMNS = ("path", "hf_name", "hf_model_type", "hf_num_experts", "hf_experts_
 # zero weights, the nodes its ranks spanned (`validate run --hostfile`); and where an out-of-memory
 # error was raised. Rows without them leave them out.
 RUN_COLUMNS = ("world", "allocator_capacity_bytes", "zero_weights", "nodes", "oom_at")
+# A row of a user's own job (zerocalc.probe): the optimizer step it measured and the prediction from the
+# model's own config (an HF model: its shipped profile or trace), beside the recorded one in predicted_*.
+PROBE_COLUMNS = ("probe_step", "probe_model", "config_state_bytes", "config_comm_bytes",
+                 "config_peak_allocated_bytes", "config_peak_reserved_bytes", "config_host_peak_bytes",
+                 "config_step_s")
+
+
 def field_kind(f):
     """The plain type of a dataclass field: bool, int, float or str (`int | None` -> int)."""
     kinds = [t for t in (get_args(f.type) or (f.type,)) if t is not type(None)]
