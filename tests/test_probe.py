@@ -197,6 +197,12 @@ def test_a_gpu_row_is_the_busiest_ranks(monkeypatch):
     assert lines["step time"][-1] == "+10.0%" and text.endswith("note: a note")
 
 
+def test_the_gpu_demo_script_parses_its_arguments():
+    out = subprocess.run([sys.executable, "validate/gpu/probe_demo.py", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    assert "--probe-step" in out and "--variants" in out
+
+
 def test_the_callback_off_attaches_nothing(monkeypatch):
     pytest.importorskip("transformers")
     from zerocalc.probe import ZeroCalcCallback, trainer
