@@ -4,23 +4,11 @@ its Hugging Face config through a shipped profile or a trace, with its PEFT LoRA
 parameters; and always the parameter tensors and calls recorded from the module) and the where (a
 GPU preset by the device's name). torch, DeepSpeed and transformers are imported inside."""
 import json
-from dataclasses import dataclass, field
 
 from zerocalc import dsconfig, hardware
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
 
 ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash", "flash_attention_3": "flash"}
-
-
-@dataclass(frozen=True)
-class Model:
-    """The model as zerocalc sees it: `recorded` (from the module's tensors and calls: states and
-    communication exact, no activations) and `configured` (from its HF config: activations and peaks
-    too; None without a config or where it is not the module), with the row's model columns."""
-    recorded: object
-    configured: object = None
-    how: str = ""                        # how `configured` was made, or why there is none
-    columns: dict = field(default_factory=dict)
 
 
 def ds_config_of(engine) -> dict:
@@ -146,12 +134,12 @@ def _lora_of(module):
     from zerocalc import adapters
     cfg = configs[getattr(module, "active_adapter", None) or next(iter(configs))]
     d = {k: (sorted(v) if isinstance(v, set) else v) for k, v in cfg.to_dict().items()}
-    return adapters.from_peft_config({**d, "peft_type": str(getattr(d.get("peft_type"), "value", d.get("peft_type")))},
-                                     "the model's peft_config")
+    kind = getattr(d.get("peft_type"), "value", d.get("peft_type"))      # PEFT's enum, or its name
+    return adapters.from_peft_config({**d, "peft_type": str(kind)}, "the model's peft_config")
 
 
 def _frozen_roots(module) -> tuple[str, ...]:
-    """The outermost modules of `module` whose every parameter is frozen (none of a PEFT model)."""
+    """The outermost modules of `module` that hold parameters and freeze every one of them."""
     out = []
     for name, m in module.named_modules():
         params = list(m.parameters())
