@@ -131,18 +131,23 @@ def test_the_validator_reads_the_schema_from_zerocalc():
 
 def test_a_probe_row_file_is_a_results_file(tmp_path):
     """A new file gets the validator's header; a row with a column the file lacks rewrites it with the
-    column added; the validator reads every row back."""
+    column added; the validator reads every row back (its rows' checks included: the rows are the
+    worker's, as the probe writes them)."""
+    import csv
+
     from validate import report
     from zerocalc.probe.row import append_row
     from zerocalc.rows_schema import COLUMNS
+    with open(WORKER_ROWS, newline="") as f:
+        worker = next(csv.DictReader(f))
     path = str(tmp_path / "rows.csv")
-    first = {"key": "a", "backend": "cpu", "nproc": 1, "stage": 2, "optimizer": "adamw", "outcome": "ok",
-             "probe_step": 3, "losses": "[1.0,\n2.0]"}
+    first = {**{k: v for k, v in worker.items() if v != ""}, "key": "a", "probe_step": 3, "command": "train.py\n--x"}
     append_row(path, first)
     append_row(path, {**first, "key": "b", "config_step_s": 0.5})
     df, notes = report.read_results(path)
-    assert list(df.columns)[:len(COLUMNS)] == list(COLUMNS) and list(df.columns)[-2:] == ["probe_step", "config_step_s"]
-    assert list(df["key"]) == ["a", "b"] and list(df["losses"]) == ["[1.0, | 2.0]"] * 2 and notes == []
+    assert list(df.columns)[:len(COLUMNS)] == list(COLUMNS)
+    assert [c for c in df.columns if c not in COLUMNS][-2:] == ["probe_step", "config_step_s"]
+    assert list(df["key"]) == ["a", "b"] and list(df["command"]) == ["train.py | --x"] * 2 and notes == []
 
 
 @pytest.mark.parametrize("name,preset", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),

@@ -16,6 +16,9 @@ from zerocalc.training import OPTIMIZERS, Setup, validate_setup
 OUTCOMES = ("ok", "oom", "error", "crash", "timeout")   # what the runner writes (validate.rows, runner)
 REQUIRED = ("key", "outcome", "backend", "nproc", "stage", "optimizer") + tuple(
     f.name for f in fields(Architecture) if f.default is MISSING)
+# A model of one's own recorded as it ran (`zerocalc.probe`: `hf_spec`, no HF config) has no architecture's
+# dimensions: zerocalc predicts it from the record.
+RECORDED_MAY_LACK = tuple(f.name for f in fields(Architecture) if f.default is MISSING and f.name != "family")
 MEASURED_WHEN_OK = ("measured_state_bytes", "measured_comm_bytes")          # every ok row, CPU or GPU
 MEASURED_WITH_PEAK = ("measured_peak_reserved_bytes", "measured_base_allocated_bytes")   # every GPU row
 # Scalars beside the byte counts (every *_bytes column): finite numbers (a loss may be nan: it diverged).
@@ -68,8 +71,9 @@ def _row_problem(row: dict) -> tuple[str | None, str] | None:
     """(the column, what is wrong) for the first fault of one row read back as text; column None where
     the fault is between columns (zerocalc's own message then names them). None for a good row."""
     from validate.rows import job_from_row
+    recorded = row.get("hf_spec", "").startswith("{") and not row.get("hf_config")
     for col in REQUIRED:
-        if not row[col]:
+        if not row[col] and not (recorded and col in RECORDED_MAY_LACK):
             return col, "empty"
     for col, allowed in (("outcome", OUTCOMES), ("backend", ("cpu", "cuda")), ("optimizer", tuple(OPTIMIZERS))):
         if row[col] not in allowed:
