@@ -331,6 +331,10 @@ def test_a_model_of_ones_own(launch):
     assert spec["trainable"] == [True, False, False, True] and spec["buffer_bytes"] == [48 * 4]
     assert p["predicted_state_bytes"] == p["measured_state_bytes"] and pd_isna(p.get("hf_config"))
     assert "Own's 4 parameter tensors" in stdout
+    # `zerocalc report` reads it too, the model from its record
+    from zerocalc import hardware, measured
+    (row,), _ = measured.read([str(folder / "own-s1.csv")], hardware.gpu("h200"))
+    assert row.model.num_params == p["num_params"] and row.model.trainable == (True, False, False, True)
 
 
 def pd_isna(v) -> bool:

@@ -168,7 +168,9 @@ class NeedsTrace(Exception):
 
 
 def model_of(row: dict, folder: str) -> ModelSpec:
-    """The row's model: `hf_config` (JSON or a path), else `model`, else the architecture's columns."""
+    """The row's model: `hf_config` (JSON or a path), else `model`, else a model recorded as it ran
+    (`hf_spec` without the architecture's columns: the probe's rows of a model of one's own), else the
+    architecture's columns."""
     from zerocalc import resolve
     wrapper = _text(row, "path") == "engine"   # the validator's direct path wraps the model (`profile.to_model_spec`)
     cfg = _json(row, "hf_config")
@@ -199,6 +201,13 @@ def model_of(row: dict, folder: str) -> ModelSpec:
         if _json(row, "lora") or _json(row, "freeze"):
             return _adapted(resolve.profile_for(name, None, {}, resolve.preset_spec(name, {})), row, name, False)
         return resolve.preset_spec(name, {})
+    record = _json(row, "hf_spec")
+    if record and not _text(row, "vocab_size"):   # a model of one's own recorded by zerocalc.probe: tensors, no shape
+        from zerocalc.probe.record import recorded_spec
+        try:
+            return recorded_spec(record, _text(row, "hf_name") or _text(row, "family"), wrapper)
+        except (KeyError, TypeError, ValueError) as err:
+            raise RowsError(f"{row['_where']}: hf_spec is not a recorded model ({type(err).__name__}: {err})")
     missing = [c for c in ARCH_REQUIRED if not _text(row, c)]
     if missing:
         raise RowsError(f"{row['_where']}: no model: {missing[0]} is empty (give model, hf_config or the architecture)")
