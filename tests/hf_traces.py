@@ -25,7 +25,8 @@ FOLDER = os.path.join(ROOT, "data", "hf-traces")
 MANIFEST = os.path.join(FOLDER, "tracer.json")
 KEY = re.compile(r"[0-9a-f]{32}\.json$")     # a trace's file: its cache key
 # What `zerocalc.hf.trace.trace` runs of zerocalc: a change to any of them may change a trace.
-TRACER_FILES = ("zerocalc/hf/trace.py", "zerocalc/hf/memtrace.py", "zerocalc/hf/optrace.py", "zerocalc/profile.py")
+TRACER_FILES = ("zerocalc/hf/trace.py", "zerocalc/hf/memtrace.py", "zerocalc/hf/optrace.py", "zerocalc/hf/cudaops.py",
+                "zerocalc/profile.py")
 
 
 def tracer_digest() -> str:

@@ -229,16 +229,11 @@ def test_crossval_on_files_without_timed_rows_is_a_usage_error():
     assert result.exit_code == 2 and "0 GPU rows timed as training runs" in result.output
 
 
-# Rows of model types new to the data (h200-hf-types-*.csv) outside the targets: attention dropout traced
-# as the CPU's math attention keeps it where CUDA's fused kernels do not (gpt_bigcode, granitemoe and
-# starcoder2 at stage 2 without checkpointing; granite through Trainer), and reserved of the falcon-7b
-# shape and gemma at stage 2, not examined yet.
-OPEN_HF = {"auto-gpt_bigcode-h2048-l24-s2-bf16-n1-b2x1024-gas1-2d279fcd9e",
-           "auto-granitemoe-h1024-l6-s2-bf16-n1-b2x1024-gas1-369940e7f2",
-           "auto-granite-trainer-h2048-l12-s2-bf16-n1-b2x1024-gas1-ac9403b896",
-           "auto-starcoder2-h3072-l10-s2-bf16-n1-b2x1024-gas1-bf7e1b6a82",
-           "auto-falcon-h4544-l4-s2-bf16-n1-b2x1024-gas1-1cf67b3294",
-           "auto-gemma-h2048-l8-s2-bf16-n1-b2x1024-gas1-ff3456483e"}
+# The one HF row outside the targets: Falcon-7B ran transformers 5.17, whose Falcon hands SDPA one key/value head without enable_gqa and a
+# materialised mask, which torch 2.11 runs on the math path (its first step cudaMallocs 4.19 GiB more);
+# a later transformers repeats the head and runs cuDNN: reserved -14%. Traced under 5.17 it is exact
+# (docs/hf-validation.md, data/README.md), so the row is open only under another transformers.
+OPEN_HF = {"auto-falcon-h4544-l4-s2-bf16-n1-b2x1024-gas1-1cf67b3294"}
 
 
 def test_hf_rows_peaks_within_3_and_8_percent():
@@ -248,14 +243,30 @@ def test_hf_rows_peaks_within_3_and_8_percent():
     of a process after the jobs before it): peak allocated within 3% and reserved within 8% on every
     row but the `OPEN_HF` ones. Traces each config once (cached in the user's cache directory: minutes the first time)."""
     pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
     from validate.docs import hf_peak_errors
     ok, err_a, err_r = hf_peak_errors()
     assert len(ok) >= 140 and err_a.notna().all() and err_r.notna().all()
-    open_ = ok["key"].isin(OPEN_HF)
+    open_ = ok["key"].isin(OPEN_HF) & (not transformers.__version__.startswith("5.17"))
     assert (err_a[~open_] <= 0.03).all(), ok.loc[~open_ & (err_a > 0.03), ["hf_name", "stage", "path"]].to_string()
     assert (err_r[~open_] <= 0.08).all(), ok.loc[~open_ & (err_r > 0.08), ["hf_name", "stage", "path"]].to_string()
     assert ((err_a > 0.03) | (err_r > 0.08))[open_].all(), "now within target, drop from OPEN_HF"
+    # State from the trace alone equals the measured on every row: the buffers by their dtypes (GPTBigCode's
+    # bool causal mask; under zero.Init the YaRN inv_freq and DeepSeek's e_score_correction_bias fp32).
+    assert (ok["pred_state_bytes"] == ok["measured_state_bytes"].astype(float)).all()
+    # The misses of the model types new to the rows (h200-hf-types-*.csv) that the CUDA kernels' rules
+    # closed (`zerocalc.hf.cudaops`; data/README.md): attention dropout inside cuDNN's kernel and
+    # dropout's bool mask (StarCoderBase-1B +24.2% allocated, Granite-MoE +22.5%, StarCoder2-3B +16.3%
+    # reserved, Granite through Trainer +40.3%), Gemma-2B's own traced stream (one key/value head, -8.4%
+    # reserved by the ratio), DeepSeek-V3's latent attention and leading dense layer (+2.2%): each
+    # within 0.1%.
+    closed = ok["key"].isin(["auto-gpt_bigcode-h2048-l24-s2-bf16-n1-b2x1024-gas1-2d279fcd9e",
+                             "auto-granitemoe-h1024-l6-s2-bf16-n1-b2x1024-gas1-369940e7f2",
+                             "auto-starcoder2-h3072-l10-s2-bf16-n1-b2x1024-gas1-bf7e1b6a82",
+                             "auto-granite-trainer-h2048-l12-s2-bf16-n1-b2x1024-gas1-ac9403b896",
+                             "auto-gemma-h2048-l8-s2-bf16-n1-b2x1024-gas1-ff3456483e",
+                             "auto-deepseek_v3-h7168-l3-s2-bf16-n1-b2x1024-gas1-57c545c6ce"])
+    assert closed.sum() == 6 and (err_a[closed] <= 0.001).all() and (err_r[closed] <= 0.001).all()
     # The rows these once missed (data/README.md, "HF configs"), each now within 0.1%: Gemma-2 at stage 0
     # as a first job (was +15.5%: the tied embedding's gradients summed out of place), Gemma-2 with SDPA
     # (allocated was +3.2%: traced eager) and the StableLM-2 Trainer job after it in the step-time

@@ -22,6 +22,9 @@ TINY = Architecture("hf-llama", vocab_size=100, hidden_size=64, num_layers=1, nu
                     ffn_hidden_size=128, tie_embeddings=False)
 P = 53_952
 WORKSPACES = 2 * 32 * MiB      # cuBLAS: forward's and autograd's, kept for the process
+# The module buffers, on the device from init on: the rotary inv_freq and original_inv_freq, head_dim / 2
+# = 8 fp32 elements each (under zero.Init at stage 3 in the training dtype, 2 B an element).
+BUFFERS = 2 * 8 * 4
 
 
 def setup(stage, dp=1, dtype_fp16=False, **kw):
@@ -68,7 +71,7 @@ def test_after_a_step_only_model_states_and_cublas_workspaces_stay(stage, dp, st
     """Gradient accumulation leaves nothing more behind: the gradients kept across micro-steps (stages
     0 and 1), the bucket kept to the boundary (stage 1) and stage 2's accumulator are gone after the step."""
     events = sequence.events(from_architecture(TINY), setup(stage, dp, gas=gas), steps=1)
-    assert alive_bytes(events) == states_bytes + WORKSPACES
+    assert alive_bytes(events) == states_bytes + BUFFERS + WORKSPACES
 
 
 BUCKET = 2 * 500_000_000       # ZeRO-3's ipg bucket: reduce_bucket_size elements of bf16, kept
@@ -90,7 +93,7 @@ def test_stage3_leaves_its_partitions_bucket_and_moments(dp, shard, persistent, 
     gathered parameter (released at the end of backward), the reduction's flatten and the step's fp64
     and fp32 copies are freed."""
     events = sequence.events(from_architecture(TINY), setup(3, dp, param_persistence_threshold=threshold), steps=1)
-    assert alive_bytes(events) == 2 * shard + 4 * shard + BUCKET + 2 * shard + 8 * shard + persistent + WORKSPACES
+    assert alive_bytes(events) == 2 * shard + 4 * shard + BUCKET + 2 * shard + 8 * shard + persistent + BUFFERS + WORKSPACES
     assert ("empty_cache",) in events                  # init's defragment empties the cache
 
 
@@ -108,7 +111,7 @@ def test_stage3_leaves_its_partitions_bucket_and_moments(dp, shard, persistent, 
 def test_optimizer_offload_leaves_the_bit16_states_on_the_device(stage, offload_param, threshold, states_bytes):
     events = sequence.events(from_architecture(TINY), setup(stage, offload_optimizer="cpu", offload_param=offload_param,
                                                              param_persistence_threshold=threshold), steps=1)
-    assert alive_bytes(events) == states_bytes + WORKSPACES
+    assert alive_bytes(events) == states_bytes + BUFFERS + WORKSPACES
 
 
 def test_stage3_gathers_run_on_their_own_stream_at_n2_only():
@@ -169,7 +172,8 @@ def test_zero_init_makes_one_parameter_whole_at_a_time():
     # at the end of construction only the partitions are alive: 2 B · ceil(n/4) each
     numels = [6400] + [4096] * 4 + [8192] * 3 + [64] * 3 + [6400]
     assert alive_bytes(events[:3 * 12]) == sum(2 * -(-n // 4) for n in numels)
-    assert events[3 * 12] == ("free", 2)   # then the engine frees the partitions for its flat buffer
+    assert events[3 * 12:3 * 12 + 2] == [("alloc", 25, 8 * 2, 0), ("alloc", 26, 8 * 2, 0)]   # the buffers, bf16
+    assert events[3 * 12 + 2] == ("free", 2)   # then the engine frees the partitions for its flat buffer
 
 
 def test_stage3_gradient_accumulation_is_generated():

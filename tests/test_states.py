@@ -120,3 +120,28 @@ def test_stage3_parameter_offload_at_n1_keeps_persistent_parameters_whole_on_the
     assert on_gpu.resident_bytes == (2 + 4 + 8 + 2) * 22 + 2 * 100
     assert off.resident_bytes == 2 * 5 + 2 * 100
     assert off.cpu_bytes == (4 + 8 + 2 + 2) * 22
+
+
+def test_module_buffers_by_their_dtypes():
+    """A traced model's buffers by their dtypes (`ModelSpec.buffer_bytes`, from the profile): a bool
+    causal mask of 8192² (GPTBigCode's `bias`: 1 B an element), a YaRN rotary `inv_freq` of 32 fp32
+    that zero.Init leaves fp32 (made from integers after DeepSpeed's tensor constructors) and Llama's
+    default `inv_freq` of 32 fp32 that zero.Init makes bf16 (an `arange` in float)."""
+    from zerocalc.profile import Tensor, buffer_element_bytes
+    buffers = (Tensor("transformer.bias", (8192, 8192), "bool"),
+               Tensor("model.rotary_emb.inv_freq", (32,), "float32", "float32"),
+               Tensor("model.layers.0.rotary_emb.inv_freq", (32,), "float32"))
+    model = ModelSpec("toy", (10, 7, 5), ((), (0,), (1,), (2,)), tuple(b.numel for b in buffers),
+                      buffer_bytes=tuple(buffer_element_bytes(b) for b in buffers))
+    assert model.buffer_bytes == ((1, 1), (4, 4), (4, 0))
+    # stages 0-2: as built, 8192² x 1 + 32 x 4 + 32 x 4 (the old rule, 4 B for each, was 3·2^26 too many)
+    for stage in (0, 1, 2, 3):
+        assert model_states(model, setup(stage, 1)).buffers_bytes - (2 * 500_000_000 if stage == 3 else 0) \
+            == 8192 ** 2 + 128 + 128
+    # stage 3 under zero.Init: the mask and the YaRN inv_freq as built, the default one in bf16, 32 x 2
+    st = model_states(model, setup(3, 1, zero_init=True))
+    assert st.buffers_bytes == 2 * 500_000_000 + 8192 ** 2 + 128 + 64
+    # without dtypes (a transcribed family, a recorded run): 4 B an element, the training dtype's under zero.Init
+    plain = ModelSpec("toy", (10, 7, 5), ((), (0,), (1,), (2,)), (32, 32))
+    assert model_states(plain, setup(2, 1)).buffers_bytes == 2 * 32 * 4
+    assert model_states(plain, setup(3, 1, zero_init=True)).buffers_bytes == 2 * 500_000_000 + 2 * 32 * 2

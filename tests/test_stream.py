@@ -130,6 +130,35 @@ def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpoint
     assert played_step.played(spec, setup) == played_step.recorded(raw)
 
 
+def _tiny_deepseek(layers):
+    """DeepSeek-V3 at toy size: latent attention (query and key head dims 12, value 8), one leading
+    dense layer, then MoE layers of 4 experts (top 2) and a shared one."""
+    return transformers.DeepseekV3Config(vocab_size=V, hidden_size=H, num_hidden_layers=layers, num_attention_heads=HEADS,
+                                         num_key_value_heads=HEADS, intermediate_size=F, moe_intermediate_size=32,
+                                         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                         first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8,
+                                         qk_rope_head_dim=4, v_head_dim=8, max_position_embeddings=S)
+
+
+@pytest.mark.slow   # traces the stream (12 fake-tensor steps of 5 layers) and a 7-layer model
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_leading_dense_layer_is_traced_beside_the_repeated_ones(checkpointing):
+    """A stack whose first layer is dense and the rest MoE (`first_k_dense_replace`) is traced at 1 + 4
+    layers (`leading_layer_params`: the dense layer's parameter count); played for 7 layers at another
+    shape it is the 7-layer model's own trace, event for event, every gradient handed for its own
+    parameter. Its attention, query and value head dims unequal, runs as the fused kernel
+    (`cudaops`), not the CPU's math path."""
+    stream = memtrace.step_stream(_tiny_deepseek(7).to_dict(), "sdpa")
+    assert stream["layers"] == 5 and len(stream["leading_layer_params"]) == 1
+    model, mode = trace.build(_tiny_deepseek(7))
+    raw = memtrace.record_step(model, mode, 2, 24, checkpointing)
+    spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=7),
+                           param_numels=(1,) * len(list(model.parameters())))
+    setup = SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24, attention="sdpa",
+                            stage=Stage.GRADIENTS)
+    assert played_step.played(spec, setup) == played_step.recorded(raw)
+
+
 LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, and what they reserved (GiB)
     ("t4-warmup/hf-llama-h768-l12-s2-bf16-n1-b1x2048-gas1-0d2548528e", 3.455),
     ("t4-warmup/hf-llama-h2048-l22-s2-bf16-n2-b2x1024-gas1-a948bae5f0", 18.561),

@@ -54,6 +54,31 @@ def test_traced_tensors_equal_torchs_for_every_family(model_type):
     _check(model_type)
 
 
+def test_a_buffer_keeps_its_dtype_under_zero_init_where_deepspeed_leaves_it():
+    """Each buffer's dtype as built and, where it is not the training dtype, under DeepSpeed's zero.Init
+    (`trace.zero_init_kept`): Llama's default rotary `inv_freq` is an `arange` in float, which zero.Init's
+    constructors make bf16; Llama 3's is computed from an integer `arange` after them and stays fp32;
+    DeepSeek-V3's `e_score_correction_bias` is listed in `_keep_in_fp32_modules_strict`, which DeepSpeed
+    keeps fp32; GPTBigCode's causal mask is bool, untouched."""
+    def dtypes(cfg):
+        p = T.trace(cfg.to_dict(), activations=False, steps=False)
+        assert P.from_json(P.to_json(p)).buffers == p.buffers
+        return {b.name.rsplit(".", 1)[-1]: (b.dtype, b.zero_init_dtype) for b in p.buffers}
+    small = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+    assert dtypes(transformers.LlamaConfig(**small)) == {"inv_freq": ("float32", ""), "original_inv_freq": ("float32", "")}
+    llama3 = transformers.LlamaConfig(**small, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})
+    assert dtypes(llama3) == {"inv_freq": ("float32", "float32"), "original_inv_freq": ("float32", "float32")}
+    deepseek = transformers.DeepseekV3Config(**small, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                                             n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=16,
+                                             kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    assert dtypes(deepseek)["e_score_correction_bias"] == ("float32", "float32")
+    bigcode = transformers.GPTBigCodeConfig(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                            bos_token_id=0, eos_token_id=0)
+    assert dtypes(bigcode) == {"bias": ("bool", "")}
+
+
 def test_tied_weights_are_listed_once_and_owned_by_both_modules():
     """GPT-2 ties lm_head.weight to transformer.wte.weight: one tensor, the embedding's name, and the
     head's call fetches it (the transcribed trace's leaf(0))."""

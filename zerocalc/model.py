@@ -24,6 +24,10 @@ class ModelSpec:
     wide: tuple[bool, ...] | None = None        # per tensor: made in fp32 after the model (PEFT's adapters,
                                                 # `autocast_adapter_dtype`): a model built under zero.Init
                                                 # keeps them fp32 at stage 3 (`zerocalc.states`)
+    buffer_bytes: tuple[tuple[int, int], ...] | None = None   # per buffer: bytes per element as built and
+                                                # under zero.Init (0: the training dtype), from a traced
+                                                # profile (`profile.buffer_element_bytes`); None: the rule
+                                                # of `states.buffer_element_bytes`
 
     def backward(self, checkpointing: bool) -> tuple[tuple[int, ...], ...]:
         """Backward's modules in hook order (recomputed layers included when checkpointing)."""

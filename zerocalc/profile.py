@@ -26,10 +26,17 @@ class Tensor:
     name: str
     shape: tuple[int, ...]
     dtype: str = ""            # buffers only: their dtype as built ("float32", "bfloat16", ...)
+    zero_init_dtype: str = ""  # buffers only: the dtype a floating-point buffer keeps under DeepSpeed's
+                               # zero.Init, where that is not the training dtype ("": the training dtype;
+                               # `hf.trace.zero_init_kept`)
 
     @property
     def numel(self) -> int:
         return prod(self.shape)
+
+
+DTYPE_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2,
+               "int16": 2, "bool": 1, "uint8": 1, "int8": 1}
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,8 @@ def to_json(p: Profile) -> dict:
     return {
         "format": FORMAT, "name": p.name, "model_type": p.model_type, "dims": p.dims, "source": p.source,
         "params": _compress([[t.name, list(t.shape)] for t in p.params]),
-        "buffers": _compress([[t.name, list(t.shape), t.dtype] for t in p.buffers]),
+        "buffers": _compress([[t.name, list(t.shape), t.dtype] + ([t.zero_init_dtype] if t.zero_init_dtype else [])
+                              for t in p.buffers]),
         "modules": _compress([[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "")]
                               for m in p.modules]),
         "calls": node(p.calls),
@@ -186,7 +194,7 @@ def from_json(d: dict) -> Profile:
         return CallNode(mindex[name], tuple(node(c) for c in _expand(children)), bool(grad))
 
     return Profile(d["name"], d["model_type"], d.get("dims", {}), params,
-                   tuple(Tensor(n, tuple(s), dt) for n, s, dt in _expand(d["buffers"])), modules, node(d["calls"]),
+                   tuple(Tensor(b[0], tuple(b[1]), *b[2:]) for b in _expand(d["buffers"])), modules, node(d["calls"]),
                    d.get("source", {}), d.get("activations"), d.get("stream"), d.get("steps"), d.get("attentions"))
 
 
@@ -268,6 +276,16 @@ def architecture(p: Profile):
                         llama and bool(d.get("mlp_bias")))
 
 
+def buffer_element_bytes(b: Tensor) -> tuple[int, int]:
+    """(bytes per element as built, under zero.Init: 0 for the training dtype) of a buffer: a
+    floating-point one takes the training dtype there unless it keeps its own (`zero_init_dtype`);
+    any other (a bool mask) keeps its dtype everywhere."""
+    built = DTYPE_BYTES.get(b.dtype, 4)
+    if b.zero_init_dtype:
+        return built, DTYPE_BYTES.get(b.zero_init_dtype, 4)
+    return built, 0 if b.dtype.startswith(("float", "bfloat")) else built
+
+
 def to_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, wrapper: bool = True):
     """The ModelSpec of a profile: its tensors, its forward and backward hook traces (derived from
     the calls as `arch.trace` / `arch.backward_trace` derive them from the transcribed ones; Hugging
@@ -286,10 +304,10 @@ def to_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True,
     trace = tuple(A._forward(root))
     # Scalar buffers (Gemma's embed_scale) are left out, as the validator's state measurement leaves every
     # storage of 8 bytes or less out (with DeepSpeed's own scalars: `validate.measure.SCALAR_BYTES`).
-    buffers = tuple(b.numel for b in p.buffers if b.numel > 2)
-    spec = ModelSpec(name or p.name, numels, trace, buffers, a,
+    kept = [b for b in p.buffers if b.numel > 2]
+    spec = ModelSpec(name or p.name, numels, trace, tuple(b.numel for b in kept), a,
                      tuple(A._backward(root)), tuple(A._backward(root, checkpointing=True)), A._recomputed(root),
-                     profile=p)
+                     profile=p, buffer_bytes=tuple(buffer_element_bytes(b) for b in kept))
     try:
         A.validate_architecture(a)
         same = (A.param_numels(a) == numels and A.trace(a) == trace and A.buffer_numels(a) == spec.buffer_numels

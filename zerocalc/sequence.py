@@ -28,6 +28,7 @@ from zerocalc.comm import stage0_allreduce_bucket_tensors
 from zerocalc.model import ModelSpec
 from zerocalc.partition import grads_in_partition, partition, persistent_mask, sub_groups
 from zerocalc.profile import traced_under
+from zerocalc.states import module_buffers_bytes
 from zerocalc.training import Setup, Stage
 
 
@@ -141,6 +142,7 @@ class _TracedStep:
             variant += "_zero3"
         self.stream, self.variant = st, variant
         self.k, self.first, self.per_layer = st["layers"], st["first_layer_param"], st["params_per_layer"]
+        self.leading = list(accumulate(st.get("leading_layer_params", ()), initial=0))   # their first params
         self.layers = model.architecture.num_layers
         self.numels = model.param_numels
         self.x = basis_values(st["basis"], setup.micro_batch, setup.seq_len, model.architecture)
@@ -157,11 +159,21 @@ class _TracedStep:
         return n
 
     def _template(self, i: int) -> int:
-        if self.layers <= self.k or i == 0:
+        """The traced layer played as layer i: the leading dense ones, the next two and the last two
+        as traced, every other as the second after the leading ones."""
+        lead = len(self.leading) - 1
+        if self.layers <= self.k or i < lead + 2:
             return i
         if i >= self.layers - 2:
             return self.k - (self.layers - i)
-        return 1
+        return lead + 1
+
+    def _first_param(self, i: int) -> int:
+        """Layer i's first parameter: after the leading layers' (`leading_layer_params`), per_layer each."""
+        lead = len(self.leading) - 1
+        if i < lead:
+            return self.first + self.leading[i]
+        return self.first + self.leading[-1] + (i - lead) * self.per_layer
 
     def _instance(self, name: str, layer: int | None) -> int:
         """The handle key of allocation 0 of segment `name` played at `layer` (None: a segment of no
@@ -211,12 +223,11 @@ class _TracedStep:
             elif kind == "g":
                 pmode, pvalue, local = e[1]
                 if pmode == 0:
-                    param = (pvalue if pvalue >= 0 else len(self.numels) + pvalue, False)
+                    param = (pvalue if pvalue >= 0 else len(self.numels) + pvalue, None)
                 elif pmode == 1:
-                    param = (self.first + pvalue * self.per_layer + local, True)
+                    param = (local, pvalue)          # layer (played + pvalue)'s, at play
                 else:
-                    param = (self.first + (pvalue if pvalue >= 0 else self.layers + pvalue) * self.per_layer + local,
-                             False)
+                    param = (self._first_param(pvalue if pvalue >= 0 else self.layers + pvalue) + local, None)
                 ops.append((_GRAD, param, self._key(e[2])))
             elif kind == "t":                          # a CUDA rule's buffer, made and freed at once
                 ops.append((_TRANSIENT, int(self._size(e[1])), 0))
@@ -259,8 +270,8 @@ class _TracedStep:
             else:                                      # calls out: the trace's handle count goes with it
                 t._next = last
                 if op == _GRAD:
-                    (param, per_layer), (key_op, key) = x, y
-                    p = param + layer * self.per_layer if per_layer else param
+                    (param, relative), (key_op, key) = x, y
+                    p = param if relative is None else self._first_param(layer + relative) + param
                     key = base + key if key_op == _FREE_SAME else key + shift if key_op == _FREE_LAYER else key
                     self.ds.grad_ready(p, self.numels[p], handles.pop(key))
                 elif op == _FETCH:
@@ -348,7 +359,8 @@ def family_stream_key(model: ModelSpec, setup: Setup) -> str | None:
 
 def step_stream(model: ModelSpec, setup: Setup) -> dict | None:
     """The allocation stream of the model's forward and backward: its traced profile's, or its
-    family's; None where neither exists."""
+    family's; a model its family's streams do not cover (one key/value head: Gemma-2B) plays its
+    own traced profile's where it has one; None where neither exists."""
     if traced(model):
         return traced_under(model.profile, setup.attention)[1]
     key = family_stream_key(model, setup)
@@ -356,6 +368,8 @@ def step_stream(model: ModelSpec, setup: Setup) -> dict | None:
     if stream is not None and stream["layers"] > model.architecture.num_layers:
         # a model shallower than the traced stack: its own depth's stream where one is traced
         stream = family_streams().get(f"{key}/{model.architecture.num_layers}-layer")
+    if stream is None and model.profile is not None and getattr(model.profile, "stream", None) is not None:
+        return traced_under(model.profile, setup.attention)[1]
     return stream
 
 
@@ -854,6 +868,11 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
         params = [0] * len(model.param_numels)
         for i in _to_device_order(model):
             params[i] = t.alloc(setup.param_bytes * model.param_numels[i])
+    for n_bytes in module_buffers_bytes(model, setup):
+        # the module buffers, on the device for good (`model.to(device)` moves them after the
+        # parameters of the modules holding them; zero.Init makes them there): GPTBigCode's 64 MiB
+        # causal mask, the rotary `inv_freq`
+        t.alloc(n_bytes)
     ds = _Stage3(t, model, setup) if s3 else _Stage(t, model, setup, rank)
     ds.init(params)
     step = _TracedStep(t, model, setup, ds, workspaces, step_stream(model, setup))

@@ -48,7 +48,20 @@ def _module_buffers_bytes(model: ModelSpec, setup: Setup) -> int:
     # built under zero.Init at stage 3: its tensor constructors make floating-point tensors in the
     # training dtype (`zero_wrapper_for_fp_tensor_constructor`, `partition_parameters.py`; measured on
     # H200: a 254M Llama's two 32-element buffers held 128 bytes, not 256, data/h200-host-d.csv).
-    return sum(model.buffer_numels) * buffer_element_bytes(setup)
+    return sum(module_buffers_bytes(model, setup))
+
+
+def module_buffers_bytes(model: ModelSpec, setup: Setup) -> list[int]:
+    """Each module buffer's bytes on the device: from its dtypes where the model was traced
+    (`ModelSpec.buffer_bytes`: a bool causal mask is 1 byte an element; under zero.Init a
+    floating-point buffer takes the training dtype where DeepSpeed's tensor constructors made it,
+    and keeps fp32 where the model's code cast it after them, as a YaRN rotary `inv_freq` or a
+    `_keep_in_fp32_modules_strict` buffer); else by `buffer_element_bytes`."""
+    if model.buffer_bytes is None:
+        return [n * buffer_element_bytes(setup) for n in model.buffer_numels]
+    zero3 = setup.zero_init and setup.stage == Stage.PARAMETERS
+    return [n * ((under or setup.param_bytes) if zero3 else built)
+            for n, (built, under) in zip(model.buffer_numels, model.buffer_bytes)]
 
 
 def buffer_element_bytes(setup: Setup) -> int:

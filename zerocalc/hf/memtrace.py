@@ -10,6 +10,7 @@ where the stream is compared (`tests/test_memtrace.py`).
 import weakref
 from contextlib import contextmanager
 
+from zerocalc.hf.cudaops import cuda_dispatch
 from zerocalc.hf.trace import _imports, module_calls
 
 
@@ -105,7 +106,7 @@ def record(model, mode, input_ids, loss_fn=None):
         events.append(("exit", names.get(id(m), "?"), state["phase"]))
         state["module"] = stack.pop()
 
-    with module_calls(model, pre, post), mode, unpacked_batch(), Recorder():
+    with module_calls(model, pre, post), mode, unpacked_batch(), cuda_dispatch(), Recorder():
         logits = model(input_ids=input_ids, use_cache=False).logits
         state["phase"] = "loss"
         loss = (loss_fn or (lambda x: torch.nn.functional.cross_entropy(
@@ -170,7 +171,7 @@ def layers_kept_bytes(model, mode, batch: int, seq: int, with_head: bool = False
             skip = logits.untyped_storage()._cdata if logits is not None else None
             state["head"] = sum(alive[k] for k, n in born.items() if n > state["head_from"] and k != skip)
 
-    with module_calls(model, pre, post), mode, unpacked_batch(), Counter():
+    with module_calls(model, pre, post), mode, unpacked_batch(), cuda_dispatch(), Counter():
         ids = torch.zeros(batch, seq, dtype=torch.long)
         logits = model(input_ids=ids, use_cache=False).logits
         del logits
@@ -240,7 +241,8 @@ def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str |
 MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default")
 SDPA_BACKWARD = ("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
                  "aten._scaled_dot_product_efficient_attention_backward.default",
-                 "aten._scaled_dot_product_flash_attention_backward.default")
+                 "aten._scaled_dot_product_flash_attention_backward.default",
+                 "zerocalc.fused_attention_backward.default")
 STREAM_LAYERS = 4                    # a shallow copy of this many decoder layers is traced (fewer if the model has fewer)
 # (micro-batch, sequence) traced: sizes solved per event. Not a micro-batch of 1: torch.matmul folds a
 # batch of one into a view where a larger one copies (eager attention's scores, `_matmul_impl`).
@@ -397,7 +399,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
             labels = torch.zeros(batch * seq, dtype=torch.long)
         alive[ids.untyped_storage()._cdata] = 0
         alive[labels.untyped_storage()._cdata] = 0
-        with module_calls(model, pre, post), mode, unpacked_batch(), in_linear(), Recorder():
+        with module_calls(model, pre, post), mode, unpacked_batch(), cuda_dispatch(), in_linear(), Recorder():
             logits = forward(model, ids)
             state["phase"] = "loss"
             events.append(("phase", "loss"))
@@ -437,12 +439,14 @@ def _fit(values: list) -> list:
     return [int(x) for x in k]
 
 
-def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_param: int, per_layer: int):
+def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_param: int, per_layer: int,
+               starts: list | None = None):
     """The raw stream of a k-layer model cut into segments (P: before the first layer; F<i>: layer i's
     forward; H: after the last layer through the loss; Hb: backward until the last layer's gradients
     begin; B<i>: layer i's backward, ending at its last gradient; E: the rest) with every handle named
     by where it was made: (segment, its allocation index there). Returns {segment: [event, ...]} with
-    sizes still as bytes (lists of numbers to fit) and references as strings."""
+    sizes still as bytes (lists of numbers to fit) and references as strings. `starts`: each layer's
+    first parameter where the layers are not equal runs (leading dense layers)."""
     pos_L = {e[1]: n for n, e in enumerate(events) if e[0] == "L"}
     pos_Lend = {e[1]: n for n, e in enumerate(events) if e[0] == "Lend"}
     back = next(n for n, e in enumerate(events) if e == ("phase", "backward"))
@@ -477,7 +481,7 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
     def param(p, seg):
         if p in layer_of_param:
             i, mine = layer_of_param[p], layer(seg)
-            local = p - first_layer_param - i * per_layer
+            local = p - (starts[i] if starts else first_layer_param + i * per_layer)
             return f"~{i - mine}:{local}" if mine is not None else f"@{i if i < 2 else i - k}:{local}"
         return f"#{p if p < first_layer_param else p - n_params}"
 
@@ -506,25 +510,39 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
 
 
 def _layer_params(model, is_layer=None):
-    """(the parameters, each decoder layer's parameter indices), checked to be equal consecutive runs."""
+    """(the parameters, each decoder layer's parameter indices), checked to be consecutive runs, equal
+    but for leading ones (an MoE stack's dense layers, `first_k_dense_replace`: `leading_layers`)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
     params = list(model.parameters())
     pid = {id(p): i for i, p in enumerate(params)}
     is_layer = is_layer or (lambda m: isinstance(m, GradientCheckpointingLayer))
     layer_params = [[pid[id(p)] for p in m.parameters()] for m in model.modules() if is_layer(m)]
-    per_layer, first = len(layer_params[0]), layer_params[0][0]
-    if any(ps != list(range(first + i * per_layer, first + (i + 1) * per_layer)) for i, ps in enumerate(layer_params)):
+    at = layer_params[0][0]
+    for ps in layer_params:
+        if ps != list(range(at, at + len(ps))):
+            raise ValueError("decoder layers do not hold consecutive runs of parameters")
+        at += len(ps)
+    if any(len(ps) != len(layer_params[-1]) for ps in layer_params[leading_layers(layer_params):]):
         raise ValueError("decoder layers do not hold equal runs of parameters")
     return params, layer_params
+
+
+def leading_layers(layer_params) -> int:
+    """How many leading layers hold another number of parameters than the last one."""
+    n = len(layer_params)
+    while n and len(layer_params[n - 1]) == len(layer_params[-1]):
+        n -= 1
+    return n
 
 
 def segments_at(model, mode, k: int, checkpointing: bool, batch: int, seq: int, **kw) -> dict:
     """`_canonical`'s segments of one step of a k-layer model at [batch, seq] (sizes in bytes)."""
     params, layer_params = _layer_params(model, kw.get("is_layer"))
-    per_layer, first = len(layer_params[0]), layer_params[0][0]
+    per_layer, first = len(layer_params[-1]), layer_params[0][0]
     layer_of_param = {p: i for i, ps in enumerate(layer_params) for p in ps}
+    starts = [ps[0] for ps in layer_params] if leading_layers(layer_params) else None
     return _canonical(record_step(model, mode, batch, seq, checkpointing, **kw), k, layer_of_param, len(params),
-                      first, per_layer)
+                      first, per_layer, starts)
 
 
 def _fitted_segments(model, mode, k: int, checkpointing: bool, **kw) -> dict:
@@ -548,12 +566,13 @@ def step_stream(d: dict, attention: str | None = None) -> dict:
     profile stores it (`zerocalc.profile`, `zerocalc.sequence` plays it): for a shallow copy of
     `STREAM_LAYERS` decoder layers, without and with activation checkpointing, each event's bytes as
     integer coefficients of `STREAM_BASIS`, solved from `STREAM_SHAPES` (an event whose bytes are
-    not so fails the trace). A deeper model repeats the middle layer's segments
-    (`zerocalc.sequence._traced_segments`). `attention`: traced under that one (`dispatching`), else
+    not so fails the trace); leading dense layers (`first_k_dense_replace`) traced beside them. A
+    deeper model repeats the middle layer's segments
+    (`zerocalc.sequence._TracedStep`). `attention`: traced under that one (`dispatching`), else
     the config's own."""
     from zerocalc.hf.trace import build, hf_config
     layers_total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
-    k = min(STREAM_LAYERS, layers_total)
+    k = min(STREAM_LAYERS + int(d.get("first_k_dense_replace") or 0), layers_total)
     model, mode = build(hf_config(_shallow(d, k)))
     with dispatching(model, attention):
         return _step_stream(model, mode, k)
@@ -563,7 +582,10 @@ def _step_stream(model, mode, k: int) -> dict:
     """`step_stream` of a built k-layer model."""
     params, layer_params = _layer_params(model)
     out = {"basis": list(STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
-           "params_per_layer": len(layer_params[0]), "attention": model.config._attn_implementation}
+           "params_per_layer": len(layer_params[-1]), "attention": model.config._attn_implementation}
+    lead = leading_layers(layer_params)
+    if lead:          # each leading layer's parameter count (the others hold `params_per_layer` each)
+        out["leading_layer_params"] = [len(ps) for ps in layer_params[:lead]]
     for variant, ckpt in (("plain", False), ("checkpointed", True)):
         out[variant] = _fitted_segments(model, mode, k, ckpt)
     return _compact(out)

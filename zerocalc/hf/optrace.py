@@ -16,6 +16,7 @@ reads it without torch.
 import os
 from contextlib import contextmanager
 
+from zerocalc.hf.cudaops import cuda_dispatch
 from zerocalc.hf.trace import _imports
 
 # Operators that only make a view or read metadata: no kernel (as counted for zerocalc.timing since its
@@ -63,7 +64,8 @@ def flops_of(func, args, kwargs, out) -> tuple[str, int] | None:
     from torch.utils.flop_counter import flop_registry
     name = str(func)
     packet = func._overloadpacket
-    if "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name:
+    if ("scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name
+            or name.startswith("zerocalc.fused_attention")):
         if packet in flop_registry:
             return "attention", int(flop_registry[packet](*args, **kwargs, out_val=out))
         backward = "backward" in name        # the CPU kernel: as the CUDA flash kernel
@@ -142,33 +144,6 @@ def counted_unpacked_batch():
         yield
     finally:
         masking_utils.find_packed_sequence_indices = original
-
-
-@contextmanager
-def cuda_dispatch():
-    """Where the CPU's operators are not the ones CUDA dispatches for the same call, the CUDA ones:
-    - dropout: `at::dropout` calls the fused `native_dropout` on CUDA (one operator forward, one
-      backward: `is_fused_kernel_acceptable`), on the CPU empty_like, bernoulli_, div_ and mul;
-    - SDPA with dropout: the CPU's flash kernel takes no dropout and falls back to the math path (a
-      dozen operators); CUDA's flash and memory-efficient kernels apply it inside the one operator.
-      Run without it: the same operator count and FLOPs as the CUDA kernel."""
-    torch, _ = _imports()
-    F = torch.nn.functional
-    dropout, sdpa = F.dropout, F.scaled_dot_product_attention
-
-    def fused_dropout(input, p=0.5, training=True, inplace=False):
-        if training and 0 < p < 1 and input.numel() > 0:
-            return torch.native_dropout(input, p, True)[0]
-        return dropout(input, p, training, inplace)
-
-    def sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
-        return sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
-
-    F.dropout, F.scaled_dot_product_attention = fused_dropout, sdpa_kernel
-    try:
-        yield
-    finally:
-        F.dropout, F.scaled_dot_product_attention = dropout, sdpa
 
 
 def phase_totals(model, mode, seq: int, checkpointing: bool, forward=hf_forward, set_checkpointing=hf_checkpointing,

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 8        # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 9        # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -128,6 +128,62 @@ def build(cfg):
     return model, mode
 
 
+ZERO_INIT_CONSTRUCTORS = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
+
+
+def keep_in_fp32(model):
+    """DeepSpeed 0.19.8's pattern of the buffers it keeps in fp32 under bf16 training, at every stage
+    (`runtime/keep_in_fp32.py`, `data_types.keep_in_fp32_modules` "auto"): the names each module lists in
+    `_keep_in_fp32_modules_strict` (DeepSeek-V3's `e_score_correction_bias`), under that module's
+    name, searched in the full buffer names; None where none is listed."""
+    import re
+    patterns = set()
+    for module_name, child in model.named_modules():
+        for name in getattr(child, "_keep_in_fp32_modules_strict", None) or ():
+            pattern = name.replace("*", ".*")
+            patterns.add(rf"^{re.escape(module_name)}\..*{pattern}" if module_name else pattern)
+    return re.compile("|".join(sorted(patterns))) if patterns else None
+
+
+def zero_init_kept(d: dict, layer_names: list[str], buffer_names: list[str]) -> dict[str, str]:
+    """{buffer name: dtype} of the floating-point buffers that keep their own dtype when the model is
+    built under DeepSpeed's zero.Init (0.19.8, `_add_tensor_creation_wrappers`), as Hugging Face
+    builds it for stage 3: its wrappers give every floating-point tensor `ZERO_INIT_CONSTRUCTORS` make
+    the training dtype, so a buffer they make (Llama's default rotary `inv_freq`, an `arange` in
+    float) takes it, and one the model computes after them from integers (a YaRN or Llama-3
+    `inv_freq`) keeps its own, and DeepSpeed makes fp32 again those it keeps so (`keep_in_fp32`).
+    Read from a shallow copy (`layer_names`: the decoder layers; deeper ones as its last) built with
+    the constructors so wrapped to a marker dtype, fp16."""
+    torch, _ = _imports()
+    from zerocalc.hf.memtrace import _shallow
+    n = min(len(layer_names), 2 + int(d.get("first_k_dense_replace") or 0))
+    originals = {c: getattr(torch, c) for c in ZERO_INIT_CONSTRUCTORS}
+
+    def wrapped(fn):
+        def make(*args, **kwargs):
+            t = fn(*args, **kwargs)
+            return t.to(torch.float16) if t.is_floating_point() else t
+        return make
+    for c, fn in originals.items():
+        setattr(torch, c, wrapped(fn))
+    try:
+        model, _ = build(hf_config(_shallow(d, n)))
+    finally:
+        for c, fn in originals.items():
+            setattr(torch, c, fn)
+    under = {name: str(b.dtype).replace("torch.", "") for name, b in model.named_buffers() if b.is_floating_point()}
+    keep = keep_in_fp32(model)
+    under.update({name: "float32" for name in under if keep and keep.search(name)})
+
+    def shallow_name(name: str) -> str:
+        for layer in layer_names[n:]:
+            if name.startswith(layer + "."):
+                return layer_names[n - 1] + name[len(layer):]
+        return name
+    return {name: under[shallow_name(name)] for name in buffer_names
+            if under.get(shallow_name(name), "float16") != "float16"}
+
+
 def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True) -> Profile:
     """The Profile of a config.json's contents (a dict); activations: also the layers' kept bytes
     (`memtrace.config_activations`: four forwards of one or two layers); steps: the operators and FLOPs
@@ -164,7 +220,10 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
     roots = stack[0][1]
     if len(roots) != 1:
         raise RuntimeError(f"expected one root call, recorded {len(roots)}")
-    buffers = tuple(Tensor(n, tuple(b.shape), str(b.dtype).replace("torch.", "")) for n, b in model.named_buffers())
+    layer_names = [m.name for m in modules if m.layer]
+    kept = zero_init_kept(d, layer_names, [n for n, _ in model.named_buffers()])
+    buffers = tuple(Tensor(n, tuple(b.shape), str(b.dtype).replace("torch.", ""), kept.get(n, ""))
+                    for n, b in model.named_buffers())
     acts = None
     if activations:
         from zerocalc.hf import memtrace
