@@ -25,7 +25,8 @@ FORMAT = 1
 class Tensor:
     name: str
     shape: tuple[int, ...]
-    dtype: str = ""            # buffers only: their dtype as built ("float32", "bfloat16", ...)
+    dtype: str = ""            # buffers only: their dtype as built ("float32", "bfloat16", ...), fp32 where
+                               # DeepSpeed keeps it so (`hf.trace.keep_in_fp32`)
     zero_init_dtype: str = ""  # buffers only: the dtype a floating-point buffer keeps under DeepSpeed's
                                # zero.Init, where that is not the training dtype ("": the training dtype;
                                # `hf.trace.zero_init_kept`)

@@ -222,8 +222,12 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
         raise RuntimeError(f"expected one root call, recorded {len(roots)}")
     layer_names = [m.name for m in modules if m.layer]
     kept = zero_init_kept(d, layer_names, [n for n, _ in model.named_buffers()])
-    buffers = tuple(Tensor(n, tuple(b.shape), str(b.dtype).replace("torch.", ""), kept.get(n, ""))
-                    for n, b in model.named_buffers())
+    fp32 = keep_in_fp32(model)         # DeepSpeed's engine makes these fp32 at every stage
+
+    def dtype(name, b):
+        held = torch.float32 if fp32 and b.is_floating_point() and fp32.search(name) else b.dtype
+        return str(held).replace("torch.", "")
+    buffers = tuple(Tensor(n, tuple(b.shape), dtype(n, b), kept.get(n, "")) for n, b in model.named_buffers())
     acts = None
     if activations:
         from zerocalc.hf import memtrace
