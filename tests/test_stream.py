@@ -120,10 +120,14 @@ def _stream(layers_key):
 def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpointing):
     """The 4-layer stream played for 6 layers at another shape (B 2, s 24) is the 6-layer model's own
     trace: every allocation's bytes, every free, every gradient handed to the optimizer, in order."""
-    stream = _stream(4)
-    model, mode = trace.build(_tiny_llama(6))
+    _assert_plays_as_traced(_stream(4), _tiny_llama(6), 6, checkpointing)
+
+
+def _assert_plays_as_traced(stream, config, layers: int, checkpointing: bool) -> None:
+    """`stream` played for `layers` layers at B 2, s 24 is the `config` model's own trace, event for event."""
+    model, mode = trace.build(config)
     raw = memtrace.record_step(model, mode, 2, 24, checkpointing)
-    spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=6),
+    spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=layers),
                            param_numels=(1,) * len(list(model.parameters())))
     setup = SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24, attention="sdpa",
                             stage=Stage.GRADIENTS)
@@ -150,13 +154,7 @@ def test_a_leading_dense_layer_is_traced_beside_the_repeated_ones(checkpointing)
     (`cudaops`), not the CPU's math path."""
     stream = memtrace.step_stream(_tiny_deepseek(7).to_dict(), "sdpa")
     assert stream["layers"] == 5 and len(stream["leading_layer_params"]) == 1
-    model, mode = trace.build(_tiny_deepseek(7))
-    raw = memtrace.record_step(model, mode, 2, 24, checkpointing)
-    spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=7),
-                           param_numels=(1,) * len(list(model.parameters())))
-    setup = SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24, attention="sdpa",
-                            stage=Stage.GRADIENTS)
-    assert played_step.played(spec, setup) == played_step.recorded(raw)
+    _assert_plays_as_traced(stream, _tiny_deepseek(7), 7, checkpointing)
 
 
 LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, and what they reserved (GiB)
