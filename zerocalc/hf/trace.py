@@ -80,14 +80,15 @@ def dims(cfg) -> dict:
     return out
 
 
-def _requires_grad(out) -> bool:
+def output_requires_grad(out) -> bool:
+    """Whether a module's output (a tensor, or tensors in dicts, tuples and lists) requires grad."""
     torch, _ = _imports()
     if isinstance(out, torch.Tensor):
         return out.requires_grad
     if isinstance(out, dict):
-        return any(_requires_grad(v) for v in out.values())
+        return any(output_requires_grad(v) for v in out.values())
     if isinstance(out, (tuple, list)):
-        return any(_requires_grad(v) for v in out)
+        return any(output_requires_grad(v) for v in out)
     return False
 
 
@@ -212,7 +213,7 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
 
     def post(m, args, out):
         idx, children = stack.pop()
-        stack[-1][1].append(CallNode(idx, tuple(children), _requires_grad(out)))
+        stack[-1][1].append(CallNode(idx, tuple(children), output_requires_grad(out)))
 
     with module_calls(model, pre, post), mode:
         ids = torch.zeros(1, TRACE_TOKENS, dtype=torch.long)

@@ -5,19 +5,8 @@ validator records every HF job so; the probe records a user's model so. torch an
 imported inside the functions."""
 from dataclasses import replace
 
+from zerocalc.hf.trace import output_requires_grad
 from zerocalc.probe.measure import SCALAR_BYTES
-
-
-def _requires_grad(out) -> bool:
-    """Whether a module's output (a tensor, or tensors in dicts, tuples and lists) requires grad."""
-    import torch
-    if isinstance(out, torch.Tensor):
-        return out.requires_grad
-    if isinstance(out, dict):
-        return any(_requires_grad(v) for v in out.values())
-    if isinstance(out, (tuple, list)):
-        return any(_requires_grad(v) for v in out)
-    return False
 
 
 class SpecRecorder:
@@ -74,7 +63,7 @@ class SpecRecorder:
         # module's forward while partitioned: PEFT's lora.Linear reads lora_A.weight): its hooks fetch them too
         index = self._index
         external = [index[id(p)] for _, p in getattr(mod, "ds_external_parameters", lambda: ())() if id(p) in index]
-        self._stack[-1].append([list(dict.fromkeys([*own, *external])), _requires_grad(out), layer, children])
+        self._stack[-1].append([list(dict.fromkeys([*own, *external])), output_requires_grad(out), layer, children])
         if mod is self.model:
             self.calls = self._stack[0][0]
             self._done = True
