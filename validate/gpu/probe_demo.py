@@ -160,6 +160,8 @@ def main():
             for probe in ((False, True) if r % 2 == 0 else (True, False)):
                 times[probe].append(run(args, lora, probe, rows_csv))
         results[variant] = summary(times[False], times[True], args.probe_step, args.warmup)
+        if rank == 0:
+            _write(args, results)        # after each variant: a call cut short keeps what ran
     if rank == 0:
         print(f"{'variant':<14} {'steps':>5} {'no probe ms':>11} {'probe ms':>9} {'ratio':>7} "
               f"{'measured step ms':>16} {'timed step ms':>13} {'total ratio':>11}")
@@ -167,10 +169,13 @@ def main():
             print(f"{variant:<14} {r['steps_compared']:>5} {r['median_without_s'] * 1e3:>11.2f} "
                   f"{r['median_with_s'] * 1e3:>9.2f} {r['ratio']:>7.4f} {r['probe_measured_step_s'] * 1e3:>16.2f} "
                   f"{r['probe_timed_step_s'] * 1e3:>13.2f} {r['total_with_s'] / r['total_without_s']:>11.4f}")
-        with open(args.out, "w") as f:
-            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-            json.dump({"args": vars(args), "gpu": gpu, "results": results}, f, indent=1)
         print(f"written: {args.out}, the probe's rows: {rows_csv}")
+
+
+def _write(args, results: dict):
+    with open(args.out, "w") as f:
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        json.dump({"args": vars(args), "gpu": gpu, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ def trainer(job, out):
     ds = hf_models.load_ds_config(job["ds_config"])
     args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="probe-rows-"), deepspeed=ds,
                              per_device_train_batch_size=job["micro_batch"], max_steps=STEPS, learning_rate=1e-5,
+                             warmup_steps=1,      # as the worker: DeepSpeed 0.19.8 refuses the 0 of transformers < 5.24
                              bf16=job["dtype"] == "bf16", save_strategy="no", report_to=[], disable_tqdm=True,
                              logging_steps=1, gradient_checkpointing=job["activation_checkpointing"],
                              gradient_checkpointing_kwargs={"use_reentrant": False},
