@@ -35,6 +35,22 @@ def test_lora_kept_bytes_by_hand():
     assert _delta(drop, 2, False) == layers * ((2 + 1) * 20480 + 7 * 2 * 16 - kept_x - norms)
 
 
+def test_moe_kept_bytes_by_hand():
+    """Mixtral-8x7B (h = 4096, experts 14336 wide, top 2 of 8, 32 layers), LoRA on attention: the frozen
+    experts' grouped matmuls keep neither the 2·T gathered rows nor their gated products, the frozen
+    router not the block's input."""
+    p, mask = adapters.with_lora(profile.shipped_profile("mixtral-8x7b"), QKVO)
+    lora_a_out = 4 * 2 * 16                 # q k v o: lora_A's output, r bf16 elements each
+    norms = 2 * 2 * 4096                    # input and post-attention RMSNorm
+    experts = 2 * 2 * (4096 + 14336)        # top-2 rows a token: the up matmul's input (h), the down one's (f)
+    router = 2 * 4096                       # the router's F.linear input
+    assert adapters.kept_delta_bytes_per_token(p, mask, 2, 2, False) == 32 * (lora_a_out - norms - experts - router)
+    # stage 3 under zero.Init: fp32 copies of q/k/v/o's inputs; zero.Init's F.linear keeps the router's
+    # input, not grouped_mm's
+    copies, lora_a_out = 4 * 4 * 4096, 4 * 4 * 16
+    assert adapters.kept_delta_bytes_per_token(p, mask, 2, 4, True) == 32 * (copies + lora_a_out - norms - experts)
+
+
 def test_full_fine_tune_keeps_what_it_kept():
     p = profile.shipped_profile(LLAMA_1B)
     assert adapters.kept_delta_bytes_per_token(p, (True,) * len(p.params), 2, 2, False) == 0
@@ -47,6 +63,15 @@ TINY = {
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2},
     "qwen3": {"model_type": "qwen3", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16},
+    # MoE (fused experts run as grouped_mm over the k·T routed rows): experts 96 wide (Mixtral's
+    # intermediate_size), 16 (Qwen2-MoE's moe_intermediate_size) beside a 24-wide shared expert
+    "mixtral": {"model_type": "mixtral", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    "qwen2_moe": {"model_type": "qwen2_moe", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+                  "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                  "layer_types": ["full_attention"] * 2},
 }
 CASES = [("llama", dict(r=4, target_modules="all-linear"), False, False),
          ("llama", dict(r=4, target_modules="all-linear"), True, False),
@@ -56,7 +81,12 @@ CASES = [("llama", dict(r=4, target_modules="all-linear"), False, False),
          ("llama", dict(r=4, target_modules="all-linear", lora_dropout=0.1), True, True),
          ("llama", dict(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), True, True),
          ("qwen3", dict(r=4, target_modules="all-linear"), False, False),
-         ("qwen3", dict(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), True, True)]
+         ("qwen3", dict(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), True, True),
+         ("mixtral", dict(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), False, False),
+         ("mixtral", dict(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), True, True),
+         ("qwen2_moe", dict(r=4, target_modules=["q_proj", "v_proj"]), False, False),
+         ("qwen2_moe", dict(r=4, target_modules=r".*(self_attn\.[qkv]|shared_expert\.\w+)_proj"), False, False),
+         ("qwen2_moe", dict(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), True, True)]
 
 
 def _traced_layer_bytes_per_token(cfg, lora, fp32_adapters, zero_init):
@@ -75,7 +105,7 @@ def _traced_layer_bytes_per_token(cfg, lora, fp32_adapters, zero_init):
     try:
         out = []
         for layers in (1, 2):
-            model, mode = trace.build(trace.hf_config({**cfg, "num_hidden_layers": layers}))
+            model, mode = trace.build(trace.hf_config(memtrace._shallow(cfg, layers)))
             if lora is not None:
                 model = peft.get_peft_model(model, peft.LoraConfig(**lora))   # fp32 adapters (autocast_adapter_dtype)
                 for name, p in model.named_parameters():
@@ -91,10 +121,10 @@ def _traced_layer_bytes_per_token(cfg, lora, fp32_adapters, zero_init):
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_same_kept_bytes_as_peft(family, lora, fp32_adapters, zero_init):
     pytest.importorskip("torch")
-    from zerocalc.hf import trace
+    from zerocalc.hf import memtrace, trace
     cfg = TINY[family]
     traced = (_traced_layer_bytes_per_token(cfg, lora, fp32_adapters, zero_init)
               - _traced_layer_bytes_per_token(cfg, None, False, zero_init))
-    one_layer = trace.trace({**cfg, "num_hidden_layers": 1}, family, activations=False, steps=False)
+    one_layer = trace.trace(memtrace._shallow(cfg, 1), family, activations=False, steps=False)
     p, mask = adapters.with_lora(one_layer, adapters.from_peft_config({"peft_type": "LORA", **lora}))
     assert adapters.kept_delta_bytes_per_token(p, mask, 2, 4 if fp32_adapters else 2, zero_init) == traced

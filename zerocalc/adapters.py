@@ -369,38 +369,79 @@ MASK_BYTES = 1       # CUDA's fused dropout (`native_dropout`) keeps a bool mask
 
 @dataclass(frozen=True)
 class _Linear:
-    """One Linear call of a layer as the kept-bytes walk sees it."""
+    """One Linear call of a layer as the kept-bytes walk sees it (or one matmul of an MoE's experts)."""
     parent: str          # the module calling it ("model.layers.0.self_attn")
     fan_in: int
     trains: bool         # its own weight requires grad (a full fine-tune's linear)
     rank: int = 0        # LoRA's rank (0: not wrapped)
     dropout: bool = False
     attention_output: bool = False   # an attention's last projection: its input is SDPA's output, kept by SDPA
+    reads: str = ""      # the tensor it reads where other modules read it too: an MoE block's input
+    rows: int = 1        # input rows per token: an MoE's experts see each token top-k times
+    grouped: bool = False   # a fused experts' grouped matmul: not F.linear, which zero.Init replaces
+
+
+def _experts(p: Profile, m: Module, trainable) -> list[_Linear]:
+    """A fused experts module (transformers 5's `@use_experts_implementation`: 3-d weights, run as
+    `grouped_mm` over the k·T routed rows): its up projection reads the gathered hidden states (h wide),
+    its down projection the gated product (the down weight's other dimension); each input kept only for
+    its weight's gradient."""
+    h = p.dims.get("hidden_size")
+    weights = [i for i in m.params if len(p.params[i].shape) == 3]
+    k = p.dims.get("experts_per_token", 1)
+    out = []
+    for n, i in enumerate(weights):
+        shape = p.params[i].shape[1:]
+        fan_in = h if n == 0 else (shape[0] if shape[1] == h else shape[1])
+        out.append(_Linear(m.name, fan_in, trainable[i], rows=k, grouped=True))
+    return out
 
 
 def _layer_linears(p: Profile, layer: CallNode, trainable) -> list[_Linear]:
-    """The Linear calls inside one decoder layer's call, in call order (a lora.Linear is one)."""
+    """The Linear calls inside one decoder layer's call, in call order (a lora.Linear is one); in an MoE
+    block its experts' matmuls, and its router, the block's own linears and the first linears of a
+    shared expert marked as reading the block's input (`_Linear.reads`)."""
     out = []
+    moe = {}           # module name -> the MoE block it is a child or grandchild of
 
     def parent_of(name: str) -> str:
         return name.rsplit(".", 1)[0]
 
-    def walk(node: CallNode):
+    def reads(name: str, fan_in: int) -> str:
+        """The MoE block whose input a linear reads: a direct child of the block (a router, a shared
+        expert's gate), or the first run of one fan-in in a child module (a shared expert's gate and up)."""
+        parent = parent_of(name)
+        if parent in moe.values():
+            return parent
+        block = moe.get(parent, "")
+        earlier = [x for x in out if x.parent == parent]
+        if block and (not earlier or (out[-1] is earlier[-1] and out[-1].reads == block and out[-1].fan_in == fan_in)):
+            return block
+        return ""
+
+    def walk(node: CallNode, block: str = ""):
         m = p.modules[node.module]
+        if block and parent_of(m.name) == block:
+            moe[m.name] = block
         if m.cls == "lora.Linear":
             # with_lora lists the wrapper's base_layer, dropout, lora_A right after it (DoRA calls them otherwise)
             base, drop, a = p.modules[node.module + 1:node.module + 4]
             rank, fan_in = p.params[a.params[0]].shape
             out.append(_Linear(parent_of(m.name), fan_in, any(trainable[i] for i in base.params if
                                                                p.params[i].name.endswith("weight")), rank,
-                               drop.cls == "Dropout"))
+                               drop.cls == "Dropout", reads=reads(m.name, fan_in)))
             return
-        if m.cls in LINEAR_CLASSES and m.params:
+        if block and any(len(p.params[i].shape) == 3 for i in m.params):
+            out.extend(_experts(p, m, trainable))
+            return
+        if m.params and (m.cls in LINEAR_CLASSES or (block and parent_of(m.name) == block)):
+            # a Linear, or an MoE's router (a weight of experts × h, applied with F.linear)
             w = m.params[0]
-            out.append(_Linear(parent_of(m.name), _in_out(m, p)[0], trainable[w]))
+            fan_in = _in_out(m, p)[0] if m.cls in LINEAR_CLASSES else p.params[w].shape[-1]
+            out.append(_Linear(parent_of(m.name), fan_in, trainable[w], reads=reads(m.name, fan_in)))
             return
         for c in node.children:
-            walk(c)
+            walk(c, m.name if m.moe else block)
     walk(layer)
     # An attention module's last projection (o_proj) takes SDPA's output, which SDPA keeps for its backward
     for k, lin in enumerate(out):
@@ -412,16 +453,35 @@ def _layer_linears(p: Profile, layer: CallNode, trainable) -> list[_Linear]:
 
 def _input_groups(linears: list[_Linear]) -> list[list[_Linear]]:
     """Linears reading one tensor: consecutive calls of one module with the same fan-in (q, k and v; gate
-    and up); an attention's output projection reads its own."""
-    groups = []
+    and up), and every reader of an MoE block's input (`_Linear.reads`); an attention's output projection
+    reads its own, and each matmul of fused experts its own gathered rows."""
+    groups, by_source = [], {}
     for lin in linears:
+        if lin.reads:
+            if lin.reads in by_source:
+                by_source[lin.reads].append(lin)
+            else:
+                by_source[lin.reads] = [lin]
+                groups.append(by_source[lin.reads])
+            continue
         g = groups[-1] if groups else None
-        if g and g[-1].parent == lin.parent and g[-1].fan_in == lin.fan_in and not lin.attention_output \
-                and not g[-1].attention_output:
+        if g and not g[-1].reads and not g[-1].grouped and not lin.grouped and g[-1].parent == lin.parent \
+                and g[-1].fan_in == lin.fan_in and not lin.attention_output and not g[-1].attention_output:
             g.append(lin)
         else:
             groups.append([lin])
     return groups
+
+
+def _frozen_expert_bias_bytes(p: Profile, layer: CallNode, trainable) -> int:
+    """Bytes per token fused experts with biases no longer keep once the biases are frozen: each bias is
+    gathered per routed row (`bias[expert_ids]`), whose backward keeps the k int64 expert ids a token."""
+    total = 0
+    for m in (p.modules[k] for k in _call_order(layer)):
+        biases = [i for i in m.params if len(p.params[i].shape) == 2]
+        if biases and any(len(p.params[i].shape) == 3 for i in m.params) and not any(trainable[i] for i in biases):
+            total += 8 * p.dims.get("experts_per_token", 1)
+    return total
 
 
 def _frozen_norm_elements(p: Profile, layer: CallNode, trainable) -> int:
@@ -473,9 +533,10 @@ def kept_delta_bytes_per_token(p: Profile, trainable: tuple[bool, ...], compute_
             elif lin.rank:
                 total += (a * lin.fan_in if a != b else 0) + a * lin.rank
         for group in _input_groups(linears):
-            kept = linears_keep_input or any(x.attention_output or x.trains or (x.rank and not x.dropout and a == b)
-                                             for x in group)
+            kept = (linears_keep_input and not group[0].grouped) or \
+                any(x.attention_output or x.trains or (x.rank and not x.dropout and a == b) for x in group)
             if not kept:
-                total -= b * group[0].fan_in
+                total -= b * group[0].fan_in * group[0].rows
+        total -= _frozen_expert_bias_bytes(p, layer, trainable)
         total -= b * _frozen_norm_elements(p, layer, trainable)
     return total
