@@ -140,8 +140,11 @@ MATRIX_KEYS = ("nproc", "architectures", "axes", "jobs", "about", "hf_models", "
 HF_JOB_KEYS = ("path", "ds_config", "timed_steps", "shared_gpu",   # an HF job's own fields
                "lora", "freeze")   # PEFT LoraConfig keywords; module patterns frozen (`hf_models.apply_adapters`)
 # How the worker runs a job, beside what zerocalc predicts from: the caching allocator capped at
-# this many bytes (a smaller card emulated), the parameters made zero without the initialisers.
-RUN_KEYS = ("allocator_capacity_bytes", "zero_weights")
+# this many bytes (a smaller card emulated), the parameters made zero without the initialisers, and
+# ds_config keys zerocalc does not take as Setup fields, merged block by block into the worker's ds_config
+# ({"zero_optimization": {"allgather_bucket_size": 1000}}): zerocalc predicts without them, so a row shows
+# whether such a key moves anything (the evidence for dskeys' classes).
+RUN_KEYS = ("allocator_capacity_bytes", "zero_weights", "ds_extra")
 JOB_KEYS = tuple(sorted(set(DEFAULTS) | {"stage", "optimizer", "repeat"} | set(RUN_KEYS)))   # an axis or a job's field
 ARCH_DEFAULTS = dict(family="seed-gpt", tie_embeddings=False)              # num_kv_heads, ffn: from the others
 
@@ -158,7 +161,7 @@ def _types(field_type) -> tuple:
 # nothing but the key): a Setup field's own type, the architecture's, and the keys the runner adds.
 VALUE_TYPES = {f.name: _types(f.type) for f in fields(Setup) if f.name in SETUP_FIELDS}
 VALUE_TYPES.update({f.name: _types(f.type) for f in fields(_arch.Architecture)}, stage=(int,), optimizer=(str,),
-                   repeat=(int,), nproc=(int,), allocator_capacity_bytes=(int,), zero_weights=(bool,), path=(str,),
+                   repeat=(int,), nproc=(int,), allocator_capacity_bytes=(int,), zero_weights=(bool,), ds_extra=(dict,), path=(str,),
                    ds_config=(str,), timed_steps=(int,), shared_gpu=(int,), lora=(dict, type(None)), freeze=(list,),
                    seq_len=(int,))   # zerocalc may go without one; a run may not
 _TYPE_WORDS = {int: "a whole number", bool: "true or false", str: "a string", float: "a number", dict: "an object",

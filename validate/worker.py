@@ -79,6 +79,8 @@ def ds_config(job):
         cfg["data_types"] = data_types
     if job.get("communication_data_type"):
         cfg["communication_data_type"] = job["communication_data_type"]
+    for key, value in job.get("ds_extra", {}).items():   # `jobs.RUN_KEYS`: a block's keys join the block's
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
     return cfg
 
 
