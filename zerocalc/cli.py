@@ -177,6 +177,8 @@ def _setups(opts, ds, stages, hidden_size):
                 f.pop("offload_optimizer", None)
         setup = Setup(stage=Stage(s), dp=dp, micro_batch=micro, gas=gas, **f)
         validate_setup(setup)
+        if ds is not None:
+            dsconfig.check_setup(ds, setup.stage, setup.dtype, setup.grad_accum_dtype, setup.offload_optimizer)
         out.append(setup)
     return out
 
@@ -650,6 +652,11 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
         base = Setup(seq_len=seq_len, attention="sdpa", expandable_segments=expandable_segments, **fields)
     except (TypeError, ValueError) as err:
         raise click.UsageError(str(err))
+    if ds is not None:
+        try:
+            dsconfig.check_setup(ds, space.stages[0], base.dtype, base.grad_accum_dtype, space.offloads[0][0])
+        except dsconfig.DsConfigError as err:
+            raise InputFailure(f"{ds_config}: {err}")
     host_memory, host_note = _host_memory(host_memory, hw)
     cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal, host_memory, explain, space)
     dropped = []

@@ -366,6 +366,7 @@ class DsConfig:
     from_trainer: bool = False                      # has "auto" values: written for HF Trainer
     dtype_auto: tuple[str, ...] = ()                # "fp16"/"bf16" blocks whose enabled is "auto"
     extra: dict = field(default_factory=dict)
+    allgather_bucket_size: int | None = None        # as given: no effect, but an odd one stops ZeRO 1-2 (`check_setup`)
 
 
 def _has_auto(value) -> bool:
@@ -438,8 +439,6 @@ def not_modelled(cfg: dict, zero: ZeroConfig) -> list[str]:
         kind, default, _ = entry
         if kind != "not_modelled" or value is None or value == "auto" or value == default:
             continue
-        if path == "zero_optimization.allgather_bucket_size" and zero.stage not in (1, 2):
-            continue   # stage 3 gathers by prefetch_bucket_size
         if path == "tensor_parallel.autotp_size" and value == 1:
             continue   # one rank: no tensor parallelism
         out.append(f"{path} = {_show(value)} is not modelled: the answer is DeepSpeed's default's")
@@ -581,7 +580,24 @@ def parse(cfg, hidden_size: int | None = None) -> DsConfig:
         out["grad_accum_dtype"] = _DTYPES[acc]
 
     return DsConfig(out, batch["train_batch_size"], batch["train_micro_batch_size_per_gpu"],
-                    batch["gradient_accumulation_steps"], tuple(warnings), tuple(needs), _has_auto(cfg), dtype_auto)
+                    batch["gradient_accumulation_steps"], tuple(warnings), tuple(needs), _has_auto(cfg), dtype_auto,
+                    allgather_bucket_size=zero.values.get("allgather_bucket_size"))
+
+
+def check_setup(ds: DsConfig, stage: int, dtype: str, grad_accum_dtype: str | None, offload_optimizer: str) -> None:
+    """What DeepSpeed 0.19.8 refuses only once the setup is whole (the command line may set the stage,
+    dtype or offload): an odd allgather_bucket_size where the ZeRO stage 1-2 optimizer runs
+    (`stage_1_and_2.py`, `__init__`: "allgather_bucket_size must be a multiple of
+    nccl_start_alignment_factor, 2"; measured, tests/data/cpu-dskeys.csv). Stage 1 with bf16 and fp32
+    gradient accumulation without CPU offload runs BF16_Optimizer instead, which takes any size
+    (`engine.py`, `_configure_optimizer`). Raises DsConfigError."""
+    size = ds.allgather_bucket_size
+    if size is None or size % 2 == 0 or stage not in (1, 2):
+        return
+    if stage == 1 and dtype == "bf16" and grad_accum_dtype == "fp32" and offload_optimizer != "cpu":
+        return
+    _fail("zero_optimization.allgather_bucket_size", size, f"must be even at ZeRO stage {stage} (DeepSpeed 0.19.8 "
+          "asserts it is a multiple of 2, though it changes nothing): give an even number or leave it out")
 
 
 def resolve_batch(train_batch_size: int | None, micro_batch: int | None, gas: int | None, dp: int,

@@ -86,7 +86,11 @@ KEYS = {
         "allgather_sequential": (W, False, "stage 3 gathers one parameter at a time"),
         "gather_16bit_weights_on_model_save": (N, None, _CKPT)}.items()},
     "zero_optimization.stage3_gather_fp16_weights_on_model_save": (N, None, _CKPT),
-    "zero_optimization.allgather_bucket_size": (W, 500_000_000, "the parameter all-gather buckets of stages 1-2"),
+    # runtime/utils.py `all_gather_dp_groups`: with torch's all_gather_into_tensor (every torch 2) each
+    # group's partition goes in one call whatever the size; 2-rank CPU rows, tests/test_dskeys_measured.py
+    "zero_optimization.allgather_bucket_size": (N, None, "one all-gather per parameter group whatever its size "
+                                                         "(0.19.8 buckets only without all_gather_into_tensor); "
+                                                         "odd values refused at stages 1-2"),
     "zero_optimization.reduce_scatter": (W, True, "false: all-reduce instead of reduce-scatter at stages 1-2"),
     "zero_optimization.allgather_partitions": (W, True, "false: parameters broadcast rank by rank at stages 1-2"),
     "zero_optimization.use_multi_rank_bucket_allreduce": (N, None, "how an all-reduce bucket is split among "
