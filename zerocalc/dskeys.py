@@ -81,7 +81,8 @@ KEYS = {
         "zero_hpz_partition_size": 1, "zero_quantized_weights": False, "zero_quantized_nontrainable_weights": False,
         "zero_quantized_gradients": False}.items()},
     **{f"zero_optimization.{p}{k}": v for p in ("", "stage3_") for k, v in {
-        "module_granularity_threshold": (W, 0, "stage 3 fetches small modules whole"),
+        "module_granularity_threshold": (W, 0, "stage 3 fetches small modules whole, and keeps their data at "
+                                               "release"),
         "use_all_reduce_for_fetch_params": (W, False, "stage 3 fetches by all-reduce: other wire bytes"),
         "allgather_sequential": (W, False, "stage 3 gathers one parameter at a time"),
         "gather_16bit_weights_on_model_save": (N, None, _CKPT)}.items()},
