@@ -1,4 +1,4 @@
-"""The user's path and arch.py's hand transcriptions (issue "clarity": one model description).
+"""The user's path and arch.py's hand transcriptions: one model description for every answer.
 
 Each command runs in a fresh interpreter under a profiler (`tests/arch_path.py`) that records every
 zerocalc/arch.py function called. The goal: no user command runs a hand-written tensor list, call

@@ -388,3 +388,22 @@ def test_a_probe_that_raises_does_not_stop_training(launch):
     assert len(r0["probe_lines"]) == 1 and "rank 1 failed" in r0["probe_lines"][0]
     assert r0["losses"] and all(x == x for x in r0["losses"] + r1["losses"])
     assert not (folder / "raises.csv").exists()
+
+
+def test_on_the_gpu_the_probes_rows_are_the_workers():
+    """The four jobs of validate/matrices/h200-probe-vs-worker.json (Qwen2.5-0.5B, 4 x 1024, one H200:
+    the engine loop at stage 2 and at stage 3 with LoRA, Trainer's zero2-auto and zero3-auto with LoRA),
+    trained as a user writes them with the probe attached (data/probe-gpu/probe-rows/) and by the
+    validator's worker (data/probe-gpu/worker.csv): state, communication and every logged collective
+    equal to the byte; the peak reserved equal to the byte and the peak allocated within 5 parts in a million (66,560 B of 20.1 GB at most: the
+    worker's own cross-entropy on the logits, HF's loss in the user's code)."""
+    sys.path.insert(0, os.path.join(ROOT, "validate", "gpu"))
+    import probe_vs_worker
+    folder = os.path.join(ROOT, "data", "probe-gpu")
+    records = probe_vs_worker.compare(os.path.join(folder, "probe-rows"), os.path.join(folder, "worker.csv"))
+    assert sorted((r["path"], r["stage"], r["lora"]) for r in records) == [
+        ("engine", "2", False), ("engine", "3", True), ("trainer", "2", False), ("trainer", "3", True)]
+    for r in records:
+        assert r["differ"] == [] and r["detail_equal"], r["key"]
+        assert r["peak_ratio"]["measured_peak_reserved_bytes"] == 1.0, r["key"]
+        assert abs(r["peak_ratio"]["measured_peak_allocated_bytes"] - 1) < 5e-6, r["key"]
