@@ -208,6 +208,24 @@ def test_the_gpu_demo_script_parses_its_arguments():
     assert "--probe-step" in out and "--variants" in out
 
 
+def test_the_gpu_demo_pools_runs_and_separates_the_probes_steps():
+    pytest.importorskip("torch")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("probe_demo", os.path.join(ROOT, "validate/gpu/probe_demo.py"))
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    # probe at step 4: 0-based steps 3 (measured) and 4 (timed) are its own, step 0 is warm-up
+    without = [[9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]]
+    with_probe = [[9, 1.0, 1.0, 5.0, 4.0, 1.2, 1.2]]
+    r = demo.summary(without, with_probe, probe_step=4, warmup=1)
+    assert r["steps_compared"] == 4                    # steps 1, 2, 5, 6
+    assert r["median_with_s"] == pytest.approx(1.1)     # median of 1.0, 1.0, 1.2, 1.2
+    assert r["ratio"] == pytest.approx(1.1)
+    assert r["after_over_before_ratio"] == pytest.approx(1.2)   # (1.2 / 1.0) over (1.0 / 1.0)
+    assert (r["probe_measured_step_s"], r["probe_timed_step_s"]) == (5.0, 4.0)
+    assert r["total_with_s"] == pytest.approx(13.4) and r["total_without_s"] == pytest.approx(6.0)
+
+
 def test_the_callback_off_attaches_nothing(monkeypatch):
     pytest.importorskip("transformers")
     from zerocalc.probe import ZeroCalcCallback, trainer
