@@ -111,3 +111,29 @@ def test_a_row_over_nodes_is_its_own_configuration_and_predicted_across_the_netw
     assert m.hardware.gpus_per_node == 2 and inter_node(m.setup, m.hardware)
     m = measured.measured({**row, "nproc": "8", "nodes": ""}, gpu("h200"), ".")   # one node of 8
     assert not inter_node(m.setup, m.hardware)
+
+
+def test_the_validators_report_and_fit_read_a_rows_nodes():
+    """`validate report` and `fit` predict a row over nodes as `zerocalc estimate --nodes` would: 4 ranks
+    over 2 nodes is 2 GPUs a node, so the gradients' all-reduce crosses the network."""
+    import pandas as pd
+
+    from validate.fit import time_features
+    from validate.report import repredict
+    from zerocalc.estimate import estimate
+    from zerocalc.hardware import gpu
+    from zerocalc.model import from_architecture
+    from zerocalc.arch import Architecture
+    from zerocalc.training import Setup, Stage
+    base = {"key": "k", "nproc": 4, "stage": 2, "optimizer": "adamw", "dtype": "bf16", "family": "seed-gpt",
+            "vocab_size": 997, "hidden_size": 48, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4,
+            "ffn_hidden_size": 192, "tie_embeddings": False,
+            "seq_len": 16, "micro_batch": 1, "backend": "cuda", "outcome": "ok", "measured_step_s": 0.1}
+    rows = pd.DataFrame([{**base, "nodes": 2}, {**base, "nodes": 1}])
+    now = repredict(rows)["now_step_s"].tolist()
+    spec = from_architecture(Architecture("seed-gpt", 997, 48, 2, 4, 4, 192, False, 2048))
+    setup = Setup(stage=Stage(2), dp=4, seq_len=16, micro_batch=1)
+    over_two = estimate(spec, setup, hardware=gpu("h200", gpus_per_node=2)).time.step_s
+    on_one = estimate(spec, setup, hardware=gpu("h200")).time.step_s
+    assert over_two > on_one and now == pytest.approx([over_two, on_one], rel=1e-12)
+    assert [f["inter_node"] for f in time_features(rows)] == [1, 0]

@@ -43,7 +43,7 @@ from validate.jobs import to_zerocalc
 from validate.report import (configuration, earlier_jobs, expandable_rows, hf_rows, load, predicted_reserved, process_replays,
                              started_clean, timed_whole_steps, with_configuration)
 from validate.results_file import replace_whole
-from validate.rows import at_row_host, is_hf_row, job_from_row, measured_host_launch_s
+from validate.rows import at_row_host, h200_of, is_hf_row, job_from_row, measured_host_launch_s
 from zerocalc import calibrate, calibration, sequence
 from zerocalc.estimate import estimate
 from zerocalc.timing import STEP_CLASSES, accuracy_regime, features
@@ -112,7 +112,6 @@ def time_features(df, cal=None):
     """`timing.features` of each row, on the row's own host speed where it was probed per step; an HF
     config's row as zerocalc traces its config (`hf_models.traced_spec`, what `--hf-config` predicts)."""
     from validate import hf_models
-    from zerocalc.hardware import gpu
     cal = cal or calibration.default()
     rows = []
     for _, r in df.iterrows():
@@ -120,7 +119,8 @@ def time_features(df, cal=None):
         spec, setup = to_zerocalc(job)
         if is_hf_row(r.to_dict()):
             spec = hf_models.traced_spec(job)
-        rows.append(features(spec, setup, estimate(spec, setup).collectives, gpu("h200"), at_row_host(cal, r.to_dict())))
+        rows.append(features(spec, setup, estimate(spec, setup).collectives, h200_of(r.to_dict(), setup.dp),
+                             at_row_host(cal, r.to_dict())))
     return rows
 
 

@@ -9,7 +9,7 @@ from zerocalc import sequence
 from validate import schema
 from zerocalc.estimate import estimate
 from validate.jobs import to_zerocalc
-from validate.rows import (_cast, at_row_host, is_hf_row, job_from_row, measured_host_launch_s,
+from validate.rows import (_cast, at_row_host, h200_of, is_hf_row, job_from_row, measured_host_launch_s,
                            predicted_state_bytes)
 
 GiB = 2**30
@@ -203,18 +203,18 @@ def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFra
             "now_backward_s": [], "now_step_phase_s": [], "now_host_bytes": [], "now_reserved_source": [],
             "now_step_fitted_host_s": []}
     from zerocalc import calibration, timing
-    from zerocalc.hardware import gpu
     cal = calibration.default()
     estimates = {}   # a configuration's repeated jobs (timed three times, say) share one estimate
     for i, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
-        e = estimates.get((spec, setup))
+        hw = h200_of(r.to_dict(), setup.dp)
+        e = estimates.get((spec, setup, hw))
         if e is None:
-            e = estimates[spec, setup] = estimate(spec, setup, hardware=gpu("h200"))
+            e = estimates[spec, setup, hw] = estimate(spec, setup, hardware=hw)
         # Step time on the row's own host speed where it was probed before each timed step
         # (rows.at_row_host), and as `zerocalc estimate --gpu h200` prints it, at the fitted hosts' speed.
         row_cal = at_row_host(cal, r.to_dict())
-        t = e.time if row_cal is cal else timing.step_time(e.model, e.setup, e.collectives, gpu("h200"), row_cal)
+        t = e.time if row_cal is cal else timing.step_time(e.model, e.setup, e.collectives, hw, row_cal)
         cols["now_step_fitted_host_s"].append(e.time.step_s if e.time else float("nan"))
         for k, v in (("now_step_s", "step_s"), ("now_forward_s", "forward_s"), ("now_backward_s", "backward_s"),
                      ("now_step_phase_s", "optimizer_s")):
@@ -518,8 +518,7 @@ def hf_step_times(timed: pd.DataFrame) -> pd.DataFrame:
     from dataclasses import replace
     from validate import hf_models
     from zerocalc import calibration, timing
-    from zerocalc.hardware import gpu
-    cal, h200 = calibration.default(), gpu("h200")
+    cal = calibration.default()
     now, fallback = [], []
     for _, r in timed.iterrows():
         job = job_from_row(r.to_dict())
@@ -528,7 +527,9 @@ def hf_step_times(timed: pd.DataFrame) -> pd.DataFrame:
             now.append(float("nan"))
             fallback.append(float("nan"))
             continue
-        e = estimate(spec, to_zerocalc(job)[1], hardware=h200)
+        setup = to_zerocalc(job)[1]
+        h200 = h200_of(r.to_dict(), setup.dp)
+        e = estimate(spec, setup, hardware=h200)
         row_cal = at_row_host(cal, r.to_dict())
         bare = replace(e.model, profile=replace(spec.profile, steps=None))
         for out, model in ((now, e.model), (fallback, bare)):

@@ -286,3 +286,12 @@ def at_row_host(cal: dict, row: dict) -> dict:
     cal itself for a row without per-step probes (taken as the fitted hosts' median)."""
     launch = measured_host_launch_s(row)
     return cal if launch is None else {**cal, "time": {**cal["time"], "host_launch_s": launch}}
+
+
+def h200_of(row: dict, dp: int):
+    """The H200 the validator's rows ran on, with the row's node layout: `nodes` > 1 puts N / nodes
+    ranks on each node, so collectives across them run at the network's pace (zerocalc.measured)."""
+    from zerocalc.hardware import gpu
+    from zerocalc.measured import hardware_of
+    nodes = _cast(row.get("nodes"), int) or 1
+    return hardware_of({"nodes": str(nodes), "_where": row.get("source") or "a row"}, gpu("h200"), dp)
