@@ -448,7 +448,7 @@ def test_every_example_in_the_help_runs(command):
     ([], None),
     (["--stage", "2", "--offload-optimizer", "cpu"], "optim with optimizer offload."),
     (["--stage", "3", "--offload-param", "cpu"], "params with parameter offload."),
-    (["--stage", "3", "--offload-optimizer", "nvme", "--offload-param", "cpu"],
+    (["--stage", "3", "--offload-optimizer", "cpu", "--offload-param", "cpu"],
      "optim with optimizer offload, params with parameter offload."),
 ])
 def test_the_table_says_which_columns_an_offload_keeps_on_the_host(flags, says):
@@ -463,6 +463,18 @@ def test_the_table_says_which_columns_an_offload_keeps_on_the_host(flags, says):
     if flags[:2] == ["--stage", "2"]:
         e = json.loads(run("--params", "7e9", "--dp", "8", *flags, "--format", "json").output)["estimates"][0]
         assert (e["per_rank_bytes"]["optimizer_states"], e["peak_bytes"]) == (10_500_000_000, 28_000_000_000)
+
+
+def test_the_table_says_nvme_offload_is_on_disk():
+    """Optimizer offload to NVMe at stage 3 (7e9, N = 8): the optimizer's fp32 master and two moments,
+    12 B × 7e9 / 8 = 10.5e9 B, go to disk, not into host/rank; the parameters offloaded to the host stay there."""
+    flags = ("--params", "7e9", "--dp", "8", "--stage", "3", "--offload-optimizer", "nvme", "--offload-param", "cpu")
+    lines = [ln for ln in run(*flags).output.splitlines() if ln.startswith("offload")]
+    assert lines == ["offload: in host memory, counted in host/rank, not in peak or reserved: params with parameter offload.",
+                     "offload to NVMe: on disk (host.nvme_bytes in --format json), not in host/rank, peak or reserved: "
+                     "optim with optimizer offload."]
+    e = json.loads(run(*flags, "--format", "json").output)["estimates"][0]
+    assert e["host"]["nvme_bytes"] == 10_500_000_000
 
 
 def test_the_column_legend_is_printed_on_request():

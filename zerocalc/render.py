@@ -148,11 +148,14 @@ def as_table(estimates, host_note: str | None = None, explain: bool = False) -> 
         lines += _legend(estimates)
     elif any(e.at_capacity is not None for e in estimates):   # a verdict this answer took from the allocator
         lines += _fits_note(estimates)
-    on_host = [what for what, kind in (("optim with optimizer offload", "offload_optimizer"),
-                                       ("params with parameter offload", "offload_param"))
-               if any(getattr(e.setup, kind) != "none" for e in estimates)]
+    offloaded = (("optim with optimizer offload", "offload_optimizer"), ("params with parameter offload", "offload_param"))
+    on_host, on_nvme = ([what for what, kind in offloaded if any(getattr(e.setup, kind) == device for e in estimates)]
+                        for device in ("cpu", "nvme"))
     if on_host:     # the columns are the states' sizes wherever they live; peak is the GPU's
         lines.append(f"offload: in host memory, counted in host/rank, not in peak or reserved: {', '.join(on_host)}.")
+    if on_nvme:
+        lines.append(f"offload to NVMe: on disk (host.nvme_bytes in --format json), not in host/rank, peak or reserved: "
+                     f"{', '.join(on_nvme)}.")
     if e0.host_memory_bytes is not None:
         lines.append(f"Host memory: {gib(e0.host_memory_bytes):.0f} GiB per node"
                      + (f" ({host_note})" if host_note else "") + ".")
