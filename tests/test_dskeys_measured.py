@@ -1,7 +1,8 @@
 """ds_config keys zerocalc classifies from real DeepSpeed 0.19.8 jobs, each run beside the same job without
 the key on gloo CPU ranks (a job's `ds_extra`, validate/jobs.py). The rows and the commands that made them:
-tests/data/cpu-dskeys.csv (2 ranks, validate/matrices/cpu-dskeys.json) and cpu-dskeys-n4.csv (4 ranks,
-validate/matrices/cpu-dskeys-n4.json), both `VALIDATE_FEW_STEPS=1 python -m validate run --backend cpu ...`.
+tests/data/cpu-dskeys.csv and cpu-dskeys-b.csv (2 ranks, validate/matrices/cpu-dskeys.json, -b.json) and
+cpu-dskeys-n4.csv (4 ranks, validate/matrices/cpu-dskeys-n4.json), all `VALIDATE_FEW_STEPS=1 python -m validate
+run --backend cpu ...`. On CPU ranks the offloaded tensors are counted in the state with the rest.
 
 The model of every job: seed-gpt, vocab 1001, hidden 33, 2 layers, 3 heads, ffn 101, untied head, bf16,
 micro-batch 2 × 16 tokens. Its parameters, module by module (Ψ):
@@ -15,7 +16,7 @@ import os
 
 from click.testing import CliRunner
 
-from zerocalc import comm, dskeys
+from zerocalc import comm, dskeys, states
 from zerocalc.cli import main
 from zerocalc.model import from_architecture
 from zerocalc.arch import Architecture
@@ -87,7 +88,7 @@ def test_allgather_bucket_size_is_silent(tmp_path):
 def test_an_odd_allgather_bucket_size_is_refused_where_deepspeed_asserts(tmp_path):
     """stage_1_and_2.py, `__init__`: `allgather_bucket_size % nccl_start_alignment_factor == 0` (2). Stage 1
     with bf16 and fp32 gradient accumulation runs BF16_Optimizer (engine.py `_configure_optimizer`), which
-    does not ask; with CPU offload it runs the ZeRO optimizer again (from the source, not measured here)."""
+    does not ask; with CPU offload it runs the ZeRO optimizer again (measured below, cpu-dskeys-b.csv)."""
     refused = row("cpu-dskeys.csv", 2, {"allgather_bucket_size": 1001})
     assert refused["outcome"] == "error"
     assert "allgather_bucket_size must be a multiple of nccl_start_alignment_factor, 2" in refused["error"]
@@ -160,3 +161,153 @@ def test_hpz_runs_on_four_cpu_ranks_and_stays_warned(tmp_path):
         3_336 * 4 // 2 + 4_360 * 2 // 2 + 33_036 * 2 // 2   # backward's bytes doubled: 44,068 more
     r = estimate(tmp_path, {"stage": 3, "zero_hpz_partition_size": 2})
     assert r.exit_code == 0 and "zero_optimization.zero_hpz_partition_size = 2 is not modelled" in r.output
+
+
+B = "cpu-dskeys-b.csv"
+S = PSI // 2   # a rank's slice of the flat group: Ψ/N = 44,486 elements (Ψ a multiple of 2·N = 4: no padding)
+LARGEST = 33_033   # the largest tensor, the embedding (and the untied head)
+REDUCED = "all_reduce | [Caller Func: allreduce_bucket]"
+IN_PLACE = "all_reduce | [Caller Func: gradient_reduction_w_predivide]"
+
+
+def test_stage_1_bf16_with_fp32_accumulation_runs_zero_under_cpu_offload():
+    """engine.py `_do_optimizer_sanity_check`: BF16_Optimizer for stage 1 + bf16 + fp32 gradient
+    accumulation `and not self.zero_cpu_offload()`; with offload_optimizer cpu it is ZeRO's optimizer."""
+    zero = row(B, 1, grad_accum_dtype="fp32", offload_optimizer="cpu")
+    # ZeRO-Offload's tensors, term by term (bf16 b = 2):
+    #   the module's bf16 parameters (views of the flat group)  2·Ψ = 2·88,972 = 177,944
+    #   fp32 master slice (single_partition_of_fp32_groups)     4·S = 4·44,486 = 177,944
+    #   Adam exp_avg + exp_avg_sq of the slice                  8·S            = 355,888
+    #   fp32 gradient slice on the host (offload_gradient_dict) 4·S            = 177,944
+    #   bf16 upload buffer (param_buffer_of_bit16_for_cpu_...)  2·S            =  88,972
+    #   gradient staging, host and device side, the largest     2 × 2·33,033   = 132,132
+    #   tensor each (temp_grad_buffer_for_cpu/gpu_offload)
+    assert int(zero["measured_state_bytes"]) == 177_944 + 177_944 + 355_888 + 177_944 + 88_972 + 132_132 \
+        == 2 * PSI + 4 * S + 8 * S + 4 * S + 2 * S + 2 * 2 * LARGEST == 1_110_824
+    state = json.loads(zero["measured_state_detail"])
+    assert state["engine.optimizer.single_partition_of_fp32_groups[]"] == 4 * S
+    assert not any("fp32_groups_flat_partition" in k or "non_expert_gradients" in k for k in state)
+    # the same bytes as the job without fp32 accumulation: the fp32 gradients do not outlive the step
+    assert zero["measured_state_bytes"] == row(B, 1, grad_accum_dtype="", offload_optimizer="cpu")[
+        "measured_state_bytes"]
+    # ZeRO's norm (4 B) and overflow flag (1 B) all-reduces, which BF16_Optimizer does not send
+    assert detail(zero)["all_reduce | [Caller Func: complete_grad_norm_calculation_for_cpu_offload]"] == [[4, 1]]
+    assert detail(zero)["all_reduce | [Caller Func: has_overflow]"] == [[1, 1]]
+
+    # Without offload, BF16_Optimizer: 2Ψ + 4S + 8S and its full fp32 gradient buffer 4·Ψ (non_expert_gradients)
+    bf16 = row(B, 1, dtype="bf16", grad_accum_dtype="fp32", offload_optimizer="none")
+    assert int(bf16["measured_state_bytes"]) == 2 * PSI + 4 * S + 8 * S + 4 * PSI == 1_067_664
+    assert json.loads(bf16["measured_state_detail"])["engine.optimizer.non_expert_gradients[]"] == 4 * PSI
+    assert set(detail(bf16)) == {"all_gather_into_tensor | [Caller Func: all_gather_into_tensor_dp_groups]", REDUCED}
+
+    setup = dict(stage=Stage.OPTIMIZER_STATES, dp=2, micro_batch=2, seq_len=16, grad_accum_dtype="fp32")
+    model = from_architecture(ARCH)
+    for offload, r in (("cpu", zero), ("none", bf16)):
+        s = Setup(**setup, offload_optimizer=offload)
+        assert s.bf16_optimizer == (offload == "none")
+        assert states.model_states(model, s).total_bytes == int(r["measured_state_bytes"])
+        assert sum(c.bytes for c in comm.collectives(model, s)) == int(r["measured_comm_bytes"])
+
+
+def test_nvme_keeps_bf16_optimizer_over_the_cpu_adam():
+    """`zero_cpu_offload()` is true of device "cpu" only, while `zero_use_cpu_optimizer()` (cpu or nvme)
+    makes the basic optimizer DeepSpeedCPUAdam: with nvme, BF16_Optimizer steps CPU Adam. On CPU ranks it
+    runs; on a GPU its fp32 slice is on the device, which CPU Adam asserts against (cpu_adam.py; not run)."""
+    nvme = row(B, 1, grad_accum_dtype="fp32", offload_optimizer="nvme")
+    assert int(nvme["measured_state_bytes"]) == 2 * PSI + 4 * S + 8 * S + 4 * PSI == 1_067_664
+    state = json.loads(nvme["measured_state_detail"])
+    assert state["engine.optimizer.non_expert_gradients[]"] == 4 * PSI
+    # FusedAdam's overflow buffer is there without offload, not beside CPU Adam
+    assert "engine.basic_optimizer._dummy_overflow_buf" not in state
+    assert "engine.basic_optimizer._dummy_overflow_buf" in json.loads(
+        row(B, 1, dtype="bf16", grad_accum_dtype="fp32", offload_optimizer="none")["measured_state_detail"])
+    assert Setup(stage=Stage.OPTIMIZER_STATES, dp=2, grad_accum_dtype="fp32", offload_optimizer="nvme").bf16_optimizer
+
+
+def test_stage_2_with_fp32_accumulation_runs_zero_with_or_without_offload():
+    for offload, expected in (("none", 2 * PSI + 4 * S + 8 * S), ("cpu", 1_110_824)):
+        acc = row(B, 2, grad_accum_dtype="fp32", offload_optimizer=offload)
+        same = row(B, 2, grad_accum_dtype="", offload_optimizer=offload, reduce_bucket_size=500_000_000)
+        # without offload: bf16 parameters 2Ψ, fp32 master slice 4S, Adam 8S = 711,776
+        assert int(acc["measured_state_bytes"]) == int(same["measured_state_bytes"]) == expected
+        assert detail(acc) == detail(same)
+
+
+def test_the_other_mixes_with_fp32_accumulation():
+    """BF16_Optimizer is for bf16 alone: stage 1 fp16 with fp32 accumulation runs ZeRO's optimizer, its
+    state that of the job without it, 2Ψ + 4S + 8S = 711,776. Stage 0 takes no accumulation dtype but the
+    model's (`_do_optimizer_sanity_check` raises)."""
+    fp16 = row(B, 1, dtype="fp16", grad_accum_dtype="fp32")
+    assert int(fp16["measured_state_bytes"]) == 2 * PSI + 4 * S + 8 * S == 711_776
+    assert "engine.optimizer.single_partition_of_fp32_groups[]" in json.loads(fp16["measured_state_detail"])
+    assert not Setup(stage=Stage.OPTIMIZER_STATES, dp=2, dtype="fp16", grad_accum_dtype="fp32").bf16_optimizer
+    stage0 = row(B, 0, grad_accum_dtype="fp32")
+    assert stage0["outcome"] == "error" and "NotImplementedError: unsupported mix of model_dtype=torch.bfloat16 " \
+        "and grad_accum_dtype=torch.float32" in stage0["error"]
+
+
+def test_reduce_scatter_false_sends_the_same_all_reduce():
+    """stage_1_and_2.py `average_tensor`: with reduce_scatter false the bucket is all-reduced in place
+    (`gradient_reduction_w_predivide`); with it true (the default) its per-rank slices go through
+    `allreduce_and_scatter` → `allreduce_bucket`, which all-reduces them as one flattened copy (a bucket
+    that spans two ranks' slices). The same state and the same all-reduces, one bucket or four; only the
+    flatten copy, a transient the CPU rows cannot show, is not made: the key stays warned about."""
+    for stage, size in ((1, 500_000_000), (2, 500_000_000), (2, 20_000)):
+        default = row(B, stage, reduce_bucket_size=size, grad_accum_dtype="", offload_optimizer="none")
+        off = row(B, stage, {"reduce_scatter": False}, reduce_bucket_size=size)
+        assert off["measured_state_bytes"] == default["measured_state_bytes"] == str(2 * PSI + 4 * S + 8 * S)
+        moved = detail(off)
+        moved[REDUCED] = moved.pop(IN_PLACE)
+        assert moved == detail(default)
+    # one bucket: every gradient, Ψ × 2 B = 177,944 bytes
+    assert detail(row(B, 2, {"reduce_scatter": False}, reduce_bucket_size=500_000_000))[IN_PLACE] == [[PSI * 2, 1]]
+    # buckets of 20,000: the embedding and the head alone (33,033 each, over the bucket), the other
+    # 88,972 − 2·33,033 = 22,906 elements in two
+    small = detail(row(B, 2, {"reduce_scatter": False}, reduce_bucket_size=20_000))[IN_PLACE]
+    assert sorted(small) == [[6_666, 1], [39_146, 1], [2 * LARGEST, 2]]
+    assert 6_666 + 39_146 == 2 * (PSI - 2 * LARGEST)
+    assert dskeys.lookup("zero_optimization.reduce_scatter")[:2] == ("not_modelled", True)
+
+
+def test_use_multi_rank_bucket_allreduce_false_reduces_to_each_owner():
+    """With reduce_scatter on and use_multi_rank_bucket_allreduce false, `average_tensor` sends each
+    rank's slices of the bucket to it alone (`allreduce_no_retain(rank=dst)` → `dist.reduce`): N reduces
+    of Ψ/N elements × 2 B = 88,972 bytes, where the default all-reduces Ψ × 2 B once. reduce_scatter false
+    takes the in-place all-reduce before either. Not modelled: a different collective."""
+    for stage in (1, 2):
+        reduce = detail(row(B, stage, {"use_multi_rank_bucket_allreduce": False}))
+        assert reduce["reduce | [Caller Func: allreduce_bucket]"] == [[S * 2, 2]] and REDUCED not in reduce
+        both = detail(row(B, stage, {"reduce_scatter": False, "use_multi_rank_bucket_allreduce": False}))
+        assert both[IN_PLACE] == [[PSI * 2, 1]]
+        for extra in ({"use_multi_rank_bucket_allreduce": False}, {"reduce_scatter": False,
+                                                                   "use_multi_rank_bucket_allreduce": False}):
+            assert row(B, stage, extra)["measured_state_bytes"] == str(2 * PSI + 4 * S + 8 * S)
+    assert dskeys.lookup("zero_optimization.use_multi_rank_bucket_allreduce")[:2] == ("not_modelled", True)
+
+
+def test_allgather_partitions_false_changes_nothing(tmp_path):
+    """`allgather_partitions` is read into the config (`engine.zero_allgather_partitions`) and never
+    passed on: the same state and the same collectives, call sites included, at stages 1 and 2."""
+    for stage in (1, 2):
+        default = row(B, stage, reduce_bucket_size=500_000_000, grad_accum_dtype="", offload_optimizer="none")
+        off = row(B, stage, {"allgather_partitions": False})
+        assert off["measured_state_bytes"] == default["measured_state_bytes"]
+        assert detail(off) == detail(default)
+    assert dskeys.lookup("zero_optimization.allgather_partitions")[0] == "no_effect"
+    r = estimate(tmp_path, {"stage": 2, "allgather_partitions": False})
+    assert r.exit_code == 0 and "allgather_partitions" not in r.output
+
+
+def test_offload_pin_memory_false_changes_nothing_on_cpu_ranks():
+    """pin_memory false skips `pin_memory()` on the offload's host buffers (stage_1_and_2.py, stage3.py),
+    which on CPU ranks returns the tensor itself (cpu_accelerator.py, torch's pinning path): the rows
+    cannot show the host difference a GPU's pinned buffers make (host.py's power-of-two `pinned`). The
+    device-side state and collectives are the same; the key stays warned about."""
+    off = {"offload_optimizer": {"device": "cpu", "pin_memory": False}}
+    for stage, knobs in ((1, {}), (2, {}), (3, {"param_persistence_threshold": 200})):
+        pinned = row(B, stage, offload_optimizer="cpu", grad_accum_dtype="", **knobs)
+        pageable = row(B, stage, off, **knobs)
+        assert pageable["measured_state_bytes"] == pinned["measured_state_bytes"]
+        assert detail(pageable) == detail(pinned)
+        assert pageable["measured_host_ds_pinned_bytes"] == pinned["measured_host_ds_pinned_bytes"] == "0"
+    assert dskeys.lookup("zero_optimization.offload_optimizer.pin_memory")[:2] == ("not_modelled", True)

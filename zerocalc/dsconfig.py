@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from zerocalc import dskeys
 from zerocalc.inputs import InputError, read_text
+from zerocalc.training import runs_bf16_optimizer
 
 
 class DsConfigError(InputError):
@@ -594,7 +595,7 @@ def check_setup(ds: DsConfig, stage: int, dtype: str, grad_accum_dtype: str | No
     size = ds.allgather_bucket_size
     if size is None or size % 2 == 0 or stage not in (1, 2):
         return
-    if stage == 1 and dtype == "bf16" and grad_accum_dtype == "fp32" and offload_optimizer != "cpu":
+    if runs_bf16_optimizer(stage, dtype, grad_accum_dtype, offload_optimizer):
         return
     _fail("zero_optimization.allgather_bucket_size", size, f"must be even at ZeRO stage {stage} (DeepSpeed 0.19.8 "
           "asserts it is a multiple of 2, though it changes nothing): give an even number or leave it out")

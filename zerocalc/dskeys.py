@@ -92,10 +92,16 @@ KEYS = {
     "zero_optimization.allgather_bucket_size": (N, None, "one all-gather per parameter group whatever its size "
                                                          "(0.19.8 buckets only without all_gather_into_tensor); "
                                                          "odd values refused at stages 1-2"),
-    "zero_optimization.reduce_scatter": (W, True, "false: all-reduce instead of reduce-scatter at stages 1-2"),
-    "zero_optimization.allgather_partitions": (W, True, "false: parameters broadcast rank by rank at stages 1-2"),
-    "zero_optimization.use_multi_rank_bucket_allreduce": (N, None, "how an all-reduce bucket is split among "
-                                                                   "ranks; the same bytes"),
+    # stage_1_and_2.py `average_tensor`; 2-rank CPU rows, tests/test_dskeys_measured.py (cpu-dskeys-b.csv)
+    "zero_optimization.reduce_scatter": (W, True, "false: each gradient bucket all-reduced in place, the same "
+                                                  "collectives; the bucket's flatten copy is not made (a transient: "
+                                                  "the allocation stream moves) at stages 1-2"),
+    "zero_optimization.allgather_partitions": (N, None, "read, used nowhere in 0.19.8 (the updated partitions are "
+                                                        "all-gathered either way)"),
+    "zero_optimization.use_multi_rank_bucket_allreduce": (W, True, "false: each gradient bucket reduced to its "
+                                                                   "owners, one `reduce` per rank, instead of one "
+                                                                   "all-reduce at stages 1-2 (unless reduce_scatter "
+                                                                   "is false)"),
     "zero_optimization.memory_efficient_linear": (W, True, "stage 3's linear layer that keeps no gathered weight "
                                                            "for backward"),
     "zero_optimization.legacy_stage1": (R, False, "the old stage 1 left DeepSpeed; true stops its engine"),
@@ -117,9 +123,12 @@ KEYS = {
     "zero_optimization.leaf_module": (N, None, _BLOCK),
     **{f"zero_optimization.leaf_module.{k}": (W, [], "stage 3 fetches these modules whole")
        for k in ("classes", "names", "name_suffixes")},
+    # false: DeepSpeed skips `pin_memory()` on the offload's host buffers; CPU ranks pin nothing either way
+    # (cpu_accelerator.py), so the 2-rank CPU rows show no difference (tests/test_dskeys_measured.py)
     **{f"zero_optimization.offload_{b}.{k}": v for b in ("param", "optimizer") for k, v in {
         "device": (M, None, "none, cpu or nvme"), "nvme_path": (N, None, "where the NVMe files go"),
-        "pin_memory": (W, True, "pinned or pageable host memory")}.items()},
+        "pin_memory": (W, True, "false: the offload's host buffers pageable, at their own sizes (pinned ones are "
+                                "rounded up to a power of two); host memory only")}.items()},
     "zero_optimization.offload_param.buffer_count": (W, 5, _OFFLOAD_BUF),
     "zero_optimization.offload_param.buffer_size": (W, 100_000_000, _OFFLOAD_BUF),
     "zero_optimization.offload_param.max_in_cpu": (W, 1_000_000_000, "parameters kept on the host under NVMe"),

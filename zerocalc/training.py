@@ -90,9 +90,17 @@ class Setup:
 
     @property
     def bf16_optimizer(self) -> bool:
-        """DeepSpeed runs BF16_Optimizer, not ZeRO, for stage 1 + bf16 + fp32 gradient accumulation
-        (`runtime/engine.py`, `_configure_optimizer`)."""
-        return self.stage == Stage.OPTIMIZER_STATES and self.dtype == "bf16" and self.grad_accum_dtype == "fp32"
+        return runs_bf16_optimizer(self.stage, self.dtype, self.grad_accum_dtype, self.offload_optimizer)
+
+
+def runs_bf16_optimizer(stage: int, dtype: str, grad_accum_dtype: str | None, offload_optimizer: str) -> bool:
+    """Whether DeepSpeed 0.19.8 wraps the optimizer in BF16_Optimizer rather than ZeRO's stage-1 one:
+    stage 1, bf16, fp32 gradient accumulation, and the optimizer not offloaded to the CPU
+    (`runtime/engine.py`, `_do_optimizer_sanity_check`: `... and not self.zero_cpu_offload()`, true of
+    offload device "cpu" only, so "nvme" keeps BF16_Optimizer). Every other ZeRO stage 1-3 setup runs ZeRO's
+    optimizer. Measured on 2-rank CPU jobs: tests/test_dskeys_measured.py."""
+    return stage == Stage.OPTIMIZER_STATES and dtype == "bf16" and grad_accum_dtype == "fp32" \
+        and offload_optimizer != "cpu"
 
 
 def validate_setup(s: Setup) -> None:
