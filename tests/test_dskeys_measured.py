@@ -311,3 +311,21 @@ def test_offload_pin_memory_false_changes_nothing_on_cpu_ranks():
         assert detail(pageable) == detail(pinned)
         assert pageable["measured_host_ds_pinned_bytes"] == pinned["measured_host_ds_pinned_bytes"] == "0"
     assert dskeys.lookup("zero_optimization.offload_optimizer.pin_memory")[:2] == ("not_modelled", True)
+
+
+def test_a_jobs_extra_keys_join_its_ds_config_at_every_depth():
+    """A job's `ds_extra` adds keys inside the worker's blocks: an offload block given only pin_memory
+    keeps the job's device (replacing the block would run the job without offload)."""
+    from validate import jobs as J
+    from validate.worker import ds_config
+    from zerocalc import arch
+    job = J.to_worker(J.make_job(arch.Architecture("seed-gpt", 1001, 33, 2, 3, 3, 101, False, 16), 2, stage=3,
+                                 seq_len=16, offload_optimizer="cpu", offload_param="cpu"))
+    extra = {"zero_optimization": {"offload_optimizer": {"pin_memory": False}, "offload_param": {"pin_memory": False},
+                                   "reduce_scatter": False}, "wall_clock_breakdown": True}
+    zero = ds_config({**job, "ds_extra": extra})
+    assert zero["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    assert zero["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert zero["zero_optimization"]["offload_param"]["pin_memory"] is False
+    assert zero["zero_optimization"]["reduce_scatter"] is False and zero["wall_clock_breakdown"] is True
+    assert zero["zero_optimization"]["stage"] == 3 and "pin_memory" not in ds_config(job)["zero_optimization"]["offload_optimizer"]

@@ -79,9 +79,16 @@ def ds_config(job):
         cfg["data_types"] = data_types
     if job.get("communication_data_type"):
         cfg["communication_data_type"] = job["communication_data_type"]
-    for key, value in job.get("ds_extra", {}).items():   # `jobs.RUN_KEYS`: a block's keys join the block's
-        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
-    return cfg
+    return merged(cfg, job.get("ds_extra", {}))   # `jobs.RUN_KEYS`
+
+
+def merged(cfg: dict, extra: dict) -> dict:
+    """`cfg` with `extra`'s keys added at every depth: a block's keys join the block's (an offload
+    block given only pin_memory keeps its device), anything else replaces."""
+    out = dict(cfg)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 SNAPSHOT_DIR = os.environ.get("VALIDATE_SNAPSHOT_DIR")   # diagnostics: rank 0's allocator history
