@@ -329,3 +329,24 @@ def test_a_jobs_extra_keys_join_its_ds_config_at_every_depth():
     assert zero["zero_optimization"]["offload_param"]["pin_memory"] is False
     assert zero["zero_optimization"]["reduce_scatter"] is False and zero["wall_clock_breakdown"] is True
     assert zero["zero_optimization"]["stage"] == 3 and "pin_memory" not in ds_config(job)["zero_optimization"]["offload_optimizer"]
+
+
+def test_stage_2_offload_to_nvme_is_offload_to_host_memory():
+    """stage_1_and_2.py takes any offload device but "none" as CPU offload: on 2 gloo ranks (seed-gpt h33,
+    Ψ = 88,972, S = Ψ/2 = 44,486) the nvme job holds and sends what the cpu job does, 2Ψ bf16 parameters
+    + 4S fp32 master + 8S moments + 4S fp32 gradient slice on the host + 2S bf16 upload buffer + two
+    staging buffers of the largest tensor (2 × 66,066) = 1,110,824 B. zerocalc answers the same host
+    memory for both, none of it on disk, and says so."""
+    with open(os.path.join(DATA, "cpu-nvme-s2.csv")) as f:
+        cpu, nvme = sorted(csv.DictReader(f), key=lambda r: r["offload_optimizer"])
+    assert (cpu["offload_optimizer"], nvme["offload_optimizer"]) == ("cpu", "nvme")
+    expected = 2 * 88_972 + (4 + 8 + 4 + 2) * 44_486 + 2 * 66_066
+    assert cpu["measured_state_bytes"] == nvme["measured_state_bytes"] == str(expected) == "1110824"
+    assert cpu["measured_comm_bytes"] == nvme["measured_comm_bytes"]
+    hosts = [json.loads(CliRunner().invoke(main, ["estimate", "--params", "7e9", "--dp", "8", "--stage", "2",
+                                                  "--offload-optimizer", d, "--format", "json"]).output)
+             ["estimates"][0]["host"] for d in ("cpu", "nvme")]
+    assert hosts[0] == hosts[1] and hosts[1]["nvme_bytes"] == 0 and hosts[1]["pinned_bytes"] > 0
+    text = CliRunner().invoke(main, ["estimate", "--params", "7e9", "--dp", "8", "--stage", "2", "--offload-optimizer",
+                                     "nvme"]).output
+    assert "offload: in host memory" in text and "NVMe" not in text

@@ -140,8 +140,10 @@ def host_bytes(model: ModelSpec, setup: Setup, base: int, growth: int) -> HostBy
     part = partition(model.param_numels, setup)
     tpart = partition(model.trainable_numels, setup)   # what the optimizer holds: the trained tensors'
     trained = model.trainable_numels
-    opt_cpu = setup.offload_optimizer == "cpu"
-    opt_nvme = setup.offload_optimizer == "nvme"
+    # Stages 1-2 offload to host memory whatever the device (stage_1_and_2.py: any device but "none")
+    staged = setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS)
+    opt_cpu = setup.offload_optimizer == "cpu" or (staged and setup.offload_optimizer == "nvme")
+    opt_nvme = setup.offload_optimizer == "nvme" and not staged
     par_cpu = setup.offload_param == "cpu" and setup.stage == Stage.PARAMETERS
     par_nvme = setup.offload_param == "nvme" and setup.stage == Stage.PARAMETERS
     zero_init = setup.zero_init and setup.stage == Stage.PARAMETERS

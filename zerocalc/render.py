@@ -9,6 +9,7 @@ from dataclasses import fields
 from zerocalc import __version__, DEEPSPEED_VERSION, reference
 from zerocalc.estimate import COMMON_GPU_MEMORY
 from zerocalc.timing import StepTime, accuracy_regime
+from zerocalc.training import Stage
 from zerocalc.units import gb, gib
 
 COLUMNS = ("stage", "offload", "params", "grads", "optim", "buffers", "activ", "peak", "peak phase", "reserved",
@@ -149,7 +150,7 @@ def as_table(estimates, host_note: str | None = None, explain: bool = False) -> 
     elif any(e.at_capacity is not None for e in estimates):   # a verdict this answer took from the allocator
         lines += _fits_note(estimates)
     offloaded = (("optim with optimizer offload", "offload_optimizer"), ("params with parameter offload", "offload_param"))
-    on_host, on_nvme = ([what for what, kind in offloaded if any(getattr(e.setup, kind) == device for e in estimates)]
+    on_host, on_nvme = ([what for what, kind in offloaded if any(_offloaded_to(e.setup, kind) == device for e in estimates)]
                         for device in ("cpu", "nvme"))
     if on_host:     # the columns are the states' sizes wherever they live; peak is the GPU's
         lines.append(f"offload: in host memory, counted in host/rank, not in peak or reserved: {', '.join(on_host)}.")
@@ -372,3 +373,10 @@ def _by_configuration(acc: dict) -> str:
     if "configurations" not in acc:
         return ""
     return f"; {acc['configurations_within_15pct']} of {acc['configurations']} configurations by the median of their jobs"
+
+
+def _offloaded_to(setup, kind: str) -> str:
+    """Where an offload puts its states: stages 1-2 keep the optimizer's in host memory whatever the
+    device (DeepSpeed 0.19.8 stage_1_and_2.py: any device but "none" is CPU offload)."""
+    device = getattr(setup, kind)
+    return "cpu" if device == "nvme" and setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) else device
