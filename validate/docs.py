@@ -34,6 +34,8 @@ EXAMPLES = {
     "own-config": "estimate --hf-config docs/examples/llama-3-8b-config.json --ds-config "
                   "docs/examples/ds_config_zero3_offload.json --dp 8 --seq-len 4096 --activation-checkpointing "
                   "--gpu-memory 24GB",
+    "lora-7b": "estimate --model qwen2.5-7b --dp 8 --stage 2,3 --seq-len 2048 --micro-batch 2 "
+               "--activation-checkpointing --lora-rank 16 --gpu-memory 24GB",
 }
 MAX_TABLE_ROWS = 3   # of a plan's ranked list; an estimate shows every stage
 
