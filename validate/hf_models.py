@@ -193,8 +193,11 @@ def traced_spec(job: dict):
     if not cfg.get("model_type"):       # a probed model of the user's own: no config to trace
         return None
     wrapper = job.get("path", "engine") == "engine"
+    adapted = bool(job.get("lora") or job.get("freeze"))
+    variant = (bool(job.get("activation_checkpointing")), job.get("stage") == 3, job.get("attention") or "sdpa") \
+        if adapted else None
     key = (json.dumps(cfg, sort_keys=True), wrapper, json.dumps(job.get("lora"), sort_keys=True),
-           json.dumps(job.get("freeze")))
+           json.dumps(job.get("freeze")), variant)
     if key not in _TRACED:
         try:
             from zerocalc import adapters, profile
@@ -202,10 +205,25 @@ def traced_spec(job: dict):
             traced = trace.cached_trace(cfg, job["hf"].get("name") or "")
             lora, freeze = lora_of(job), tuple(job.get("freeze") or ())
             _TRACED[key] = adapters.spec(traced, lora, freeze, job["hf"].get("name"), wrapper=wrapper) \
-                if lora or freeze else profile.to_model_spec(traced, job["hf"].get("name"), wrapper=wrapper)
+                if adapted else profile.to_model_spec(traced, job["hf"].get("name"), wrapper=wrapper)
         except (ImportError, ValueError, TypeError, RuntimeError):
             _TRACED[key] = None
+        if adapted and _TRACED[key] is not None:
+            _TRACED[key] = adapted_stream(_TRACED[key], cfg, lora, *variant)
     return _TRACED[key]
+
+
+def adapted_stream(spec, cfg: dict, lora, checkpointing: bool, stage3: bool, attention: str):
+    """The spec with the allocation stream of its own trained tensors (`zerocalc.hf.adapted`) in the
+    variant the job runs, as `zerocalc estimate` gives it; the spec as it was where PEFT's model cannot
+    be recorded (its reserved then from the ratio)."""
+    from zerocalc import adapters
+    from zerocalc.hf import adapted
+    try:
+        name = adapted.variant(checkpointing, stage3)
+        return adapters.with_stream(spec, adapted.stream(cfg, lora, spec.trainable, [name], attention))
+    except (ImportError, ValueError, RuntimeError):
+        return spec
 
 
 # The "auto" values HF Trainer fills from TrainingArguments and the model's hidden size

@@ -362,6 +362,13 @@ def spec(p: Profile, lora: Lora | None = None, freeze: tuple[str, ...] = (), nam
     return replace(s, trainable=trainable, wide=wide)
 
 
+def with_stream(s, stream: dict):
+    """The ModelSpec `s` (of `spec`) with its profile's allocation stream replaced by `stream`, one
+    recorded from its own trained tensors (`zerocalc.hf.adapted.stream`), under that stream's attention
+    only (the full model's streams under other attentions dropped)."""
+    return replace(s, profile=replace(s.profile, stream=stream, attentions=None))
+
+
 # ---------------------------------------------------------------- what LoRA and a frozen base keep for backward
 
 MASK_BYTES = 1       # CUDA's fused dropout (`native_dropout`) keeps a bool mask; the CPU kernel a mask of the input's dtype

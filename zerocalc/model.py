@@ -60,6 +60,11 @@ class ModelSpec:
         return tuple(n for n, t in zip(self.param_numels, self.trainable) if t)
 
     @cached_property
+    def trained_indices(self) -> tuple[int, ...]:
+        """The indices of the trained tensors (`trainable_numels`' tensors) among all."""
+        return tuple(i for i in range(len(self.param_numels)) if self._trains(i))
+
+    @cached_property
     def num_trainable(self) -> int:
         return sum(self.trainable_numels)
 

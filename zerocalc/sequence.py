@@ -28,7 +28,7 @@ from zerocalc.comm import stage0_allreduce_bucket_tensors
 from zerocalc.model import ModelSpec
 from zerocalc.partition import grads_in_partition, partition, persistent_mask, sub_groups
 from zerocalc.profile import traced_under
-from zerocalc.states import module_buffers_bytes
+from zerocalc.states import module_buffers_bytes, wide_stage3_elements
 from zerocalc.training import Setup, Stage
 
 
@@ -417,12 +417,13 @@ def simulated_ranks(model: ModelSpec, setup: Setup, every: bool = False) -> tupl
     ran, data/h200-cards-48-n8.csv)."""
     if setup.stage in (Stage.DISABLED, Stage.PARAMETERS) or setup.dp == 1:
         return (0,)
-    ranks = {max(range(setup.dp), key=lambda r: grads_in_partition(model.param_numels, setup, r))}
+    numels = model.trainable_numels            # the flat group's: the trained tensors'
+    ranks = {max(range(setup.dp), key=lambda r: grads_in_partition(numels, setup, r))}
     if setup.offload_optimizer != "none":
-        part = partition(model.param_numels, setup)
-        offsets = _flat_offsets(model.param_numels)
+        part = partition(numels, setup)
+        offsets = _flat_offsets(numels)
         ranks.add(max(range(setup.dp), key=lambda r: max(_overlap(o, n, part.flat_shard, r)
-                                                         for o, n in zip(offsets, model.param_numels))))
+                                                         for o, n in zip(offsets, numels))))
     if every or setup.offload_optimizer != "none":
         ranks.add(0)
     return tuple(sorted(ranks))
@@ -434,14 +435,19 @@ class _Stage:
     partitions live on the host). With overlap_comm (stages 1/2, `data/snapshots/t6-overlap/`):
     setup_buckets makes two buffers (stage_1_and_2.py:3273, double buffering), stage 1 reduces in
     the hooks as stage 2 does (stage_1_and_2.py:2290), and the bucket's flatten and the partition
-    gradients are made on the reduction stream, in its own pool (`average_tensor`)."""
+    gradients are made on the reduction stream, in its own pool (`average_tensor`). Only the
+    parameters that train are the optimizer's (`ModelSpec.trainable`): DeepSpeed flattens,
+    partitions and hooks those; a frozen one stays in the module, whole (stage_1_and_2.py's
+    `bit16_groups` are the optimizer's param groups; FP16_Optimizer's `fp16_groups` too)."""
 
     REDUCE_STREAM = 3   # reduction_stream
 
     def __init__(self, t: _Trace, model: ModelSpec, setup: Setup, rank: int = 0):
         self.t, self.model, self.setup, self.rank = t, model, setup, rank
         self.b = setup.param_bytes
-        self.part = partition(model.param_numels, setup)
+        self.numels = model.trainable_numels       # the optimizer's tensors, by their index among those
+        self.slot = {i: k for k, i in enumerate(model.trained_indices)}
+        self.part = partition(self.numels, setup)
         self.offload = setup.offload_optimizer != "none"
         self.overlap = setup.overlap and setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS)
         self.in_hooks = setup.stage == Stage.GRADIENTS or self.overlap   # gradients into buckets as they come
@@ -451,16 +457,17 @@ class _Stage:
         self.bucket_ranks: set[int] = set()
         self.bucket_params: list[int] = []
         self.micro_grads, self.later_micro_step = None, False   # stage 2's per-micro-step copy (GAS > 1)
-        self.offsets = _flat_offsets(model.param_numels)
+        self.offsets = _flat_offsets(self.numels)
         self.moments = None
 
     def init(self, params: list) -> None:
         t, b, s, p = self.t, self.b, self.part.flat_shard, self.part.padded_flat
+        params = [h for i, h in enumerate(params) if i in self.slot]   # the frozen ones stay as they are
         if self.setup.stage == Stage.DISABLED:
             # FP16_Optimizer (fused_optimizer.py:94-133): per-parameter copies flattened into one
             # buffer, the module's tensors freed; a clone and its fp32 master; fp32 zero gradients for
             # the dummy step that makes Adam's moments, then freed.
-            copies = [t.alloc(b * n) for n in self.model.param_numels]
+            copies = [t.alloc(b * n) for n in self.numels]
             t.alloc(b * p)                            # the flat bit16 group, kept
             t.free(*reversed(copies))                 # a list's items are released last first
             t.free(*params)
@@ -477,7 +484,7 @@ class _Stage:
             # the slice's clone goes to the host as the fp32 master; temp_grad_buffer_for_gpu_offload
             # (the largest parameter's numel, stage_1_and_2.py:659) stays
             t.free(t.alloc(b * s))
-            t.alloc(b * self.model.largest_param_numel)
+            t.alloc(b * max(self.numels))
             return
         clone = t.alloc(b * s)                        # the rank's slice cloned, then cast to fp32
         t.alloc(4 * s)                                # fp32 master partition
@@ -489,6 +496,7 @@ class _Stage:
         """Parameter `index`'s gradient (allocated here unless given) reaches DeepSpeed's hook."""
         t, b = self.t, self.b
         g = t.alloc(b * numel) if g is None else g
+        index = self.slot[index]
         if self.setup.stage != Stage.DISABLED and self.bucket is None:
             # setup_buckets at the first hook of a backward (ZeRO-1 keeps it to the boundary)
             self.bucket = [t.alloc(self.setup.comm_bytes * self.setup.reduce_bucket_size)
@@ -530,14 +538,14 @@ class _Stage:
             # copy_grads_in_partition with offload: per gradient, its part in this rank's slice is
             # normed in fp64 (set_norm_for_param_grad_in_gpu) and cast to fp32 for the host copy
             for i in self.bucket_params:
-                k = _overlap(self.offsets[i], self.model.param_numels[i], self.part.flat_shard, self.rank)
+                k = _overlap(self.offsets[i], self.numels[i], self.part.flat_shard, self.rank)
                 if k:
                     self.t.free(self.t.alloc(8 * k))
                     self.t.free(self.t.alloc(4 * k))
         elif self.rank in self.bucket_ranks:
             # With gradient accumulation (stage 2) the first micro-step's buffer accumulates; each later
             # micro-step copies into a buffer of its own, added in and freed by its epilogue.
-            numel = grads_in_partition(self.model.param_numels, self.setup, self.rank)
+            numel = grads_in_partition(self.numels, self.setup, self.rank)
             if self.partition_grads is None:
                 self.partition_grads = self.t.alloc(self.b * numel, self.reduce_stream)
             elif self.micro_grads is None and self.setup.stage == Stage.GRADIENTS and self.later_micro_step:
@@ -558,7 +566,7 @@ class _Stage:
             # allreduce_bucket flattens each bucket (`comm.stage0_allreduce_bucket_tensors`) in turn (a
             # bucket of one tensor is a view of it), and casts it to communication_data_type where that differs.
             c = self.setup.comm_bytes
-            for tensors in stage0_allreduce_bucket_tensors(self.model.param_numels):
+            for tensors in stage0_allreduce_bucket_tensors(self.numels):
                 bucket = sum(tensors)
                 flat = t.alloc(b * bucket) if len(tensors) > 1 else None
                 if c != b:
@@ -569,8 +577,8 @@ class _Stage:
         if not self.in_hooks:
             # ZeRO-1 moves the gradients into buckets now, in parameter order (stage_1_and_2.py:971).
             for index in sorted(self.grads):
-                self._into_bucket(index, self.model.param_numels[index])
-                self._release(self.grads.pop(index), self.model.param_numels[index])
+                self._into_bucket(index, self.numels[index])
+                self._release(self.grads.pop(index), self.numels[index])
         self._reduce()
         t.free(*reversed(self.bucket))               # _release_ipg_buffers: the second first
         if self.micro_grads is not None:
@@ -583,8 +591,7 @@ class _Stage:
         if self.setup.stage == Stage.DISABLED:
             # fused_optimizer.py:286-314: an fp32 copy of each gradient, one flat fp32 copy, the
             # copies freed, the bit16 gradients set to None, the flat copy freed.
-            numels = self.model.param_numels
-            copies = [t.alloc(4 * n) for n in numels]
+            copies = [t.alloc(4 * n) for n in self.numels]
             flat = t.alloc(4 * self.part.num_params)
             t.free(*reversed(copies))                 # the list comprehension's items, last first
             t.free(*(self.grads.pop(i) for i in sorted(self.grads)))
@@ -594,7 +601,7 @@ class _Stage:
             return
         # get_grad_norm_direct: an fp64 copy of each of the rank's gradient pieces in turn (the parts
         # of the flat group's parameters in its slice).
-        pieces = [k for o, n in zip(self.offsets, self.model.param_numels) if (k := _overlap(o, n, s, self.rank))]
+        pieces = [k for o, n in zip(self.offsets, self.numels) if (k := _overlap(o, n, s, self.rank))]
         for n in pieces:
             t.free(t.alloc(8 * n))
         flat = t.alloc(b * s)                         # flatten the partition gradients
@@ -612,7 +619,11 @@ GATHER_STREAM = 1     # stage 3's all-gather stream: the coordinator's fetched p
 class _Stage3:
     """DeepSpeed's ZeRO-3, without offload or with the optimizer's, as the H200 histories record it
     (`data/snapshots/t4-warmup/*-s3-*`, `t5-offload/*-s3-*`; DeepSpeed 0.19.8 `runtime/zero/stage3.py`,
-    `partition_parameters.py`, `linear.py`)."""
+    `partition_parameters.py`, `linear.py`). Every parameter is partitioned and gathered, frozen ones
+    included; the optimizer's (`ModelSpec.trainable`) are defragmented into one flat buffer and get
+    gradient partitions, an fp32 master and moments, and a frozen one keeps its own partition.
+    PEFT's adapters under zero.Init stay fp32 (`states.wide_stage3_elements`): their partitions,
+    gathers and flat buffer are 4 bytes an element."""
 
     NORM_CHUNK = 250_000_000   # _constant_buffered_norm2 takes a gradient's norm in chunks of this many elements
 
@@ -621,9 +632,12 @@ class _Stage3:
     def __init__(self, t: _Trace, model: ModelSpec, setup: Setup):
         self.t, self.model, self.setup = t, model, setup
         self.b, self.n = setup.param_bytes, setup.dp
-        self.part = partition(model.param_numels, setup)
         self.shards = [ceil(x / self.n) for x in model.param_numels]
-        self.groups = sub_groups(self.shards, setup.sub_group_size)
+        wide = wide_stage3_elements(model, setup) != (0, 0)
+        self.pb = [4 if wide and model.wide[i] else self.b for i in range(len(self.shards))]   # bytes an element
+        self.trained = model.trained_indices
+        self.trained_shards = [self.shards[i] for i in self.trained]
+        self.groups = sub_groups(self.trained_shards, setup.sub_group_size)
         self.offload = setup.offload_optimizer != "none"
         self.param_offload = setup.offload_param != "none"
         self.bucket_fill, self.bucket_params, self.moments = 0, [], None
@@ -644,27 +658,30 @@ class _Stage3:
             return
         steps = stage3_trace.fetches(self.model, self.setup, record=self.iterations == 0)
         forward_steps = len(self.model.trace)
-        t, b, numel, s = self.t, self.b, self.model.param_numels, GATHER_STREAM
+        t, pb, numel, s = self.t, self.pb, self.model.param_numels, GATHER_STREAM
         for actions in (steps[forward_steps:] if backward else steps[:forward_steps]):
             for kind, what in actions:
                 if kind == "gather" and (len(what) == 1 or self.param_offload):
                     # one buffer per parameter: a one-parameter call, or at N = 1 with parameter
                     # offload each host partition's copy to the device (_no_gather_coalesced)
                     for p in what:
-                        self.gathered[p] = t.alloc(b * self.shards[p] * self.n, stream=s)
+                        self.gathered[p] = t.alloc(pb[p] * self.shards[p] * self.n, stream=s)
                 elif kind == "gather":
-                    call = {"flat": t.alloc(b * self.n * sum(self.shards[p] for p in what), stream=s),
-                            "params": what, "waiting": set(what), "copied": False}
+                    # one flat buffer per dtype among the call's parameters (`_all_gather_params`)
+                    widths = sorted({pb[p] for p in what})
+                    flats = [t.alloc(w * self.n * sum(self.shards[p] for p in what if pb[p] == w), stream=s)
+                             for w in widths]
+                    call = {"flats": flats, "params": what, "waiting": set(what), "copied": False}
                     self.calls.update(dict.fromkeys(what, call))
                 elif kind == "wait" and what in self.calls:
                     call = self.calls.pop(what)
                     if not call["copied"]:
                         for p in call["params"]:
-                            self.gathered[p] = t.alloc(b * numel[p], stream=s)
+                            self.gathered[p] = t.alloc(pb[p] * numel[p], stream=s)
                         call["copied"] = True
                     call["waiting"].discard(what)
                     if not call["waiting"]:
-                        t.free(call["flat"])
+                        t.free(*call["flats"])
                 elif kind == "release":
                     t.free(self.gathered.pop(what))
         if backward:       # release_and_reset_all at the end of backward
@@ -673,52 +690,74 @@ class _Stage3:
             self.iterations += 1
 
     def init(self, params: list) -> None:
-        t, b = self.t, self.b
+        t, b, pb, trained, numels = self.t, self.b, self.pb, self.trained, self.model.param_numels
+        flat = sum(pb[i] * self.shards[i] for i in trained)    # the optimizer's partitions, defragmented
         if self.setup.zero_init:
-            # built partitioned (`_zero_init_build`); _create_fp16_partitions_with_defragmentation
-            # frees the partitions, empties the cache and makes one flat bit16 buffer of them
-            t.free(*(p for p in params if p is not None))
+            # built partitioned (`_zero_init_build`); PEFT's adapters, made after the model on the host,
+            # are converted at initialize (`_convert_to_zero_parameters`: each moved to the device
+            # whole and partitioned); _create_fp16_partitions_with_defragmentation frees the
+            # optimizer's partitions, empties the cache and makes one flat buffer of them
+            params = list(params)
+            for i in _made_after(self.model):
+                whole = t.alloc(pb[i] * numels[i])
+                params[i] = None if self.param_offload else t.alloc(pb[i] * self.shards[i])
+                t.free(whole)
+            t.free(*(params[i] for i in trained if params[i] is not None))
             if not self.param_offload:
                 t.empty_cache()
-                t.alloc(b * self.part.stage3_shard)
+                t.alloc(flat)
         elif self.param_offload:
             # each module parameter goes to its host partition and is freed; nothing empties the
             # cache, so the module's blocks stay reserved (1.45-1.75x allocated on H200)
             t.free(*params)
         else:
             # zero.Init off: each module parameter is copied into its partition and freed
-            # (_partition_param); _create_fp16_partitions_with_defragmentation frees the partitions,
-            # empties the cache and makes one flat bit16 buffer of them (utils.defragment)
+            # (_partition_param); _create_fp16_partitions_with_defragmentation frees the optimizer's
+            # partitions, empties the cache and makes one flat bit16 buffer of them (utils.defragment)
             parts = []
-            for p, s in zip(params, self.shards):
-                parts.append(t.alloc(b * s))
+            for i, p in enumerate(params):
+                parts.append(t.alloc(pb[i] * self.shards[i]))
                 t.free(p)
-            t.free(*parts)
+            t.free(*(parts[i] for i in trained))
             t.empty_cache()
-            t.alloc(b * self.part.stage3_shard)
+            t.alloc(flat)
         if not self.offload:
-            # _create_fp32_partitions: per sub-group an fp32 cast and its clone (kept); the cast is
-            # freed once the next sub-group's cast exists (with offload both live on the host)
-            cast = None
-            for g in self.groups:
-                new = t.alloc(4 * g)
-                if cast is not None:
-                    t.free(cast)
-                t.alloc(4 * g)
-                cast = new
-            t.free(cast)
+            if all(pb[i] == 4 for i in trained):
+                # _create_fp32_partitions of an fp32 flat buffer (PEFT's adapters under zero.Init): its
+                # `.to(fp32)` is itself, cloned per sub-group (kept)
+                for g in self.groups:
+                    t.alloc(4 * g)
+            else:
+                # _create_fp32_partitions: per sub-group an fp32 cast and its clone (kept); the cast is
+                # freed once the next sub-group's cast exists (with offload both live on the host)
+                cast = None
+                for g in self.groups:
+                    new = t.alloc(4 * g)
+                    if cast is not None:
+                        t.free(cast)
+                    t.alloc(4 * g)
+                    cast = new
+                t.free(cast)
             t.free(t.alloc(4 * max(self.groups)))    # initialize_optimizer_states' zero buffer
         t.alloc(b * self.setup.reduce_bucket_size)   # the ipg bucket's flat buffer, kept
         if not self.offload:
-            t.alloc(b * self.part.stage3_shard)      # the flat gradient partitions, kept (else on the host)
-        # create_reduce_and_remove_grad_hooks gathers (at N = 1: copies) each parameter once and
-        # partitions it again, but for the persistent ones (kept whole on every rank at N > 1)
-        for s, keep in zip(self.shards, persistent_mask(self.model.param_numels, self.setup)):
-            h = t.alloc(b * s * self.n)
+            t.alloc(b * sum(self.trained_shards))    # the flat gradient partitions, kept (else on the host)
+        # create_reduce_and_remove_grad_hooks gathers (at N = 1: copies) each of the optimizer's
+        # parameters once and partitions it again, but for the persistent ones (kept whole on every
+        # rank at N > 1)
+        persistent = persistent_mask(numels, self.setup)
+        for i in trained:
+            h = t.alloc(pb[i] * self.shards[i] * self.n)
             if self.param_offload:                   # the host partition's copy, gathered from
-                t.free(t.alloc(b * s))
-            if not keep or (self.n == 1 and not self.param_offload):
+                t.free(t.alloc(b * self.shards[i]))
+            if not persistent[i] or (self.n == 1 and not self.param_offload):
                 t.free(h)
+        if self.n > 1:
+            # a frozen persistent parameter (norm weights under LoRA) is gathered at its module's first
+            # fetch and kept: taken here, a few layers' vectors early
+            for i in sorted(set(range(len(numels))) - set(trained)):
+                if persistent[i]:
+                    t.alloc(pb[i] * self.shards[i] * self.n)
 
     def grad_ready(self, index: int, numel: int, g: int | None = None) -> None:
         """The hook copies the gradient into the ipg bucket (reducing it first when the gradient
@@ -768,12 +807,12 @@ class _Stage3:
         if self.setup.dtype == "fp16":
             # has_overflow on the reduction stream: isinf and isnan over the flat gradient partitions
             # (an fp16 temporary and a bool per element; H200 histories)
-            r, s3 = self.REDUCE_STREAM, self.part.stage3_shard
+            r, s3 = self.REDUCE_STREAM, sum(self.trained_shards)
             tmp = t.alloc(2 * s3, stream=r)
             inf = t.alloc(s3, stream=r)
             t.free(tmp, inf)
             t.free(t.alloc(s3, stream=r))
-        for s in self.shards:
+        for s in self.trained_shards:
             t.free(t.alloc(8 * s))
         moments = []
         for g in self.groups:
@@ -796,9 +835,7 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     offload)."""
     arch = model.architecture
     s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
-    if model.frozen:
-        # Frozen parameters (LoRA, --freeze): no stream hands gradients for the trained tensors only,
-        # nor shows the adapters' own tensors; the phases' sums answer (`zerocalc.peak`).
+    if model.frozen and not _adapted(model, setup):
         return False
     if traced(model):
         family = traced_under(model.profile, setup.attention)[1] is not None
@@ -811,6 +848,20 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
             and (s3 or not setup.overlap or (setup.stage != Stage.DISABLED and setup.gas == 1 and not offload))
             and setup.grad_accum_dtype in (None, setup.dtype) and not setup.bf16_optimizer
             and setup.contiguous_gradients)
+
+
+def _adapted(model: ModelSpec, setup: Setup) -> bool:
+    """Whether a model with frozen parameters (LoRA, --freeze) has its own stream for this setup: one
+    recorded from PEFT's model with the same trained tensors (`zerocalc.hf.adapted`: "params",
+    "trained") in the variant the setup runs (at stage 3 as zero.Init leaves it: fp32 adapters,
+    DeepSpeed's linear), without offload (not measured with frozen parameters). A full fine-tune's
+    stream would hand gradients of frozen tensors and keep their linears' inputs."""
+    stream = traced_under(model.profile, setup.attention)[1] if traced(model) else None
+    s3 = setup.stage == Stage.PARAMETERS
+    name = ("checkpointed" if setup.activation_checkpointing else "plain") + ("_zero3" if s3 else "")
+    return (stream is not None and stream.get("params") == len(model.param_numels)
+            and stream.get("trained") == len(model.trained_indices) and name in stream
+            and (not s3 or setup.zero_init) and setup.offload_optimizer == "none" and setup.offload_param == "none")
 
 
 CUBLAS_WORKSPACE_BYTES = 32 << 20   # per cuBLAS handle and stream, made at its first matmul, kept (H200)
@@ -839,12 +890,21 @@ def _zero_init_build(t: _Trace, model: ModelSpec, setup: Setup) -> list:
     would make an fp32 copy of each first."""
     b, n = setup.param_bytes, setup.dp
     on_host = setup.offload_param != "none"
+    later = set(_made_after(model))
     parts = []
-    for numel in model.param_numels:
+    for i, numel in enumerate(model.param_numels):
+        if i in later:                    # made after the model, outside zero.Init (`_Stage3.init`)
+            parts.append(None)
+            continue
         whole = t.alloc(b * numel)
         parts.append(None if on_host else t.alloc(b * ceil(numel / n)))
         t.free(whole)
     return parts
+
+
+def _made_after(model: ModelSpec) -> list[int]:
+    """The parameters made after the model (`ModelSpec.wide`: PEFT's adapters, by `get_peft_model`)."""
+    return [i for i, w in enumerate(model.wide or ()) if w]
 
 
 def events(model: ModelSpec, setup: Setup, steps: int | None = None, fresh_process: bool = True, rank: int = 0):

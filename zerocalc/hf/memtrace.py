@@ -251,7 +251,7 @@ STREAM_BASIS = ("1", "s", "B*s", "B*s*s", "B", "s*s")  # an allocation's bytes: 
 
 
 def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, forward=None,
-                set_checkpointing=None, is_layer=None):
+                set_checkpointing=None, is_layer=None, layer_backward: bool = False):
     """The raw event stream of one forward, the loss (the validator's: cross-entropy of the logits'
     fp32 copy) and backward of `model` (fake tensors) at [batch, seq] tokens. Events:
     ("a", handle, bytes, op), ("f", handle), ("g", param index, handle: the gradient handed to the
@@ -259,7 +259,10 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
     i-th decoder layer's forward begins, ("Lend", i) it returns, ("phase", name), and what a CUDA
     kernel adds beside its outputs (`zerocalc.sequence` applies the rules): ("sum", input elements) a
     reduction over every dimension but the last of a contiguous input (a bias's or norm weight's
-    gradient summed over the tokens), ("sdpa", q elements, log-sum-exp elements) SDPA's backward, ("mm",) a matmul.
+    gradient summed over the tokens), ("sdpa", q elements, log-sum-exp elements) SDPA's backward, ("mm",) a matmul;
+    with `layer_backward`, ("Lb", i) where the gradient of the i-th layer's output is ready (a hook on
+    that output, allocating nothing): where the head is frozen, backward's last layer begins there.
+    Gradients are handed over for the parameters that require grad.
     A model that is not a Hugging Face causal LM (the validator's seed-gpt) gives `forward(model, ids)`
     (its logits), `set_checkpointing(model, on)` and `is_layer(module)` (its decoder layers)."""
     torch, _ = _imports()
@@ -367,7 +370,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
             p.grad = None
         return hook
 
-    hooks = [p.register_post_accumulate_grad_hook(grad_hook(i)) for i, p in enumerate(params)]
+    hooks = [p.register_post_accumulate_grad_hook(grad_hook(i)) for i, p in enumerate(params) if p.requires_grad]
     layers = [m for m in model.modules() if (is_layer or (lambda m: isinstance(m, GradientCheckpointingLayer)))(m)]
     index = {id(m): i for i, m in enumerate(layers)}
 
@@ -378,6 +381,9 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
     def post(m, args, out):
         if id(m) in index and state["phase"] == "forward":
             events.append(("Lend", index[id(m)]))
+            first = out[0] if isinstance(out, tuple) else out
+            if layer_backward and isinstance(first, torch.Tensor) and first.requires_grad:
+                first.register_hook(lambda g, i=index[id(m)]: events.append(("Lb", i)))
 
     if set_checkpointing is None:     # as the validator enables it (zerocalc.hf.families.build_model)
         def set_checkpointing(model, on):
@@ -455,11 +461,16 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
         if e[0] == "g" and e[1] in layer_of_param:
             lastg[layer_of_param[e[1]]] = n
             firstg.setdefault(layer_of_param[e[1]], n)
+    if sorted(pos_L) != list(range(k)) or sorted(lastg) != list(range(k)):
+        raise ValueError("the stream does not cut into layers")
     head = [n for n, e in enumerate(events) if e[0] == "g" and e[1] not in layer_of_param and n < firstg[k - 1]]
-    if sorted(pos_L) != list(range(k)) or sorted(lastg) != list(range(k)) or not head:
+    # the last layer's backward begins after the head's gradients or, the head frozen, where the
+    # gradient of its output is ready (`record_step`'s "Lb")
+    last_start = head[-1] + 1 if head else next((n for n, e in enumerate(events) if e == ("Lb", k - 1)), None)
+    if last_start is None:
         raise ValueError("the stream does not cut into layers")
     bounds = [("P", 0)] + [(f"F{i}", pos_L[i]) for i in range(k)] + [("H", pos_Lend[k - 1] + 1), ("Hb", back)]
-    bounds += [(f"B{k - 1}", head[-1] + 1)] + [(f"B{i}", lastg[i + 1] + 1) for i in range(k - 2, -1, -1)]
+    bounds += [(f"B{k - 1}", last_start)] + [(f"B{i}", lastg[i + 1] + 1) for i in range(k - 2, -1, -1)]
     bounds += [("E", lastg[0] + 1)]
     seg_at = []
     for (name, start), (_, end) in zip(bounds, bounds[1:] + [(None, len(events))]):
@@ -474,8 +485,10 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
         i, mine = layer(name), layer(seg)
         if i is None:
             return f"{name}:{j}"
-        if mine is not None:
+        if mine is not None and abs(i - mine) <= 1:
             return f"{name[0]}~{i - mine}:{j}"
+        # from no layer, or from a layer further than the next (the first layer's backward freeing the
+        # last one's gradient buffer, the head and the embedding frozen): that layer itself
         return f"{name[0]}@{i if i < 2 else i - k}:{j}"
 
     def param(p, seg):

@@ -1,0 +1,161 @@
+"""The allocation stream of a training step of a model with frozen parameters or PEFT's LoRA, recorded
+from PEFT's own model on fake tensors (`memtrace.record_step`), for `zerocalc.sequence` to play beside
+DeepSpeed's side as it plays a full fine-tune's.
+
+What differs from the full model's stream is what autograd and PEFT allocate: a frozen weight gets no
+gradient and a frozen linear keeps no input; each LoRA target adds its adapters' forward (lora_A's
+output, kept for lora_B's gradient; lora_B's output, the scaled copy and the sum into the base
+output; with dropout the dropout's output and CUDA's bool mask, `cudaops`) and their backward. The
+model is built as the validator builds it (`validate.hf_models`): PEFT's `get_peft_model` on the
+model, then `requires_grad` set from zerocalc's own mask (`ModelSpec.trainable`), so the stream and
+the rest of zerocalc describe one set of trained tensors. Four variants (`VARIANTS`): with and
+without activation checkpointing, each as stages 0-2 run it (the engine casts the fp32 adapters to
+the training dtype) and as stage 3 under zero.Init runs it (adapters fp32, `states.wide_stage3_elements`;
+F.linear DeepSpeed's, which keeps every input, `familystream.zero3_linear`). Each is recorded and
+cached on its own (`cached_stream`): a job plays one.
+"""
+import hashlib
+import json
+import os
+from contextlib import nullcontext
+
+# (variant, activation checkpointing, as stage 3 under zero.Init runs it)
+VARIANTS = {"plain": (False, False), "checkpointed": (True, False),
+            "plain_zero3": (False, True), "checkpointed_zero3": (True, True)}
+FORMAT = 2     # bump when what is recorded changes: it is part of the cache key
+
+
+def variant(checkpointing: bool, zero3: bool) -> str:
+    return ("checkpointed" if checkpointing else "plain") + ("_zero3" if zero3 else "")
+
+
+def peft_config(lora):
+    """PEFT's LoraConfig of a `zerocalc.adapters.Lora`."""
+    import peft
+    listed = lambda x: x if isinstance(x, str) else list(x)   # noqa: E731
+    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                           target_modules=listed(lora.targets), exclude_modules=listed(lora.exclude) or None,
+                           use_dora=lora.dora, use_rslora=lora.rslora, bias=lora.bias, task_type=lora.task_type)
+
+
+def build(d: dict, layers: int, lora, trainable: tuple[bool, ...] | None, zero3: bool):
+    """(model, fake mode) of the config's first `layers` layers with LoRA applied (`lora`, or None) and
+    `requires_grad` set from `trainable` (the full model's mask, `shallow_mask`), the adapters cast to
+    the model's dtype but for `zero3`."""
+    from zerocalc.hf import memtrace, trace
+    model, mode = trace.build(trace.hf_config(memtrace._shallow(d, layers)))
+    if lora is not None:
+        import peft
+        model = peft.get_peft_model(model, peft_config(lora))
+    params = list(model.named_parameters())
+    dtype = next(p.dtype for name, p in params if ".lora_" not in name)
+    if trainable is not None:
+        total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
+        mask = shallow_mask(trainable, memtrace._layer_params(model)[1], len(params), total)
+    for i, (name, p) in enumerate(params):
+        if ".lora_" in name and not zero3:
+            p.data = p.data.to(dtype)               # the engine's cast (`_cast_module_mixed_precision`)
+        if trainable is not None:
+            p.requires_grad_(mask[i])
+    return model, mode
+
+
+def shallow_mask(trainable: tuple[bool, ...], layer_params: list, n_shallow: int, total_layers: int) -> tuple:
+    """The mask of a shallow copy (`layer_params`: its layers' parameter indices, `n_shallow` parameters)
+    from the full model's (`total_layers` layers): the parameters before and after the layers as they
+    are, each of the copy's layers as the full layer it is played as (`sequence._TracedStep._template`:
+    the first two, the last two, the middle ones as the second after the leading ones). ValueError
+    where a full layer trains other tensors than the one it is played as."""
+    from zerocalc.hf.memtrace import leading_layers
+    k, lead = len(layer_params), leading_layers(layer_params)
+    first, per = layer_params[0][0], len(layer_params[-1])
+    starts = [first + sum(len(ps) for ps in layer_params[:i]) for i in range(min(lead, k))]
+    starts += [first + sum(len(ps) for ps in layer_params[:lead]) + (i - lead) * per for i in range(lead, total_layers)]
+    size = [len(layer_params[i]) if i < lead else per for i in range(total_layers)]
+    full = [tuple(trainable[starts[i]:starts[i] + size[i]]) for i in range(total_layers)]
+    played = [i if total_layers <= k or i < lead + 2 else
+              (k - (total_layers - i) if i >= total_layers - 2 else lead + 1) for i in range(total_layers)]
+    shallow = [None] * k
+    for i, j in enumerate(played):
+        if shallow[j] is None:
+            shallow[j] = full[i]
+        elif shallow[j] != full[i]:
+            raise ValueError(f"layer {i} trains other tensors than layer {j}, which it is played as")
+    after = n_shallow - first - sum(len(ps) for ps in layer_params)
+    tail = tuple(trainable[len(trainable) - after:]) if after else ()
+    return tuple(trainable[:first]) + sum(shallow, ()) + tail
+
+
+def record(d: dict, lora, trainable, name: str, attention: str | None = None) -> dict:
+    """One variant's fitted segments (`memtrace._fitted_segments`) and the stream's header."""
+    from zerocalc.hf import familystream, memtrace
+    checkpointing, zero3 = VARIANTS[name]
+    total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
+    k = min(memtrace.STREAM_LAYERS + int(d.get("first_k_dense_replace") or 0), total)
+    model, mode = build(d, k, lora, trainable, zero3)
+    base = model.get_base_model() if lora is not None else model
+
+    def set_checkpointing(_, on):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            if on:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base.gradient_checkpointing_disable()
+    params, layer_params = memtrace._layer_params(model)
+    head = {"basis": list(memtrace.STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
+            "params_per_layer": len(layer_params[-1]), "attention": attention or base.config._attn_implementation}
+    lead = memtrace.leading_layers(layer_params)
+    if lead:
+        head["leading_layer_params"] = [len(ps) for ps in layer_params[:lead]]
+    with memtrace.dispatching(base, attention), (familystream.zero3_linear() if zero3 else nullcontext()):
+        segments = memtrace._fitted_segments(model, mode, k, checkpointing, set_checkpointing=set_checkpointing,
+                                             layer_backward=True)
+    return {"head": head, "segments": segments}
+
+
+def stream(d: dict, lora, trainable: tuple[bool, ...], names, attention: str | None = None) -> dict:
+    """The stream as a profile stores it (`memtrace._compact`) with the variants `names`, each
+    recorded or read from the cache (`cached_variant`), and the trained tensors it was recorded with
+    (`trainable`: "params" and "trained", which `sequence.generated` checks against the model's)."""
+    from zerocalc.hf import memtrace
+    out = {}
+    for name in names:
+        got = cached_variant(d, lora, trainable, name, attention)
+        out.update(got["head"])
+        out[name] = got["segments"]
+    out["params"], out["trained"] = len(trainable), sum(trainable)
+    return memtrace._compact(out)
+
+
+def cache_key(d: dict, lora, trainable, name: str, attention: str | None) -> str:
+    from zerocalc.hf import trace
+    torch_version, transformers_version = trace._versions()
+    from importlib import metadata
+    text = json.dumps({"config": d, "lora": None if lora is None else repr(lora), "attention": attention,
+                       "trainable": "".join("1" if t else "0" for t in trainable), "variant": name,
+                       "transformers": transformers_version, "torch": torch_version,
+                       "peft": metadata.version("peft") if lora is not None else None,
+                       "trace_version": trace.TRACE_VERSION, "format": FORMAT}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_variant(d: dict, lora, trainable, name: str, attention: str | None = None) -> dict:
+    """`record`, kept in the user's cache directory (XDG_CACHE_HOME/zerocalc/streams)."""
+    from zerocalc.hf import trace
+    folder = os.path.join(os.path.dirname(trace.cache_dir()), "streams")
+    path = os.path.join(folder, cache_key(d, lora, trainable, name, attention) + ".json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (ValueError, OSError):
+            pass
+    got = record(d, lora, trainable, name, attention)
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(got, f, separators=(",", ":"))
+    os.replace(tmp, path)
+    return got
