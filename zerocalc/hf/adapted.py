@@ -22,7 +22,7 @@ from contextlib import nullcontext
 # (variant, activation checkpointing, as stage 3 under zero.Init runs it)
 VARIANTS = {"plain": (False, False), "checkpointed": (True, False),
             "plain_zero3": (False, True), "checkpointed_zero3": (True, True)}
-FORMAT = 2     # bump when what is recorded changes: it is part of the cache key
+FORMAT = 3     # bump when what is recorded changes: it is part of the cache key
 
 
 def variant(checkpointing: bool, zero3: bool) -> str:
@@ -42,21 +42,29 @@ def build(d: dict, layers: int, lora, trainable: tuple[bool, ...] | None, zero3:
     """(model, fake mode) of the config's first `layers` layers with LoRA applied (`lora`, or None) and
     `requires_grad` set from `trainable` (the full model's mask, `shallow_mask`), the adapters cast to
     the model's dtype but for `zero3`."""
+    import torch
     from zerocalc.hf import memtrace, trace
     model, mode = trace.build(trace.hf_config(memtrace._shallow(d, layers)))
+    dtype = next(model.parameters()).dtype
     if lora is not None:
         import peft
-        model = peft.get_peft_model(model, peft_config(lora))
-    params = list(model.named_parameters())
-    dtype = next(p.dtype for name, p in params if ".lora_" not in name)
+        model = peft.get_peft_model(model, peft_config(lora))    # outside the fake mode: its `.to` swaps
+        # the adapters made real (beside the fake base) become fake tensors in the model's dtype (the
+        # engine's cast, `_cast_module_mixed_precision`) or, under zero.Init, fp32; a real one would be
+        # copied into a fake tensor at each use, a storage of its own that `record_step` would count
+        for prefix, m in model.named_modules():
+            for name, p in list(m._parameters.items()):
+                if p is not None and ".lora_" in f"{prefix}.{name}":
+                    fake = p.detach() if isinstance(p, torch._subclasses.fake_tensor.FakeTensor) else mode.from_tensor(p.detach())
+                    with mode:
+                        fake = fake.to(torch.float32 if zero3 else dtype)
+                    m._parameters[name] = torch.nn.Parameter(fake)
+    params = list(model.parameters())
     if trainable is not None:
         total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
         mask = shallow_mask(trainable, memtrace._layer_params(model)[1], len(params), total)
-    for i, (name, p) in enumerate(params):
-        if ".lora_" in name and not zero3:
-            p.data = p.data.to(dtype)               # the engine's cast (`_cast_module_mixed_precision`)
-        if trainable is not None:
-            p.requires_grad_(mask[i])
+        for p, train in zip(params, mask):
+            p.requires_grad_(train)
     return model, mode
 
 
