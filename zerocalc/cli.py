@@ -287,6 +287,30 @@ def _adapted(spec, model_name, hf_config, overrides, lora, freeze, stages):
         raise InputFailure(str(err))
 
 
+def _streamed(spec, model_name, hf_config, overrides, lora, setups):
+    """A model with frozen parameters with the allocation stream of its own trained tensors, in the
+    variants the setups run (`zerocalc.hf.adapted`: PEFT's model recorded on fake tensors, cached), so
+    its reserved is simulated as a full fine-tune's; each variant that cannot be recorded (no torch,
+    PEFT or, for stage 3, DeepSpeed) left out: reserved by the ratio there (the note says)."""
+    from zerocalc import adapters
+    from zerocalc.hf import adapted
+    if not spec.frozen or spec.profile is None or not setups[0].seq_len:
+        return spec
+    d = resolve.config_of(model_name, hf_config, {k: v for k, v in overrides.items() if v is not None})
+    names = sorted({adapted.variant(s.activation_checkpointing, s.stage == 3) for s in setups
+                    if s.stage != 3 or s.zero_init})
+    recorded = []
+    for name in names if d is not None else ():
+        try:
+            adapted.cached_variant(d, lora, spec.trainable, name, setups[0].attention)
+            recorded.append(name)
+        except Exception:      # no extra, or whatever the model's or PEFT's code raises: the ratio there
+            pass
+    if not recorded:
+        return spec
+    return adapters.with_stream(spec, adapted.stream(d, lora, spec.trainable, recorded, setups[0].attention))
+
+
 def host_options(f):
     """The host's side of step time (its speed issuing work, and offload's CPU Adam and PCIe), which
     the calibration measured on H200 hosts."""
@@ -502,8 +526,8 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     stages = _stages(stage_text)
     overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, tie_embeddings=tie_embeddings)
-    spec = _adapted(spec, model_name, hf_config, overrides,
-                    _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config), freeze, stages or [0, 1, 2, 3])
+    lora = _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config)
+    spec = _adapted(spec, model_name, hf_config, overrides, lora, freeze, stages or [0, 1, 2, 3])
     ds = None
     if ds_config is not None:
         ds = _read_ds_config(ds_config, spec)
@@ -525,6 +549,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
         raise click.UsageError(str(err))
     if spec.architecture is None and any(s.seq_len for s in setups):
         spec = _shaped(spec.num_params)   # activations and step time need a shape: as plan's, of exactly P
+    spec = _streamed(spec, model_name, hf_config, overrides, lora, setups)
     cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
     hw = None
     if gpu_name is not None:

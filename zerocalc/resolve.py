@@ -243,8 +243,14 @@ def notes(spec: ModelSpec, stages) -> list[str]:
                    "tensors and checkpointing by the formulas)")
         else:
             how = "the Llama formulas at its dimensions"
-        reserved = ("its traced allocation stream through the allocator simulation"
-                    if getattr(p, "stream", None) and not spec.frozen else "the calibrated ratio")
+        stream = getattr(p, "stream", None)
+        if stream and (not spec.frozen or "trained" in stream):
+            reserved = "its traced allocation stream through the allocator simulation"
+        elif spec.frozen:
+            reserved = ("the calibrated ratio (the stream of its own trained tensors is recorded from PEFT's model: "
+                        f"{INSTALL} and peft; stage 3 also needs deepspeed)")
+        else:
+            reserved = "the calibrated ratio"
         if spec.frozen:
             how += ("; with frozen parameters: no gradients or optimizer state for them, less kept by frozen "
                     "linears and norms, and LoRA's inputs, dropout copies and x@A added (docs/lora.md)")
@@ -273,6 +279,20 @@ def listing() -> list[dict]:
                      "num_experts": p.dims.get("num_experts", 0), "experts_per_token": p.dims.get("experts_per_token", 0),
                      "source": "profile"})
     return rows
+
+
+def config_of(model: str | None, hf_config: str | None, overrides: dict) -> dict | None:
+    """The config.json contents the model is built from, with the overrides: the file given, or a
+    shipped model's (`zerocalc/hf/configs/`); None for neither (--params, the shape flags)."""
+    from zerocalc.hf.ship import configs
+    if hf_config is not None:
+        d = read_config(hf_config)[0]
+    elif model is not None and model in configs():
+        with open(configs()[model]) as f:
+            d = json.load(f)
+    else:
+        return None
+    return _override_config(d, overrides) if overrides else d
 
 
 def profile_for(model: str | None, hf_config: str | None, overrides: dict, spec: ModelSpec):
