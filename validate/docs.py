@@ -305,8 +305,8 @@ def _lora_rows() -> str:
     from validate import report as R
     rows = R.repredict_hf(R.load(sorted(glob.glob(os.path.join(ROOT, "data", "lora", "*.csv")))))
     lines = ["| model | N | stage | path | adapters | ckpt | micro × seq | state | comm | comm from config "
-             "| peak allocated GiB | error |",
-             "|---|---:|---:|---|---|---|---|---|---|---|---:|---:|"]
+             "| peak allocated GiB | error | peak reserved GiB | error |",
+             "|---|---:|---:|---|---|---|---|---|---|---|---:|---:|---:|---:|"]
     for _, r in rows.iterrows():
         adapters = _adapters(r.get("lora"), r.get("freeze"))
         exact = lambda now, meas: "exact" if int(now) == int(meas) else f"{now / float(meas) - 1:+.1%}"   # noqa: E731
@@ -317,7 +317,9 @@ def _lora_rows() -> str:
                      f"{exact(r['now_comm_bytes'], r['measured_comm_bytes'])} | "
                      f"{exact(r['pred_comm_bytes'], r['measured_comm_bytes'])} | "
                      f"{float(r['measured_peak_allocated_bytes']) / 2**30:.2f} | "
-                     f"{r['now_peak_allocated_bytes'] / float(r['measured_peak_allocated_bytes']) - 1:+.1%} |")
+                     f"{r['now_peak_allocated_bytes'] / float(r['measured_peak_allocated_bytes']) - 1:+.1%} | "
+                     f"{float(r['measured_peak_reserved_bytes']) / 2**30:.2f} | "
+                     f"{r['now_peak_reserved_bytes'] / float(r['measured_peak_reserved_bytes']) - 1:+.1%} |")
     return "\n".join(lines)
 
 
