@@ -701,6 +701,8 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
 def _list(parse, limit, option):
     """A comma-separated list, each item parsed and range-checked; an empty list refused."""
     def convert(ctx, param, value):
+        if value is None:          # an optional list not given
+            return None
         try:
             items = [x for x in str(value).split(",") if x.strip()]
             if not items:
@@ -727,11 +729,16 @@ def _whole(text):
 # Each distinct stage-3 parameter count costs one trace replay (milliseconds): 1000 values per axis.
 MAX_SWEEP_ROWS = 2**21
 MAX_SWEEP_VALUES = 1000
+MAX_MODEL_SWEEP_ROWS = 10_000     # a named model's points are estimates, milliseconds each
 
 
 @main.command("sweep")
-@click.option("--params", "params_list", required=True, callback=_list(parse_count, "params", "--params"),
-              help="Comma list of parameter counts: 1e9,7B,70e9.")
+@click.option("--params", "params_list", callback=_list(parse_count, "params", "--params"),
+              help="Comma list of parameter counts: 1e9,7B,70e9 (or one --model / --hf-config).")
+@click.option("--model", "model_name", type=_ModelName(),
+              help="One shipped model instead of --params (`zerocalc models`), with its own tensors; needed for "
+                   "LoRA and --freeze.")
+@click.option("--hf-config", type=click.Path(), help="One Hugging Face config.json instead of --params.")
 @click.option("--dp", "dp_list", default="1,8,64", show_default=True, callback=_list(_whole, "dp", "--dp"))
 @click.option("--stage", "stage_list", default="0,1,2,3", show_default=True,
               callback=_list(_whole, "elements", "--stage"))
@@ -745,16 +752,35 @@ MAX_SWEEP_VALUES = 1000
               help="Add reserved_bytes (the peak times its reserved/allocated ratio); with --gpu, its link "
                    "efficiency sets comm_s [default with --gpu: h200].")
 @link_options
+@adapter_options
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="CSV file [default: standard output].")
-def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, gpu_name, calibration_name, gpus_per_node,
-              intra_node_gbps, inter_node_gbps, out_path):
+def sweep_cmd(params_list, model_name, hf_config, dp_list, stage_list, dtype_list, gas_list, gpu_name,
+              calibration_name, gpus_per_node, intra_node_gbps, inter_node_gbps, lora_rank, lora_alpha, lora_dropout,
+              lora_targets, peft_config, freeze, out_path):
     """Every combination of the lists, vectorized: resident and peak bytes, logged and wire
     communication per rank, for P-only models (no activations). A million rows take about a second.
-    With --gpu or --calibration, also reserved bytes and (with --gpu) the communication's time."""
+    With --gpu or --calibration, also reserved bytes and (with --gpu) the communication's time.
+    One --model or --hf-config instead of --params is swept point by point with its own tensors, as
+    `estimate` has them (no activations), with LoRA or frozen modules as estimate takes them.
+
+    \b
+    Example:
+      zerocalc sweep --model qwen2.5-7b --lora-rank 16 --dp 1,8,64 --stage 1,2,3"""
     import csv
     import os
     import tempfile
     from zerocalc import sweep
+    if (params_list is None) == (model_name is None and hf_config is None):
+        raise click.UsageError("give --params (a list), or one --model or --hf-config")
+    lora = _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config)
+    if params_list is None:
+        spec = _adapted(_model(None, model_name, hf_config, {}), model_name, hf_config, {}, lora, freeze, stage_list)
+        params_list = [spec.num_params]
+    elif lora is not None or freeze:
+        raise click.UsageError("LoRA and --freeze need the model's modules: give --model NAME or --hf-config "
+                               "config.json instead of --params")
+    else:
+        spec = None
     dtype_list = [d.strip() for d in dtype_list.split(",") if d.strip()]
     unknown = [d for d in dtype_list if d not in _PARAM_BYTES]
     if unknown or not dtype_list:
@@ -776,9 +802,17 @@ def sweep_cmd(params_list, dp_list, stage_list, dtype_list, gas_list, gpu_name, 
     if gpu_name is None and any(x is not None for x in (gpus_per_node, intra_node_gbps, inter_node_gbps)):
         raise click.UsageError("--gpus-per-node and the bandwidth flags need --gpu")
     cal = _calibration(calibration_name or "h200", None, None) if gpu_name or calibration_name else None
-    g = sweep.grid(num_params=params_list, dp=dp_list, stage=stage_list, param_bytes=param_bytes, gas=gas_list)
-    out = sweep.evaluate(g)
-    columns = sweep.table(g, out)
+    axes = dict(dp=dp_list, stage=stage_list, param_bytes=param_bytes, gas=gas_list)
+    if spec is None:
+        g = sweep.grid(num_params=params_list, **axes)
+        out = sweep.evaluate(g)
+        columns = sweep.table(g, out)
+    else:
+        if rows > MAX_MODEL_SWEEP_ROWS:
+            raise click.UsageError(f"{rows:,} combinations; a model's sweep, point by point, takes at most "
+                                   f"{MAX_MODEL_SWEEP_ROWS:,}: split it into several sweeps")
+        g, out = sweep.of_model(spec, **axes)
+        columns = sweep.table(g, out)
     if cal is not None:
         hw = _linked(gpu_name, gpus_per_node, intra_node_gbps, inter_node_gbps) if gpu_name else None
         columns.update(sweep.calibrated_columns(g, out, cal, hw))

@@ -5,7 +5,7 @@ The model is the one `estimate` uses for `--params` (100 equal tensors, Adam-fam
 default buckets; param_bytes 2 is bf16, 4 is fp32). The sweep treats padding in closed form, so the
 tensors a rank's shard touches may differ from `estimate`'s by one: `tests/test_sweep.py` holds every
 column to `estimate` within 1%. Activations and step time need an architecture: use `estimate` or
-`plan`.
+`plan`. A named model, with LoRA or frozen modules, is swept point by point (`of_model`).
 
 A grid is kept as its axes, not as their product: each quantity is computed on the axes it depends
 on (numpy broadcasting: the fp32 master on the model sizes alone, a rank's shard on sizes × data-
@@ -238,6 +238,33 @@ def sweep(**axes):
     frame.update(_whole_bytes(out))
     frame["peak_phase"] = pd.Categorical.from_codes(out["peak_phase"], PHASES)
     return pd.DataFrame(frame)
+
+
+def of_model(model, optimizer_state_bytes: int = 8, **axes) -> tuple[dict, dict]:
+    """A model described by its tensors (a named model, its LoRA adapters or frozen modules:
+    `ModelSpec.trainable`), over the grid's other axes: each point `estimate`'s own numbers without
+    activations, as the P-only sweep has them, point by point (a model's tensors are not 100 equal
+    ones, and a frozen one's gradients, masters and moments are of the trained tensors only). (g, out)
+    as `grid` and `evaluate` give them, for `table` and `calibrated_columns`; out also holds
+    `trainable_params`."""
+    from zerocalc.estimate import estimate
+    from zerocalc.training import OPTIMIZERS, Stage
+    optimizer = next(o for o in OPTIMIZERS.values() if o.state_bytes_per_param == optimizer_state_bytes)
+    dtypes = {2: "bf16", 4: "fp32"}     # param_bytes: fp16's rows are bf16's (the sweep's --dtype)
+    g = grid(num_params=[model.num_params], **axes)
+    points = [g[k] for k in AXES]
+    names = ("resident_bytes", "peak_bytes", "comm_bytes", "wire_bytes", "volume_over_params")
+    out = {"trainable_params": np.full(len(points[0]), model.num_trainable, dtype=np.int64)}
+    out.update({k: np.empty(len(points[0])) for k in names})
+    out["peak_phase"] = np.empty(len(points[0]), dtype=np.int8)
+    for i, (_, n, stage, b, gas) in enumerate(zip(*points)):
+        setup = Setup(stage=Stage(int(stage)), dp=int(n), dtype=dtypes[int(b)], optimizer=optimizer, gas=int(gas))
+        e = estimate(model, setup, simulate=False)
+        for k, v in zip(names, (e.states.resident_bytes, e.peak_bytes, e.comm_bytes, e.comm_wire_bytes,
+                                e.comm_volume_over_params)):
+            out[k][i] = v
+        out["peak_phase"][i] = list(PHASES).index(e.peak.name)
+    return g, out
 
 
 def calibrated_columns(g, out: dict, cal: dict, hw=None) -> dict:
