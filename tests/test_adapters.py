@@ -259,3 +259,43 @@ def test_cli_peft_config_and_plan(tmp_path):
     r = CliRunner().invoke(main, ["plan", "--model", "llama-3-8b", "--lora-rank", "16", "--gpu", "a100-40g",
                                   "--seq-len", "2048", "--global-batch", "16", "--max-gpus", "2"])
     assert r.exit_code == 0 and "trainable" in r.output, r.output
+
+
+def test_cli_lora_estimate_simulates_its_own_stream():
+    """With the trace extra and PEFT, estimate records the LoRA model's stream (`zerocalc.hf.adapted`) and
+    answers reserved from the allocator simulation, as for a full fine-tune; the note says so."""
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from click.testing import CliRunner
+    from zerocalc.cli import main
+    r = CliRunner().invoke(main, ["estimate", "--model", "llama-3.2-1b", "--lora-rank", "16", "--stage", "2",
+                                  "--seq-len", "512", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)["estimates"][0]
+    assert out["peak_reserved_source"] == "simulated" and out["peak_reserved_bytes"] >= out["peak_bytes"]
+    assert "reserved: its traced allocation stream through the allocator simulation" in r.stderr
+
+
+def test_cli_sweep_takes_a_model_with_lora():
+    """sweep --model with the --lora flags: each point the LoRA model's states and traffic. Llama-3.2-1B
+    with r 16 on all seven linears of its 16 layers: A (16 × in) and B (out × 16) per linear, q and o
+    16·(2048 + 2048), k and v 16·(2048 + 512), gate, up and down 16·(2048 + 8192): 704,512 a layer,
+    P_t = 11,272,192 of P = 1,247,086,592."""
+    from click.testing import CliRunner
+    from zerocalc.cli import main
+    r = CliRunner().invoke(main, ["sweep", "--model", "llama-3.2-1b", "--lora-rank", "16", "--dp", "8", "--stage", "2"])
+    assert r.exit_code == 0, r.output
+    header, row = (line.split(",") for line in r.stdout.splitlines())
+    got = dict(zip(header, row))
+    p, p_t = 1_247_086_592, 11_272_192
+    assert (int(got["num_params"]), int(got["trainable_params"])) == (p, p_t)
+    s = p_t // 8                       # the trained flat group (a multiple of 2N = 16 already), per rank
+    # stage 2: the flat bf16 group of the trained tensors, the frozen ones whole, fp32 master and Adam's two
+    # moments of S, and the rotary embedding's inv_freq and original_inv_freq (head_dim / 2 = 32 fp32 each)
+    assert int(got["resident_bytes"]) == 2 * p_t + 2 * (p - p_t) + (4 + 8) * s + 2 * 32 * 4
+    # the trained gradients reduced (bf16), the updated slices all-gathered, the 4-byte norm and overflow flag
+    assert int(got["comm_bytes"]) == 2 * p_t + 2 * s + 4 + 1
+    bad = CliRunner().invoke(main, ["sweep", "--params", "7e9", "--lora-rank", "16"])
+    assert bad.exit_code == 2 and "need the model's modules" in bad.output
+    bad = CliRunner().invoke(main, ["sweep", "--params", "7e9", "--model", "llama-3.2-1b"])
+    assert bad.exit_code == 2 and "give --params" in bad.output

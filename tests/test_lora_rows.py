@@ -15,13 +15,6 @@ from validate.report import load, repredict_hf  # noqa: E402
 OPEN_COMM = {"auto-qwen2-lora16-h1536-l28-s3-bf16-n8fake-b2x2048-gas1-83c0d1332d",
              "auto-qwen2-lora16-h1536-l28-s3-bf16-n8fake-b2x2048-gas1-f135d2e3ca",
              "auto-qwen2-lora16-h1536-l28-s3-bf16-n8fake-b2x2048-gas1-c72f961a86"}
-# Open: the 2-layer Mixtral's two checkpointed rows (-11.2% at stage 2, -5.4% at stage 3). Its activations
-# are its own trace's and LoRA's kept bytes PEFT's (the rows without checkpointing: +0.9%, +0.7%); what the
-# phases' sum misses is the recomputed layer's backward beyond what it keeps: the frozen experts' gradients
-# of the gated product, 3·k·f bf16 a token (0.66 GiB here; PEFT's model traced with checkpointing peaks
-# 1.644 GiB above the states, measured 1.675, predicted 1.017). Frozen models are not simulated (`sequence.generated`).
-OPEN_PEAK = {"auto-mixtral-lora16-h4096-l2-s2-bf16-n1-b2x2048-gas1-371cca7705",
-             "auto-mixtral-lora16-h4096-l2-s3-bf16-n1-b2x2048-gas1-5a3c83f5a4"}
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +47,33 @@ def test_stage_3_lora_rows_run_again_are_exact_from_their_recorded_models():
     assert (again["now_comm_bytes"] == measured).all() and (again["pred_comm_bytes"] == measured).all()
 
 
-def test_lora_rows_peak_allocated_within_3_percent(rows):
-    """Peak allocated within 3% on every row, dense or MoE, checkpointed or not (LoRA's kept bytes:
-    `adapters.kept_delta_bytes_per_token`), but the two `OPEN_PEAK` ones (within 12%)."""
-    err = (rows["now_peak_allocated_bytes"] / rows["measured_peak_allocated_bytes"].astype(float) - 1).abs()
-    open_ = rows["key"].isin(OPEN_PEAK)
-    assert (~open_).sum() >= 32 and (err[~open_] <= 0.03).all(), rows.loc[~open_ & (err > 0.03), "key"].tolist()
-    assert open_.sum() == 2 and (err[open_] <= 0.12).all()
-    assert (~rows.loc[~open_, "activation_checkpointing"].astype(str).eq("True")).sum() >= 7   # non-checkpointed judged
-    moe = rows["key"].str.startswith("auto-mixtral") & ~open_
-    assert moe.sum() == 2 and (err[moe] <= 0.01).all()     # +0.9%, +0.7%: the trace and the experts' rule
+def test_lora_rows_peaks_simulated_within_3_and_8_percent(rows):
+    """Every row, LoRA, DoRA, frozen or full, dense or MoE, checkpointed or not, at every stage: its
+    allocation stream recorded from PEFT's model (`zerocalc.hf.adapted`) and replayed through the
+    allocator beside DeepSpeed's side (a later job of a validator process after the jobs before it):
+    peak allocated within 3% and reserved within 8% of the measured. Before the stream, reserved was
+    the calibrated ratio (19 of the 38 adapted rows within 8%, -12.1% to +17.7%) and the checkpointed
+    2-layer Mixtral's allocated the phases' sum (-11.2% at stage 2, -5.4% at stage 3)."""
+    pytest.importorskip("peft")
+    alloc = (rows["now_peak_allocated_bytes"] / rows["measured_peak_allocated_bytes"].astype(float) - 1).abs()
+    resv = (rows["now_peak_reserved_bytes"] / rows["measured_peak_reserved_bytes"].astype(float) - 1).abs()
+    assert (alloc <= 0.03).all(), rows.loc[alloc > 0.03, "key"].tolist()
+    assert (resv <= 0.08).all(), rows.loc[resv > 0.08, "key"].tolist()
+    adapted = rows["key"].str.contains("lora|frozen")
+    assert adapted.sum() >= 38 and (~rows.loc[adapted, "activation_checkpointing"].astype(str).eq("True")).sum() >= 14
+    mixtral = rows["key"].str.startswith("auto-mixtral")
+    assert mixtral.sum() == 4 and (alloc[mixtral] <= 0.001).all()     # checkpointed or not, stage 0, 2 or 3
+    # all but three to the tenth of a percent (reserved: OLMoE +3.2%, Mixtral at stage 3 +0.7%, Qwen3 through
+    # Trainer at stage 2 with checkpointing +0.3%)
+    assert ((alloc <= 0.001) & (resv <= 0.001)).sum() >= len(rows) - 3
+
+
+def test_each_lora_row_is_simulated(rows):
+    """The reserved peak of every adapted row comes from the allocator simulation, none from the ratio."""
+    pytest.importorskip("peft")
+    from validate import hf_models
+    from validate.report import job_from_row, to_zerocalc
+    from zerocalc.estimate import estimate
+    for _, r in rows.iterrows():
+        job = job_from_row(r.to_dict())
+        assert estimate(hf_models.traced_spec(job), to_zerocalc(job)[1]).reserved_source == "simulated", r["key"]
