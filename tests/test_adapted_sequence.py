@@ -100,13 +100,13 @@ def test_a_frozen_model_is_generated_only_with_its_own_stream_in_the_variant_it_
 
 def test_a_shallow_copy_takes_the_mask_of_the_layers_it_plays():
     # 2 tensors before the layers, 6 layers of 3, 1 after; a 4-layer copy plays layers 0, 1, 4, 5 as its
-    # 0-3 (`_TracedStep._template`) and the middle layers 2, 3 as its layer 1.
+    # 0-3 (`sequence.played_as`) and the middle layers 2, 3 as its layer 1.
     layer = (False, True, True)
     full = (False, True) + layer * 6 + (False,)
     copy = shallow_mask(full, [[2, 3, 4], [5, 6, 7], [8, 9, 10], [11, 12, 13]], 15, 6)
     assert copy == (False, True) + layer * 4 + (False,)
     other = (False, True) + layer * 2 + (False, False, True) + layer * 3 + (False,)   # layer 2 differs from 1
-    with pytest.raises(ValueError, match="layer 2"):
+    with pytest.raises(ValueError, match="layer 2 trains other tensors"):
         shallow_mask(other, [[2, 3, 4], [5, 6, 7], [8, 9, 10], [11, 12, 13]], 15, 6)
 
 

@@ -137,6 +137,16 @@ def _head_matmul(st: dict, variant: str) -> int | None:
     return None
 
 
+def played_as(i: int, layers: int, traced: int, leading: int = 0) -> int:
+    """The traced layer (of `traced`) played as layer i of `layers`: the `leading` dense ones, the next
+    two and the last two as traced, every other as the second after the leading ones."""
+    if layers <= traced or i < leading + 2:
+        return i
+    if i >= layers - 2:
+        return traced - (layers - i)
+    return leading + 1
+
+
 class _TracedStep:
     """A model's forward, loss and backward from its stream (a family's, `zerocalc.hf.familystream`,
     or a traced profile's, `zerocalc.hf.memtrace.step_stream`): what its code allocates and frees on
@@ -176,14 +186,7 @@ class _TracedStep:
         return n
 
     def _template(self, i: int) -> int:
-        """The traced layer played as layer i: the leading dense ones, the next two and the last two
-        as traced, every other as the second after the leading ones."""
-        lead = len(self.leading) - 1
-        if self.layers <= self.k or i < lead + 2:
-            return i
-        if i >= self.layers - 2:
-            return self.k - (self.layers - i)
-        return lead + 1
+        return played_as(i, self.layers, self.k, len(self.leading) - 1)
 
     def _first_param(self, i: int) -> int:
         """Layer i's first parameter: after the leading layers' (`leading_layer_params`), per_layer each."""

@@ -1,18 +1,16 @@
 """The allocation stream of a training step of a model with frozen parameters or PEFT's LoRA, recorded
 from PEFT's own model on fake tensors (`memtrace.record_step`), for `zerocalc.sequence` to play beside
-DeepSpeed's side as it plays a full fine-tune's.
+DeepSpeed's side as it plays a full fine-tune's (docs/lora.md, "Peaks").
 
-What differs from the full model's stream is what autograd and PEFT allocate: a frozen weight gets no
-gradient and a frozen linear keeps no input; each LoRA target adds its adapters' forward (lora_A's
-output, kept for lora_B's gradient; lora_B's output, the scaled copy and the sum into the base
-output; with dropout the dropout's output and CUDA's bool mask, `cudaops`) and their backward. The
-model is built as the validator builds it (`validate.hf_models`): PEFT's `get_peft_model` on the
-model, then `requires_grad` set from zerocalc's own mask (`ModelSpec.trainable`), so the stream and
-the rest of zerocalc describe one set of trained tensors. Four variants (`VARIANTS`): with and
-without activation checkpointing, each as stages 0-2 run it (the engine casts the fp32 adapters to
-the training dtype) and as stage 3 under zero.Init runs it (adapters fp32, `states.wide_stage3_elements`;
-F.linear DeepSpeed's, which keeps every input, `familystream.zero3_linear`). Each is recorded and
-cached on its own (`cached_stream`): a job plays one.
+What differs from the full model's stream is what autograd and PEFT allocate: no gradient for a frozen
+weight, no kept input for a frozen linear, each LoRA target's forward and backward (lora_A's output,
+kept for lora_B's gradient; lora_B's output, the scaled copy, the sum; with dropout its output and
+CUDA's bool mask, `cudaops`). The model is built as the validator builds it (`validate.hf_models`):
+`get_peft_model`, then `requires_grad` from zerocalc's own mask (`ModelSpec.trainable`), so the stream
+and the rest of zerocalc describe one set of trained tensors. Four variants (`VARIANTS`), with and
+without activation checkpointing, as stages 0-2 run them (adapters cast to the training dtype) and as
+stage 3 under zero.Init does (fp32 adapters, `states.wide_stage3_elements`; DeepSpeed's F.linear,
+which keeps every input, `familystream.zero3_linear`), each recorded and cached on its own.
 """
 import hashlib
 import json
@@ -55,7 +53,9 @@ def build(d: dict, layers: int, lora, trainable: tuple[bool, ...] | None, zero3:
         for prefix, m in model.named_modules():
             for name, p in list(m._parameters.items()):
                 if p is not None and ".lora_" in f"{prefix}.{name}":
-                    fake = p.detach() if isinstance(p, torch._subclasses.fake_tensor.FakeTensor) else mode.from_tensor(p.detach())
+                    fake = p.detach()
+                    if not isinstance(fake, torch._subclasses.fake_tensor.FakeTensor):
+                        fake = mode.from_tensor(fake)
                     with mode:
                         fake = fake.to(torch.float32 if zero3 else dtype)
                     m._parameters[name] = torch.nn.Parameter(fake)
@@ -69,29 +69,23 @@ def build(d: dict, layers: int, lora, trainable: tuple[bool, ...] | None, zero3:
 
 
 def shallow_mask(trainable: tuple[bool, ...], layer_params: list, n_shallow: int, total_layers: int) -> tuple:
-    """The mask of a shallow copy (`layer_params`: its layers' parameter indices, `n_shallow` parameters)
-    from the full model's (`total_layers` layers): the parameters before and after the layers as they
-    are, each of the copy's layers as the full layer it is played as (`sequence._TracedStep._template`:
-    the first two, the last two, the middle ones as the second after the leading ones). ValueError
-    where a full layer trains other tensors than the one it is played as."""
+    """The mask of a shallow copy (`layer_params`: its layers' parameter indices; `n_shallow` parameters)
+    from the full model's of `total_layers` layers: the tensors before and after the layers as they
+    are, each layer of the copy as the full layers it is played as (`sequence.played_as`). ValueError
+    where two full layers played as one train different tensors."""
     from zerocalc.hf.memtrace import leading_layers
+    from zerocalc.sequence import played_as
     k, lead = len(layer_params), leading_layers(layer_params)
-    first, per = layer_params[0][0], len(layer_params[-1])
-    starts = [first + sum(len(ps) for ps in layer_params[:i]) for i in range(min(lead, k))]
-    starts += [first + sum(len(ps) for ps in layer_params[:lead]) + (i - lead) * per for i in range(lead, total_layers)]
-    size = [len(layer_params[i]) if i < lead else per for i in range(total_layers)]
-    full = [tuple(trainable[starts[i]:starts[i] + size[i]]) for i in range(total_layers)]
-    played = [i if total_layers <= k or i < lead + 2 else
-              (k - (total_layers - i) if i >= total_layers - 2 else lead + 1) for i in range(total_layers)]
+    sizes = [len(ps) for ps in layer_params[:lead]] + [len(layer_params[-1])] * (total_layers - lead)
+    start = layer_params[0][0]
     shallow = [None] * k
-    for i, j in enumerate(played):
-        if shallow[j] is None:
-            shallow[j] = full[i]
-        elif shallow[j] != full[i]:
-            raise ValueError(f"layer {i} trains other tensors than layer {j}, which it is played as")
-    after = n_shallow - first - sum(len(ps) for ps in layer_params)
-    tail = tuple(trainable[len(trainable) - after:]) if after else ()
-    return tuple(trainable[:first]) + sum(shallow, ()) + tail
+    for i, size in enumerate(sizes):
+        j, mask = played_as(i, total_layers, k, lead), tuple(trainable[start:start + size])
+        if shallow[j] not in (None, mask):
+            raise ValueError(f"layer {i} trains other tensors than the layer it is played as")
+        shallow[j] = mask
+        start += size
+    return tuple(trainable[:layer_params[0][0]]) + sum(shallow, ()) + tuple(trainable[start:])
 
 
 def record(d: dict, lora, trainable, name: str, attention: str | None = None) -> dict:
@@ -111,7 +105,7 @@ def record(d: dict, lora, trainable, name: str, attention: str | None = None) ->
                 base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             else:
                 base.gradient_checkpointing_disable()
-    params, layer_params = memtrace._layer_params(model)
+    layer_params = memtrace._layer_params(model)[1]
     head = {"basis": list(memtrace.STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
             "params_per_layer": len(layer_params[-1]), "attention": attention or base.config._attn_implementation}
     lead = memtrace.leading_layers(layer_params)
@@ -138,9 +132,11 @@ def stream(d: dict, lora, trainable: tuple[bool, ...], names, attention: str | N
 
 
 def cache_key(d: dict, lora, trainable, name: str, attention: str | None) -> str:
+    """What the recording depends on: the config, the adapters, the trained tensors, the variant and
+    attention, the torch, transformers and PEFT versions, and what is recorded (`FORMAT`)."""
+    from importlib import metadata
     from zerocalc.hf import trace
     torch_version, transformers_version = trace._versions()
-    from importlib import metadata
     text = json.dumps({"config": d, "lora": None if lora is None else repr(lora), "attention": attention,
                        "trainable": "".join("1" if t else "0" for t in trainable), "variant": name,
                        "transformers": transformers_version, "torch": torch_version,
