@@ -1,6 +1,7 @@
 """`zerocalc` on the command line: parse, call the model, print. No arithmetic here."""
 import json
 import sys
+from dataclasses import replace
 
 import click
 
@@ -683,6 +684,10 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
         except dsconfig.DsConfigError as err:
             raise InputFailure(f"{ds_config}: {err}")
     host_memory, host_note = _host_memory(host_memory, hw)
+    # the candidates `estimate` judges (`plan.top`) are simulated with the adapted model's own stream
+    spec = _streamed(spec, model_name, hf_config, overrides, lora,
+                     [replace(base, stage=Stage(s), activation_checkpointing=c) for s in space.stages
+                      for c in (False, True)])
     cands = plan.candidates(spec, hw, base, global_batch, memory, 1, max_gpus, cal, host_memory, explain, space)
     dropped = []
     if fewest:
