@@ -835,7 +835,7 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     (stage 3's checked at N = 16-64 as rank 0 of a fake world, docs/scale.md); optimizer offload with
     one micro-step (at stage 3 in bf16),
     parameter offload beside it at N = 1; overlap_comm at stages 1/2 with one micro-step, without
-    offload)."""
+    offload); frozen parameters and LoRA with the model's own stream (`_adapted`)."""
     arch = model.architecture
     s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
     if model.frozen and not _adapted(model, setup):
