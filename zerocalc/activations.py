@@ -72,13 +72,12 @@ def traced_activations(model: ModelSpec, setup: Setup) -> dict | None:
 
 def traced_layers_bytes(model: ModelSpec, setup: Setup) -> float | None:
     """The layers' kept bytes read from the model's code (`zerocalc.hf.memtrace.layer_activations`:
-    a·T + c·B·s², traced in bf16 with SDPA as the model's config chooses), for a model no family
-    transcribes; None where not traced or the dtype is not 2 bytes. Mixture-of-experts models too:
+    a·T + c·B·s², traced in bf16 with SDPA as the model's config chooses); None where its description
+    holds none (a family's: the calibrated formula) or the dtype is not 2 bytes. Mixture-of-experts models too:
     transformers 5 runs fused experts as `grouped_mm` over the k·T routed rows, whatever the routing,
     so the fake tensors' kept bytes are a real batch's (the H200 rows of the 2-layer Mixtral)."""
-    p = model.profile
     acts = traced_activations(model, setup)
-    if model.transcribed or not acts or setup.param_bytes != 2:
+    if not acts or setup.param_bytes != 2:
         return None
     b, s = setup.micro_batch, setup.seq_len
     return acts["bytes_per_token"] * b * s + acts["bytes_per_sequence_squared"] * b * s * s

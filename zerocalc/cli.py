@@ -7,7 +7,7 @@ import click
 
 from zerocalc import __version__, DEEPSPEED_VERSION
 from zerocalc import arch as _arch
-from zerocalc import calibration, dsconfig, hardware, inputs, render, resolve
+from zerocalc import calibration, dsconfig, family, hardware, inputs, render, resolve
 from zerocalc.estimate import estimate
 from zerocalc.model import from_architecture, from_params, shaped
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
@@ -129,8 +129,8 @@ def _model(params, model, hf_config, overrides):
                 arch_flags["num_heads"], arch_flags.get("num_kv_heads") or arch_flags["num_heads"],
                 arch_flags.get("ffn_hidden_size") or 4 * h, arch_flags.get("tie_embeddings", False))
             _arch.validate_architecture(a)
-            inputs.check_model_size(a.num_layers, _arch.num_params(a), "the model")
             spec = from_architecture(a)
+            inputs.check_model_size(a.num_layers, spec.num_params, "the model")
         if spec is not None:
             layers = spec.architecture.num_layers if spec.architecture else None
             inputs.check_model_size(layers, spec.num_params, spec.name)
@@ -186,7 +186,7 @@ def _setups(opts, ds, stages, hidden_size):
 
 def _shaped(num_params):
     try:
-        layers = _arch.generic(int(num_params)).num_layers
+        layers = family.generic_layers(int(num_params))
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--params")
     if layers > inputs.LIMITS["num_layers"].high:

@@ -1,8 +1,10 @@
-"""The 'what' input: a model known by its parameter count or by its architecture."""
+"""The 'what' input: a model known by its parameter count alone, or described by a profile (a
+shipped one, a traced config.json, or a family's at any size: `zerocalc.profile`, `zerocalc.family`)."""
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from zerocalc import arch as _arch
+from zerocalc.profile import Profile
 
 
 @dataclass(frozen=True)
@@ -16,9 +18,8 @@ class ModelSpec:
     checkpointed_backward_trace: tuple[tuple[int, ...], ...] | None = None  # None: as without checkpointing
     checkpointed_recomputed: tuple[bool, ...] | None = None   # per step of checkpointed_backward_trace: a
                                                               # recomputation's forward call (None: none)
-    profile: object = field(default=None, compare=False, hash=False, repr=False)   # a traced model's Profile
-    transcribed: bool = True     # tensors and trace are a transcribed family's (zerocalc.arch), so its
-                                 # allocation sequence (zerocalc.sequence) applies
+    profile: Profile | None = field(default=None, repr=False)   # the description it was made from (None:
+                                                               # P alone): modules, allocation stream, step counts
     trainable: tuple[bool, ...] | None = None   # per parameter tensor, `requires_grad`; None: every one trains
                                                 # (LoRA and frozen parameters: `zerocalc.adapters`)
     wide: tuple[bool, ...] | None = None        # per tensor: made in fp32 after the model (PEFT's adapters,
@@ -105,6 +106,12 @@ class ModelSpec:
         return sum(self.param_numels[i] for i in self.trace[-1])
 
     @cached_property
+    def layer_numel(self) -> int:
+        """Parameters of one transformer layer (the first): what activation checkpointing runs again."""
+        p = self.profile
+        return sum(p.param_numels[i] for i in p.subtree_params(next(i for i, m in enumerate(p.modules) if m.layer)))
+
+    @cached_property
     def largest_param_numel(self) -> int:
         return max(self.param_numels)
 
@@ -130,17 +137,17 @@ def from_params(num_params: int) -> ModelSpec:
 
 
 def from_architecture(a: _arch.Architecture, name: str | None = None) -> ModelSpec:
-    _arch.validate_architecture(a)
-    return ModelSpec(name or a.family, _arch.param_numels(a), _arch.trace(a), _arch.buffer_numels(a), a,
-                     _arch.backward_trace(a), _arch.backward_trace(a, checkpointing=True), _arch.recomputed(a))
+    """The validator's family model of these dimensions (`zerocalc.family`)."""
+    from zerocalc import family
+    return family.spec(a, name)
 
 
 def shaped(num_params: int) -> ModelSpec:
-    """A model of exactly `num_params` that has a shape (activations, step time): `arch.generic`'s
-    Llama-like architecture, whose token embedding also takes the fewer than 3·L·h elements it falls
-    short by. States and communication are then those of exactly P, as `from_params` gives them, up to
-    per-tensor padding; an embedding is read by index, so the extra elements cost no FLOPs."""
-    a = _arch.generic(int(num_params))
-    spec = from_architecture(a, "P-only model")
+    """A model of exactly `num_params` that has a shape (activations, step time): `family.generic`'s
+    Llama, whose token embedding also takes the fewer than 3·L·h elements it falls short by. States
+    and communication are then those of exactly P, as `from_params` gives them, up to per-tensor
+    padding; an embedding is read by index, so the extra elements cost no FLOPs."""
+    from zerocalc import family
+    spec = from_architecture(family.generic(int(num_params)), "P-only model")
     embed, *rest = spec.param_numels
     return replace(spec, param_numels=(embed + int(num_params) - spec.num_params, *rest))

@@ -47,6 +47,8 @@ class Module:
     params: tuple[int, ...]    # its own parameters (recurse=False), indices into Profile.params
     layer: bool = False        # a decoder layer: the unit activation checkpointing recomputes
     moe: bool = False          # a mixture-of-experts block: one fetch unit at stage 3 (set_z3_leaf_modules)
+    external: tuple[int, ...] = ()   # parameters its forward reads of a module it does not call (the seed's
+                                     # nn.MultiheadAttention and its out_proj): stage 3 fetches them with it
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class Profile:
     # {attention: {"activations", "stream"}}: traced under an attention other than the config's own
     # (SDPA where the config picks eager: `hf.trace.trace`)
     attentions: dict | None = field(default=None, hash=False, compare=False)
+    returns_logits: bool = False        # its forward returns the logits (the seed's GPT): trained as it is,
+                                        # where a Hugging Face model is wrapped (`to_model_spec`)
+    checkpoint_reenters_layer: bool = False   # `checkpoint(layer, x)` calls the layer itself again (the
+                                              # seed's GPT); Hugging Face's re-enters below the layer's hooks
 
     @property
     def num_params(self) -> int:
@@ -173,12 +179,14 @@ def to_json(p: Profile) -> dict:
         "buffers": _compress([[t.name, list(t.shape), t.dtype] + ([t.zero_init_dtype] if t.zero_init_dtype else [])
                               for t in p.buffers]),
         "modules": _compress([[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "")]
-                              for m in p.modules]),
+                              + ([[names[i] for i in m.external]] if m.external else []) for m in p.modules]),
         "calls": node(p.calls),
         "activations": p.activations,
         "stream": p.stream,
         **({"steps": p.steps} if p.steps else {}),
         **({"attentions": p.attentions} if p.attentions else {}),
+        **({"returns_logits": True} if p.returns_logits else {}),
+        **({"checkpoint_reenters_layer": True} if p.checkpoint_reenters_layer else {}),
     }
 
 
@@ -187,7 +195,8 @@ def from_json(d: dict) -> Profile:
         raise ValueError(f"profile format {d.get('format')!r}; this zerocalc reads format {FORMAT}")
     params = tuple(Tensor(n, tuple(s)) for n, s in _expand(d["params"]))
     index = {t.name: i for i, t in enumerate(params)}
-    modules = tuple(Module(n, c, tuple(index[x] for x in ps), "L" in f, "M" in f) for n, c, ps, f in _expand(d["modules"]))
+    modules = tuple(Module(n, c, tuple(index[x] for x in ps), "L" in f, "M" in f, tuple(index[x] for x in (ext or [[]])[0]))
+                    for n, c, ps, f, *ext in _expand(d["modules"]))
     mindex = {m.name: i for i, m in enumerate(modules)}
 
     def node(x) -> CallNode:
@@ -196,7 +205,8 @@ def from_json(d: dict) -> Profile:
 
     return Profile(d["name"], d["model_type"], d.get("dims", {}), params,
                    tuple(Tensor(b[0], tuple(b[1]), *b[2:]) for b in _expand(d["buffers"])), modules, node(d["calls"]),
-                   d.get("source", {}), d.get("activations"), d.get("stream"), d.get("steps"), d.get("attentions"))
+                   d.get("source", {}), d.get("activations"), d.get("stream"), d.get("steps"), d.get("attentions"),
+                   bool(d.get("returns_logits")), bool(d.get("checkpoint_reenters_layer")))
 
 
 def traced_under(p: Profile, attention: str) -> tuple[dict | None, dict | None]:
@@ -255,21 +265,22 @@ def _call_tree(p: Profile, node: CallNode, leaf_moe: bool):
         # deepspeed.utils.set_z3_leaf_modules: no hooks below the block; its pre-forward hook fetches
         # every parameter under it at once, and its release frees them together.
         return Call(p.subtree_params(node.module), (), node.grad, m.layer)
-    return Call(m.params, tuple(_call_tree(p, c, leaf_moe) for c in node.children), node.grad, m.layer)
+    return Call(tuple(sorted(m.params + m.external)), tuple(_call_tree(p, c, leaf_moe) for c in node.children),
+                node.grad, m.layer)
 
 
 def architecture(p: Profile):
-    """The transcribed-family shape nearest the profile, for what is still computed from an
-    Architecture (activations, step time): GPT-2 for gpt2, Llama's for every other decoder. An MoE
-    layer's MLP is counted as the top-k experts' and the shared experts' widths (balanced routing:
-    each token's MLP activations are those of the k experts it is sent to)."""
+    """The family shape nearest the profile, for what is computed from dimensions (activations, step
+    time, a family's stream): the seed's GPT for its own, GPT-2 for gpt2, Llama's for every other
+    decoder. An MoE layer's MLP is counted as the top-k experts' and the shared experts' widths
+    (balanced routing: each token's MLP activations are those of the k experts it is sent to)."""
     from zerocalc.arch import Architecture
     d = p.dims
     heads = d["num_heads"]
     ffn = d["ffn_hidden_size"]
     if d.get("num_experts"):
         ffn = d.get("experts_per_token", 1) * d["moe_ffn_hidden_size"] + d.get("shared_ffn_hidden_size", 0)
-    family = "hf-gpt2" if p.model_type == "gpt2" else "hf-llama"
+    family = {"gpt2": "hf-gpt2", "seed-gpt": "seed-gpt"}.get(p.model_type, "hf-llama")
     llama = p.model_type == "llama"
     return Architecture(family, d["vocab_size"], d["hidden_size"], d["num_layers"], heads,
                         d.get("num_kv_heads") or heads, ffn, bool(d.get("tie_embeddings")),
@@ -288,32 +299,28 @@ def buffer_element_bytes(b: Tensor) -> tuple[int, int]:
 
 
 def to_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, wrapper: bool = True):
-    """The ModelSpec of a profile: its tensors, its forward and backward hook traces (derived from
-    the calls as `arch.trace` / `arch.backward_trace` derive them from the transcribed ones; Hugging
-    Face's checkpointing re-enters below the layer's own hooks), its buffers. wrapper: the validator
-    trains the model inside a module that returns the logits (`zerocalc.hf.families.HFCausalLM`): one
-    parameter-less call around the model. z3_leaf_moe: an MoE block is one stage-3 fetch unit.
-    `transcribed` says whether the tensors and trace equal a transcribed family's, whose
-    allocation sequence (`zerocalc.sequence`) then applies."""
+    """The ModelSpec of a profile (`bare_model_spec`); a profile that is the validator's family's at its
+    dimensions holds that family's measured stream and activations (`zerocalc.family.described`)."""
+    from zerocalc import family
+    return bare_model_spec(family.described(p), name, z3_leaf_moe, wrapper)
+
+
+def bare_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, wrapper: bool = True):
+    """The ModelSpec of a profile: its tensors, its forward and backward hook traces (walked from the
+    calls by `arch._forward` / `arch._backward`; Hugging Face's checkpointing re-enters below the
+    layer's own hooks, the seed's `checkpoint(block, x)` calls the block again), its buffers.
+    wrapper: the validator trains a Hugging Face model inside a module that returns the logits
+    (`zerocalc.hf.families.HFCausalLM`): one parameter-less call around it (not around a model whose
+    forward returns them, `Profile.returns_logits`). z3_leaf_moe: an MoE block is one stage-3 fetch unit."""
     from zerocalc import arch as A
     from zerocalc.model import ModelSpec
     root = _call_tree(p, p.calls, z3_leaf_moe)
-    if wrapper:
+    if wrapper and not p.returns_logits:
         root = A.Call((), (root,))
-    a = architecture(p)
-    numels = p.param_numels
-    trace = tuple(A._forward(root))
+    again = p.checkpoint_reenters_layer
     # Scalar buffers (Gemma's embed_scale) are left out, as the validator's state measurement leaves every
     # storage of 8 bytes or less out (with DeepSpeed's own scalars: `validate.measure.SCALAR_BYTES`).
     kept = [b for b in p.buffers if b.numel > 2]
-    spec = ModelSpec(name or p.name, numels, trace, tuple(b.numel for b in kept), a,
-                     tuple(A._backward(root)), tuple(A._backward(root, checkpointing=True)), A._recomputed(root),
-                     profile=p, buffer_bytes=tuple(buffer_element_bytes(b) for b in kept))
-    try:
-        A.validate_architecture(a)
-        same = (A.param_numels(a) == numels and A.trace(a) == trace and A.buffer_numels(a) == spec.buffer_numels
-                and A.backward_trace(a, True) == spec.checkpointed_backward_trace)
-    except ValueError:
-        same = False
-    from dataclasses import replace
-    return replace(spec, transcribed=same)
+    return ModelSpec(name or p.name, p.param_numels, tuple(A._forward(root)), tuple(b.numel for b in kept),
+                     architecture(p), tuple(A._backward(root)), tuple(A._backward(root, True, again)),
+                     A._recomputed(root, again), profile=p, buffer_bytes=tuple(buffer_element_bytes(b) for b in kept))

@@ -1,13 +1,14 @@
-"""From what the user names to a ModelSpec: a preset, a shipped profile, or a config.json (a file of
-any name or a model directory). Torch-free: a config is traced (`zerocalc.hf.trace`, the optional
-`trace` extra) only when neither a shipped profile nor a transcribed family reads it."""
+"""From what the user names to a ModelSpec: a shipped profile (with overrides), or a config.json (a
+file of any name or a model directory). Torch-free: a config is traced (`zerocalc.hf.trace`, the
+optional `trace` extra) only when neither a shipped profile nor one of the validator's families
+(`zerocalc.family`) reads it."""
 import json
 import os
 from dataclasses import replace
 from functools import lru_cache
 
-from zerocalc import arch as _arch
 from zerocalc import configmatch as _configmatch
+from zerocalc import family as _family
 from zerocalc import profile as _profile
 from zerocalc.inputs import check_hf_config, load_json_object
 from zerocalc.model import ModelSpec, from_architecture
@@ -22,8 +23,8 @@ GPT2_KEYS = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_h
 
 
 def names() -> list[str]:
-    """Every --model name: the transcribed presets and the shipped profiles."""
-    return sorted(set(_arch.PRESETS) | set(_profile.shipped()))
+    """Every --model name: the shipped profiles."""
+    return sorted(_profile.shipped())
 
 
 # What a Hub repository's name adds to the model's: its organisation ("meta-llama/"), Meta's own
@@ -82,25 +83,35 @@ def describe_overrides(overrides: dict, derived: dict | None = None) -> str:
 
 
 def preset_spec(name: str, overrides: dict) -> ModelSpec:
-    """A transcribed preset, or a shipped profile, with overrides. Overrides of a preset re-derive
-    what depends on them (`arch.preset`); a shipped profile's config.json is traced again with them
-    (needs the extra)."""
-    if name in _arch.PRESETS:
-        a, derived = _arch.preset_derived(name, **overrides)
-        label = f"{name} ({describe_overrides(overrides, derived)})" if overrides else name
-        return from_architecture(a, label)
+    """A shipped profile, with overrides. A model the validator's family is at its dimensions takes them
+    without torch, as that family at the new dimensions (`overridden`); another's config.json is traced
+    again with them (needs the extra)."""
     if not overrides:
         return _shipped_spec(name)
+    shipped = _shipped_spec(name)
+    if _family.FAMILY in shipped.profile.source:
+        a, derived = overridden(shipped.architecture, overrides)
+        return from_architecture(a, f"{name} ({describe_overrides(overrides, derived)})")
     from zerocalc.hf.ship import configs
     with open(configs()[name]) as f:
         d = json.load(f)
     return _traced(_override_config(d, overrides), f"{name} ({describe_overrides(overrides)})", f"--model {name}")
 
 
+def overridden(a, overrides: dict):
+    """(a with the overrides, what was derived from them): a new hidden size without a new FFN width
+    keeps the model's FFN/hidden ratio (the seed's GPT has FFN 4·hidden at every width)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    derived = {}
+    if "hidden_size" in given and "ffn_hidden_size" not in given:
+        derived["ffn_hidden_size"] = int(round(given["hidden_size"] * a.ffn_hidden_size / a.hidden_size))
+    return replace(a, **given, **derived), derived
+
+
 @lru_cache(maxsize=None)
 def _shipped_spec(name: str) -> ModelSpec:
     """A shipped profile's ModelSpec, built once per process (the frozen spec then keys the stage-3
-    walk's caches as a preset's does)."""
+    walk's caches)."""
     return _profile.to_model_spec(_profile.shipped_profile(name), name)
 
 
@@ -118,15 +129,6 @@ def read_config(path: str) -> tuple[dict, str]:
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     # file named in every error; sizes type- and range-checked (`zerocalc.inputs`)
     return check_hf_config(load_json_object(file, "Hugging Face config.json", constants=True), file), file
-
-
-def _transcribed(d: dict) -> bool:
-    """A config one of the transcribed families reads exactly (no biases the family lacks)."""
-    kind = d.get("model_type")
-    if kind == "gpt2":
-        return True
-    return kind in ("llama", "mistral") \
-        and d.get("head_dim") in (None, d.get("hidden_size", 0) // max(d.get("num_attention_heads", 1), 1))
 
 
 def _implemented_types() -> tuple[str, set]:
@@ -205,7 +207,8 @@ def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
 def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
     """(the ModelSpec of a config.json or model directory, a note on how it was read). A config that
     is a shipped model by the keys that build it (`zerocalc.configmatch`) is that model, under its
-    name, as --model NAME gives it; else a transcribed family's, else traced."""
+    name, as --model NAME gives it; else one of the validator's families at its dimensions
+    (`zerocalc.family`: GPT-2, Llama, Mistral), else traced."""
     d, file = read_config(path)
     label = f"{file} ({describe_overrides(overrides)})" if overrides else file
     if overrides:
@@ -219,8 +222,8 @@ def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
         said = f"{file} is the shipped {name}{same} (the keys that build the model are equal" + \
             (f"; ignored: {', '.join(ignored)})" if ignored else ")")
         return (replace(spec, name=label) if overrides else spec), said
-    if _transcribed(d):
-        return from_architecture(_arch.from_hf_config(d), label), None
+    if _family.reads(d):
+        return from_architecture(_family.from_config(d), label), None
     nearest = _nearest(near, diff, d)
     spec = _traced(d, label, file, nearest)
     said = f"{file} traced: it is not the shipped {near}, which differs in " \
@@ -234,7 +237,7 @@ def notes(spec: ModelSpec, stages) -> list[str]:
     if p is None:
         return []
     out = []
-    if not spec.transcribed:
+    if _family.FAMILY not in p.source:
         if p.moe_classes:
             how = (f"the Llama formulas with the {p.dims.get('experts_per_token')} routed experts' widths per token "
                    f"(balanced routing)")
@@ -264,20 +267,15 @@ def notes(spec: ModelSpec, stages) -> list[str]:
 
 
 def listing() -> list[dict]:
-    """One row per --model name: the transcribed presets first where a profile has the same name."""
+    """One row per --model name, from its shipped profile; source "family" where the validator's family
+    is that model at its dimensions (its stream and activations are the family's), else "profile"."""
     rows = []
     for name in names():
-        if name in _arch.PRESETS:
-            a = _arch.PRESETS[name]
-            rows.append({"name": name, "model_type": {"seed-gpt": "seed-gpt", "hf-gpt2": "gpt2"}.get(a.family, "llama"),
-                         "num_params": _arch.num_params(a), "num_layers": a.num_layers, "hidden_size": a.hidden_size,
-                         "num_experts": 0, "experts_per_token": 0, "source": "transcribed"})
-            continue
         p = _profile.shipped_profile(name)
         rows.append({"name": name, "model_type": p.model_type, "num_params": p.num_params,
                      "num_layers": p.dims["num_layers"], "hidden_size": p.dims["hidden_size"],
                      "num_experts": p.dims.get("num_experts", 0), "experts_per_token": p.dims.get("experts_per_token", 0),
-                     "source": "profile"})
+                     "source": "family" if _family.FAMILY in _shipped_spec(name).profile.source else "profile"})
     return rows
 
 
@@ -296,25 +294,22 @@ def config_of(model: str | None, hf_config: str | None, overrides: dict) -> dict
 
 
 def profile_for(model: str | None, hf_config: str | None, overrides: dict, spec: ModelSpec):
-    """The profile LoRA and --freeze are computed from: the model's own (a shipped or traced one), a
-    transcribed preset's shipped profile of the same name, a config.json's shipped or traced profile.
-    ValueError where the model has no modules to name (--params, the shape flags) or its base is
-    quantized (QLoRA: bitsandbytes' 4/8-bit layers are not modelled)."""
+    """The profile LoRA and --freeze are computed from: a shipped model's profile as shipped (with its
+    traced activations), a config.json's shipped one, else the model's own (traced, or its family's).
+    ValueError where the model has no modules to name (--params) or its base is quantized (QLoRA:
+    bitsandbytes' 4/8-bit layers are not modelled)."""
     if hf_config is not None:
         d, file = read_config(hf_config)
         if d.get("quantization_config"):
             raise ValueError(f"{file}: quantization_config {d['quantization_config'].get('quant_method', '')!r}: a "
                              "quantized base (QLoRA, bitsandbytes 4/8-bit) is not modelled; give the unquantized config")
-    if spec.profile is not None:
-        return spec.profile
     if model is not None and not overrides and model in _profile.shipped():
         return _profile.shipped_profile(model)
-    if hf_config is not None:
-        d, file = read_config(hf_config)
-        d = _override_config(d, overrides) if overrides else d
-        name = _shipped_match(d)
-        if name is not None:
-            return _profile.shipped_profile(name)
-        return _traced(d, file, file).profile
+    if hf_config is not None and not overrides:
+        names, _, _ = _configmatch.match(read_config(hf_config)[0])
+        if names:
+            return _profile.shipped_profile(names[0])
+    if spec.profile is not None:
+        return spec.profile
     raise ValueError("LoRA and --freeze need the model's modules: give --model NAME or --hf-config config.json "
                      "(not --params or the shape flags)")

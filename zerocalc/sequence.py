@@ -14,10 +14,7 @@ configuration recorded as a fresh process's first job is reproduced (`tests/test
 oracle: `tests/transcribed_sequence.py`). What `generated` says is covered; others: None.
 """
 import gc
-import json
-import os
 from contextlib import contextmanager
-from functools import lru_cache
 from itertools import accumulate
 from math import ceil
 
@@ -160,7 +157,7 @@ class _TracedStep:
     Each rule with its evidence: docs/reserved-memory.md, "Any Hugging Face model: the traced stream"."""
 
     def __init__(self, t: _Trace, model: ModelSpec, setup: Setup, ds, workspaces: list, stream: dict | None = None):
-        st = stream if stream is not None else traced_under(model.profile, setup.attention)[1]
+        st = stream if stream is not None else step_stream(model, setup)
         self.t, self.ds, self.workspaces = t, ds, workspaces
         variant = "checkpointed" if setup.activation_checkpointing else "plain"
         if setup.stage == Stage.PARAMETERS and variant + "_zero3" in st:     # `familystream.zero3_linear`
@@ -351,52 +348,11 @@ def basis_values(basis, micro_batch: int, seq_len: int, arch) -> tuple[int, ...]
     return tuple(out)
 
 
-_FAMILY_STREAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "family_streams.json")
-
-
-@lru_cache(maxsize=None)
-def family_streams() -> dict:
-    """The transcribed families' streams, sizes polynomial in their dimensions
-    (`zerocalc.hf.familystream`), by "family/attention/tied|untied"."""
-    with open(_FAMILY_STREAMS) as f:
-        return json.load(f)
-
-
-def family_stream_key(model: ModelSpec, setup: Setup) -> str | None:
-    """The family stream a transcribed model runs: seed-gpt's nn.MultiheadAttention whatever the
-    attention setting; a Llama's with its attention, grouped-query or not, and biases. None for one
-    head or one key/value head: the streams are traced with 2 to 12 of each (`familystream.random_dims`),
-    and nn.MultiheadAttention runs one head on another path (views where it copies), SDPA's backward
-    one key/value head otherwise than several."""
-    arch = model.architecture
-    if not model.transcribed or arch is None or arch.num_heads < 2 or arch.num_kv_heads == 1:
-        return None
-    attention = "eager" if arch.family == "seed-gpt" else setup.attention
-    grouped = "/grouped" if arch.num_kv_heads < arch.num_heads else ""
-    bias = "".join(("/attention_bias" if arch.attention_bias else "", "/mlp_bias" if arch.mlp_bias else ""))
-    return f"{arch.family}/{attention}/{'tied' if arch.tie_embeddings else 'untied'}{grouped}{bias}"
-
-
 def step_stream(model: ModelSpec, setup: Setup) -> dict | None:
-    """The allocation stream of the model's forward and backward: its traced profile's, or its
-    family's; a model its family's streams do not cover (one key/value head: Gemma-2B) plays its
-    own traced profile's where it has one; None where neither exists."""
-    if traced(model):
-        return traced_under(model.profile, setup.attention)[1]
-    key = family_stream_key(model, setup)
-    stream = family_streams().get(key) if key else None
-    if stream is not None and stream["layers"] > model.architecture.num_layers:
-        # a model shallower than the traced stack: its own depth's stream where one is traced
-        stream = family_streams().get(f"{key}/{model.architecture.num_layers}-layer")
-    if stream is None and model.profile is not None and getattr(model.profile, "stream", None) is not None:
-        return traced_under(model.profile, setup.attention)[1]
-    return stream
-
-
-def traced(model: ModelSpec) -> bool:
-    """Whether the model's allocation stream comes from its traced profile (a model no family transcribes)."""
-    return (not model.transcribed and model.profile is not None
-            and getattr(model.profile, "stream", None) is not None)
+    """The allocation stream of the model's forward and backward under the setup's attention, as its
+    description holds it (`profile.traced_under`): traced from its code, or its family's (`zerocalc.family`);
+    None for P alone, or where none is held for that attention."""
+    return None if model.profile is None else traced_under(model.profile, setup.attention)[1]
 
 
 def _flat_offsets(numels) -> list[int]:
@@ -840,11 +796,7 @@ def generated(model: ModelSpec, setup: Setup) -> bool:
     s3, offload = setup.stage == Stage.PARAMETERS, setup.offload_optimizer != "none"
     if model.frozen and not _adapted(model, setup):
         return False
-    if traced(model):
-        family = traced_under(model.profile, setup.attention)[1] is not None
-    else:
-        family = step_stream(model, setup) is not None
-    return (arch is not None and family and setup.seq_len is not None
+    return (arch is not None and step_stream(model, setup) is not None and setup.seq_len is not None
             and (setup.offload_param == "none" or (s3 and offload and setup.dp == 1))
             and (not offload or (setup.gas == 1 and (not s3 or setup.dtype == "bf16")))
             and setup.mixed_precision                                      # stage 3 always overlaps

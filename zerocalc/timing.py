@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from zerocalc import activations, arch, calibration, stage3_trace
+from zerocalc import activations, calibration, stage3_trace
 from zerocalc.hardware import Hardware
 from zerocalc.partition import partition
 from zerocalc.training import Stage
@@ -84,7 +84,7 @@ def _full_flops_per_micro_step(model, setup) -> tuple[float, float]:
     forward = 2 * (model.num_params - lookup_params(a)) * tokens + attention
     if not setup.activation_checkpointing:
         return forward, 2 * forward
-    rebuilt_per_layer = sum(arch.layer_numels(a)) - a.hidden_size * a.ffn_hidden_size   # all but down
+    rebuilt_per_layer = model.layer_numel - a.hidden_size * a.ffn_hidden_size   # all but down
     return forward, 2 * forward + 2 * a.num_layers * rebuilt_per_layer * tokens + attention
 
 
@@ -101,14 +101,12 @@ def traced_flops(counts: dict, layers: int, setup) -> tuple[float, float]:
 
 
 def model_flops_per_step(model, setup) -> float:
-    """The work MFU divides by, all ranks: 6·P per token; for a model read from its code, the traced
-    forward and backward without the recomputation (an MoE's routed experts, not all of them)."""
-    tokens = setup.micro_batch * setup.seq_len * setup.gas * setup.dp
-    p = getattr(model, "profile", None)
-    if p is not None and p.steps:
-        fwd, bwd = flops_per_micro_step(model, replace(setup, activation_checkpointing=False))
-        return (fwd + bwd) * setup.gas * setup.dp
-    return 6 * model.num_params * tokens
+    """The work MFU divides by, all ranks: the model's forward and backward without the recomputation
+    (`flops_per_micro_step`: an MoE's routed experts, not all of them), 6 FLOPs per token for each
+    weight multiplied plus attention's 12·L·h·s (PaLM's MFU, arXiv:2204.02311 appendix B), not 6·P,
+    which counts the embedding's lookup as a matmul and leaves attention out (docs/step-time.md)."""
+    fwd, bwd = flops_per_micro_step(model, replace(setup, activation_checkpointing=False))
+    return (fwd + bwd) * setup.gas * setup.dp
 
 
 def lookup_params(a) -> int:

@@ -185,27 +185,23 @@ def zero_init_kept(d: dict, layer_names: list[str], buffer_names: list[str]) -> 
             if under.get(shallow_name(name), "float16") != "float16"}
 
 
-def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True) -> Profile:
-    """The Profile of a config.json's contents (a dict); activations: also the layers' kept bytes
-    (`memtrace.config_activations`: four forwards of one or two layers); steps: the operators and FLOPs
-    of a micro-step (`optrace.config_steps`: eight forwards and backwards of one or two layers)."""
-    torch, transformers = _imports()
-    from transformers.modeling_layers import GradientCheckpointingLayer
-    cfg = hf_config(d)
-    model, mode = build(cfg)
+def record(model, forward, is_layer, is_moe=lambda m: "experts" in dict(m.named_children()), external=False):
+    """(parameters as (name, shape), modules, the root call) of `model` as one `forward()` calls it:
+    `module.parameters()` order, tied weights once; each module's own parameters; the calls nested,
+    with whether each output requires grad. is_layer(module): a unit activation checkpointing recomputes.
+    external: also each module's reads of parameters whose module is not being called (the seed's
+    nn.MultiheadAttention reads out_proj's weight and bias without calling it); DeepSpeed's stage 3
+    fetches such a parameter when it is read and registers it with the module reading it
+    (`ZeROOrderedDict.__getitem__`, `register_external_parameter`), so it is fetched with that module."""
     named = list(model.named_parameters())
     index = {id(p): i for i, (_, p) in enumerate(named)}
-    mods = list(model.named_modules(remove_duplicate=False))
-    mindex = {}
-    modules = []
-    for qual, m in mods:
-        if id(m) in mindex:
-            continue
-        mindex[id(m)] = len(modules)
-        own = tuple(sorted(index[id(p)] for _, p in m.named_parameters(recurse=False)))
-        moe = "experts" in dict(m.named_children())
-        modules.append(Module(qual, type(m).__name__, own, isinstance(m, GradientCheckpointingLayer), moe))
-
+    mindex, unique = {}, []
+    for qual, m in model.named_modules(remove_duplicate=False):
+        if id(m) not in mindex:
+            mindex[id(m)] = len(unique)
+            unique.append((qual, m))
+    own = [tuple(sorted(index[id(p)] for _, p in m.named_parameters(recurse=False))) for _, m in unique]
+    reads = [set() for _ in unique]
     stack = [[None, []]]    # (module index, children) of the calls in progress
 
     def pre(m, args):
@@ -215,12 +211,47 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
         idx, children = stack.pop()
         stack[-1][1].append(CallNode(idx, tuple(children), output_requires_grad(out)))
 
-    with module_calls(model, pre, post), mode:
-        ids = torch.zeros(1, TRACE_TOKENS, dtype=torch.long)
-        model(input_ids=ids, use_cache=False)
+    def read(p):
+        i = index.get(id(p))
+        calling = {c for c, _ in stack[1:]}
+        if i is not None and stack[-1][0] is not None and not any(i in own[c] for c in calling if c is not None):
+            reads[stack[-1][0]].add(i)
+
+    class Reads(type(unique[0][1]._parameters)):
+        def __getitem__(self, k):
+            v = super().__getitem__(k)
+            read(v)
+            return v
+    kept = [m._parameters for _, m in unique]
+    if external:
+        for _, m in unique:
+            m._parameters = Reads(m._parameters)
+    try:
+        with module_calls(model, pre, post):
+            forward()
+    finally:
+        for (_, m), p in zip(unique, kept):
+            m._parameters = p
     roots = stack[0][1]
     if len(roots) != 1:
         raise RuntimeError(f"expected one root call, recorded {len(roots)}")
+    modules = tuple(Module(q, type(m).__name__, o, is_layer(m), is_moe(m), tuple(sorted(r)))
+                    for (q, m), o, r in zip(unique, own, reads))
+    return tuple(Tensor(n, tuple(p.shape)) for n, p in named), modules, roots[0]
+
+
+def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True) -> Profile:
+    """The Profile of a config.json's contents (a dict); activations: also the layers' kept bytes
+    (`memtrace.config_activations`: four forwards of one or two layers); steps: the operators and FLOPs
+    of a micro-step (`optrace.config_steps`: eight forwards and backwards of one or two layers)."""
+    torch, transformers = _imports()
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    cfg = hf_config(d)
+    model, mode = build(cfg)
+    with mode:
+        params, modules, root = record(model, lambda: model(input_ids=torch.zeros(1, TRACE_TOKENS, dtype=torch.long),
+                                                            use_cache=False),
+                                       lambda m: isinstance(m, GradientCheckpointingLayer))
     layer_names = [m.name for m in modules if m.layer]
     kept = zero_init_kept(d, layer_names, [n for n, _ in model.named_buffers()])
     fp32 = keep_in_fp32(model)         # DeepSpeed's engine makes these fp32 at every stage
@@ -261,7 +292,7 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
         except Exception:      # as above: the step time then counts as for a Llama layer
             counted = None
     return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
-                   tuple(Tensor(n, tuple(p.shape)) for n, p in named), buffers, tuple(modules), roots[0],
+                   params, buffers, modules, root,
                    {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
                     "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts, stream, counted,
                    attentions)

@@ -1,0 +1,148 @@
+"""The validator's families as traced profiles of any size (`zerocalc.family`, `zerocalc/family_profiles.json`)
+against arch.py's hand-written lists (`tests/hand_spec.py`), tensor by tensor and call by call; the
+description a shipped model of a family's shape takes; the shape P alone is given."""
+import json
+import os
+import random
+
+import pytest
+
+from zerocalc import arch as A
+from zerocalc import family, profile as P, sequence
+from zerocalc.training import Setup, Stage
+
+import sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hand_spec import hand_spec, same_model  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _random_architectures(n: int, seed: int = 0):
+    """Every family variant (tied or not, Llama's bias flags, grouped-query or not), 1 to 5 layers."""
+    rng = random.Random(seed)
+    for i in range(n):
+        fam = ("seed-gpt", "hf-gpt2", "hf-llama")[i % 3]
+        heads = rng.choice([1, 2, 3, 4, 6, 8])
+        kv = heads if fam != "hf-llama" else rng.choice([k for k in range(1, heads + 1) if heads % k == 0])
+        head_dim = 2 * rng.randint(3, 12)   # a rotary table of d/2 > 2 elements: one of 8 bytes or less is
+                                            # left out of the states, as the validator measures them
+        yield A.Architecture(fam, rng.randint(5, 300), heads * head_dim, rng.randint(1, 5), heads, kv,
+                             rng.randint(1, 200), rng.random() < 0.5, rng.randint(1, 300),
+                             fam == "hf-llama" and rng.random() < 0.5, fam == "hf-llama" and rng.random() < 0.5)
+
+
+@pytest.mark.parametrize("a", list(_random_architectures(60)), ids=str)
+def test_a_family_profile_is_the_hand_transcription(a):
+    assert same_model(family.spec(a), hand_spec(a))
+
+
+@pytest.mark.parametrize("name", ["seed-gpt", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-2-7b",
+                                  "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b"])
+def test_each_former_preset_is_its_shipped_profile_and_the_family(name):
+    """The hand presets' sizes (arch.PRESETS) give the shipped profile's tensors and calls, and the
+    shipped profile holds its family's data (stream, activations' formula)."""
+    spec = P.to_model_spec(P.shipped_profile(name), name)
+    assert same_model(spec, hand_spec(A.PRESETS[name], name))
+    assert spec.profile.source[family.FAMILY] == family.key(A.PRESETS[name])
+    assert spec.profile.activations is None
+
+
+def test_a_model_no_family_builds_keeps_its_own_trace():
+    """Qwen2.5-7B's q, k, v biases without o's are no family's: its traced stream and activations."""
+    p = P.shipped_profile("qwen2.5-7b")
+    spec = P.to_model_spec(p)
+    assert family.FAMILY not in spec.profile.source and spec.profile is p
+    assert sequence.step_stream(spec, Setup(seq_len=512)) is p.stream
+
+
+def test_a_llama_shaped_profile_plays_the_familys_stream_and_gemma_2b_its_own():
+    """Llama-3.1-8B: the family's polynomial stream (its stage-3 variant included); Gemma-2B, whose single
+    key/value head no family stream covers, its own traced one; neither under eager (none traced)."""
+    llama = P.to_model_spec(P.shipped_profile("llama-3.1-8b"))
+    played = sequence.step_stream(llama, Setup(seq_len=512))
+    assert played is family.streams()["hf-llama/sdpa/untied/grouped"] and "plain_zero3" in played
+    assert sequence.step_stream(llama, Setup(seq_len=512, attention="eager")) is None
+    gemma = P.shipped_profile("gemma-2b")
+    spec = P.to_model_spec(gemma)
+    assert spec.profile.source[family.FAMILY] == "hf-llama/tied"
+    assert sequence.step_stream(spec, Setup(seq_len=512)) is gemma.stream
+
+
+def test_the_seed_gpt_plays_its_eager_stream_whatever_the_attention():
+    """nn.MultiheadAttention takes no attention setting: the seed's stream is its eager one under each."""
+    spec = P.to_model_spec(P.shipped_profile("seed-gpt"))
+    for attention in ("eager", "sdpa", "flash"):
+        assert sequence.step_stream(spec, Setup(seq_len=512, attention=attention)) is \
+            family.streams()["seed-gpt/eager/untied"]
+
+
+def test_a_model_shallower_than_the_traced_stack_plays_its_own_depth():
+    a = A.Architecture("hf-llama", 100, 64, 1, 4, 4, 96, False)
+    assert family.stream(a, "sdpa") is family.streams()["hf-llama/sdpa/untied/1-layer"]
+    assert family.stream(A.Architecture("hf-llama", 100, 64, 2, 4, 4, 96, True), "sdpa") is None   # none traced
+
+
+def test_the_seed_gpts_attention_fetches_its_out_projection():
+    """nn.MultiheadAttention reads out_proj's weight and bias without calling it; DeepSpeed fetches them
+    with the attention (`trace.record`'s external reads): in_proj w, b and out_proj w, b in one step."""
+    p = P.shipped_profile("seed-gpt")
+    attn = next(m for m in p.modules if m.name == "blocks.0.attn")
+    names = [p.params[i].name for i in attn.params + attn.external]
+    assert names == ["blocks.0.attn.in_proj_weight", "blocks.0.attn.in_proj_bias",
+                     "blocks.0.attn.out_proj.weight", "blocks.0.attn.out_proj.bias"]
+
+
+def test_the_templates_name_each_size_by_one_expression():
+    """Traced at V 1009, h 200, f 237, kv 40, d 8, P 67, 3 layers: every size is one of those, three
+    times h (fused q, k, v) or d/2 (the rotary tables); the layers repeat "L" times."""
+    with open(os.path.join(ROOT, "zerocalc", "family_profiles.json")) as f:
+        templates = json.load(f)["families"]
+    seen = set()
+
+    def walk(items):
+        for it in items:
+            if isinstance(it, dict):
+                assert it["repeat"] == "L"
+                walk(it["items"])
+            else:
+                seen.update(it[1])
+    for t in templates.values():
+        walk(t["params"])
+        walk(t["buffers"])
+    assert seen == {"V", "h", "f", "kv", "3*h", "P", "d/2"}
+
+
+@pytest.mark.parametrize("num_params", [2e5, 1e6, 7e7, 1.3e9, 7e9, 13e9, 70e9, 175e9, 1e12])
+def test_the_shape_for_p_alone_is_the_hand_ones(num_params):
+    assert family.generic(int(num_params)) == A.generic(int(num_params))
+
+
+def test_the_shape_for_p_alone_by_hand():
+    """7e9: L = round((7e9 / 196608)^(1/3)) = 33, h = 128·round(sqrt(7e9 / 396) / 128) = 4224, 33 heads,
+    V 32000; P = 2·V·h + h + L·(4h² + 2h) + L·3h·f: 2,625,786,240 + 418,176·f, so f = 4,374,213,760 //
+    418,176 = 10460, short of 7e9 by < 3·L·h."""
+    a = family.generic(7_000_000_000)
+    assert (a.num_layers, a.hidden_size, a.num_heads, a.vocab_size, a.ffn_hidden_size) == (33, 4224, 33, 32000, 10460)
+    h, L, V, f = 4224, 33, 32000, 10460
+    total = 2 * V * h + h + L * (4 * h * h + 2 * h) + L * 3 * h * f
+    assert 0 <= 7_000_000_000 - total < 3 * L * h
+    assert family.spec(a).num_params == total
+
+
+@pytest.mark.parametrize("path", sorted(p for p in os.listdir(os.path.join(ROOT, "tests", "data", "hub-configs"))))
+def test_a_config_a_family_reads_is_read_as_by_hand(path):
+    with open(os.path.join(ROOT, "tests", "data", "hub-configs", path)) as f:
+        d = json.load(f)
+    if not family.reads(d):
+        return
+    assert family.from_config(d) == A.from_hf_config(d)
+
+
+def test_a_family_profile_has_no_traced_data_and_a_familys_key():
+    p = family.profile(A.Architecture("hf-llama", 100, 64, 5, 4, 2, 96, False))
+    assert p.activations is None and p.stream is None and p.steps is None
+    assert p.source[family.FAMILY] == "hf-llama/untied"
+    assert set(p.attentions) == {"sdpa"}          # the family's stream is traced under SDPA only
+    assert p.dims["num_kv_heads"] == 2 and p.attentions["sdpa"]["stream"] is family.streams()[
+        "hf-llama/sdpa/untied/grouped"]
