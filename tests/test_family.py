@@ -4,14 +4,15 @@ description a shipped model of a family's shape takes; the shape P alone is give
 import json
 import os
 import random
+import sys
 
 import pytest
 
 from zerocalc import arch as A
 from zerocalc import family, profile as P, sequence
-from zerocalc.training import Setup, Stage
+from zerocalc.model import from_architecture, from_profile
+from zerocalc.training import Setup
 
-import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hand_spec import hand_spec, same_model  # noqa: E402
 
@@ -34,7 +35,7 @@ def _random_architectures(n: int, seed: int = 0):
 
 @pytest.mark.parametrize("a", list(_random_architectures(60)), ids=str)
 def test_a_family_profile_is_the_hand_transcription(a):
-    assert same_model(family.spec(a), hand_spec(a))
+    assert same_model(from_architecture(a), hand_spec(a))
 
 
 @pytest.mark.parametrize("name", ["seed-gpt", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-2-7b",
@@ -42,7 +43,7 @@ def test_a_family_profile_is_the_hand_transcription(a):
 def test_each_former_preset_is_its_shipped_profile_and_the_family(name):
     """The hand presets' sizes (arch.PRESETS) give the shipped profile's tensors and calls, and the
     shipped profile holds its family's data (stream, activations' formula)."""
-    spec = P.to_model_spec(P.shipped_profile(name), name)
+    spec = from_profile(P.shipped_profile(name), name)
     assert same_model(spec, hand_spec(A.PRESETS[name], name))
     assert spec.profile.source[family.FAMILY] == family.key(A.PRESETS[name])
     assert spec.profile.activations is None
@@ -51,7 +52,7 @@ def test_each_former_preset_is_its_shipped_profile_and_the_family(name):
 def test_a_model_no_family_builds_keeps_its_own_trace():
     """Qwen2.5-7B's q, k, v biases without o's are no family's: its traced stream and activations."""
     p = P.shipped_profile("qwen2.5-7b")
-    spec = P.to_model_spec(p)
+    spec = from_profile(p)
     assert family.FAMILY not in spec.profile.source and spec.profile is p
     assert sequence.step_stream(spec, Setup(seq_len=512)) is p.stream
 
@@ -59,19 +60,19 @@ def test_a_model_no_family_builds_keeps_its_own_trace():
 def test_a_llama_shaped_profile_plays_the_familys_stream_and_gemma_2b_its_own():
     """Llama-3.1-8B: the family's polynomial stream (its stage-3 variant included); Gemma-2B, whose single
     key/value head no family stream covers, its own traced one; neither under eager (none traced)."""
-    llama = P.to_model_spec(P.shipped_profile("llama-3.1-8b"))
+    llama = from_profile(P.shipped_profile("llama-3.1-8b"))
     played = sequence.step_stream(llama, Setup(seq_len=512))
     assert played is family.streams()["hf-llama/sdpa/untied/grouped"] and "plain_zero3" in played
     assert sequence.step_stream(llama, Setup(seq_len=512, attention="eager")) is None
     gemma = P.shipped_profile("gemma-2b")
-    spec = P.to_model_spec(gemma)
+    spec = from_profile(gemma)
     assert spec.profile.source[family.FAMILY] == "hf-llama/tied"
     assert sequence.step_stream(spec, Setup(seq_len=512)) is gemma.stream
 
 
 def test_the_seed_gpt_plays_its_eager_stream_whatever_the_attention():
     """nn.MultiheadAttention takes no attention setting: the seed's stream is its eager one under each."""
-    spec = P.to_model_spec(P.shipped_profile("seed-gpt"))
+    spec = from_profile(P.shipped_profile("seed-gpt"))
     for attention in ("eager", "sdpa", "flash"):
         assert sequence.step_stream(spec, Setup(seq_len=512, attention=attention)) is \
             family.streams()["seed-gpt/eager/untied"]
@@ -127,7 +128,7 @@ def test_the_shape_for_p_alone_by_hand():
     h, L, V, f = 4224, 33, 32000, 10460
     total = 2 * V * h + h + L * (4 * h * h + 2 * h) + L * 3 * h * f
     assert 0 <= 7_000_000_000 - total < 3 * L * h
-    assert family.spec(a).num_params == total
+    assert from_architecture(a).num_params == total
 
 
 @pytest.mark.parametrize("path", sorted(p for p in os.listdir(os.path.join(ROOT, "tests", "data", "hub-configs"))))

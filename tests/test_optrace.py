@@ -7,7 +7,7 @@ import pytest
 
 from zerocalc import timing
 from zerocalc.arch import Architecture
-from zerocalc.model import from_architecture
+from zerocalc.model import from_architecture, from_profile
 from zerocalc.training import Setup, Stage
 
 # The host-side operator counts the time model was fitted with, counted by hand with a TorchDispatchMode on
@@ -73,7 +73,7 @@ def test_a_profiles_own_counts_set_its_operators_and_flops():
              "backward_checkpointed": {"ops": [300, 30], "flops_per_token": [3000, 300],
                                        "attention_flops_per_token_seq": [24, 12], "bytes_per_token": [0, 0]}}
     p = _profile_with({"sdpa": steps, "eager": steps})
-    spec = profile.to_model_spec(p)
+    spec = from_profile(p)
     layers = p.dims["num_layers"]                  # 24
     s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=16)
     t = 2 * 16

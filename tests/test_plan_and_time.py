@@ -37,7 +37,9 @@ def test_step_time_by_hand():
     assert t.optimizer_s == pytest.approx(1e-12 * p + 0.01)         # stage 0: every element on this rank
     assert t.comm_s == 0 and t.step_s == pytest.approx(t.forward_s + t.backward_s + t.optimizer_s)
     assert t.tokens_per_s == pytest.approx(tokens / t.step_s)
-    assert t.mfu == pytest.approx(6 * p * tokens / (t.step_s * 989e12))
+    # MFU: forward and backward without recomputation, 6·(P - V·h) + 12·L·h·s per token (PaLM's), not 6·P
+    assert t.mfu == pytest.approx(3 * forward / (t.step_s * 989e12))
+    assert 3 * forward / tokens == 6 * (p - 32000 * 4096) + 12 * 32 * 4096 * 2048
     # checkpointing adds the layers' forward to backward but for each layer's down projection (early
     # stop): a layer holds q, k, v, o (4096² each), gate, up, down (4096·11008 each) and two norms (4096)
     layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096                # 202,383,360

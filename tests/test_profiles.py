@@ -1,15 +1,20 @@
-"""Shipped profiles (torch-free): published parameter counts, the transcribed presets reproduced
+"""Shipped profiles (torch-free): published parameter counts, the hand-transcribed presets reproduced
 by their traced profiles, the compact JSON, MoE at stage 3, and --model / --hf-config input."""
 import json
 import os
+import sys
 
 import pytest
 from click.testing import CliRunner
 
 from zerocalc import arch as A
+from zerocalc import family
 from zerocalc import profile as P
 from zerocalc.cli import main
-from zerocalc.model import from_architecture
+from zerocalc.model import from_profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hand_spec import hand_spec  # noqa: E402
 
 # Published parameter counts (each model card / the hub's safetensors total).
 PUBLISHED = {
@@ -138,11 +143,11 @@ def test_qwen2_5_7b_by_hand():
     assert P.shipped_profile("qwen2.5-7b").num_params == total
 
 
-@pytest.mark.parametrize("name", sorted(set(A.PRESETS) & set(P.shipped())))
+@pytest.mark.parametrize("name", sorted(A.PRESETS))
 def test_traced_profiles_of_the_presets_equal_the_transcribed_tensors_and_traces(name):
-    spec = P.to_model_spec(P.shipped_profile(name))
-    want = from_architecture(A.PRESETS[name])
-    assert spec.transcribed
+    spec = from_profile(P.shipped_profile(name))
+    want = hand_spec(A.PRESETS[name])
+    assert family.FAMILY in spec.profile.source
     assert spec.param_numels == want.param_numels
     assert spec.trace == want.trace
     assert spec.backward_trace == want.backward_trace
@@ -180,11 +185,11 @@ def test_an_moe_block_is_one_stage3_fetch_unit():
     down 8·h·f) is fetched whole; without the leaf, router and experts are separate steps."""
     p = P.shipped_profile("mixtral-8x7b")
     h, f = 4096, 14336
-    leaf = P.to_model_spec(p)
+    leaf = from_profile(p)
     moe = 8 * h + 8 * 2 * f * h + 8 * h * f
     steps = [sum(leaf.param_numels[i] for i in step) for step in leaf.trace]
     assert steps.count(moe) == 32
-    plain = P.to_model_spec(p, z3_leaf_moe=False)
+    plain = from_profile(p, z3_leaf_moe=False)
     assert moe not in [sum(plain.param_numels[i] for i in step) for step in plain.trace]
     assert leaf.num_params == plain.num_params == 46_702_792_704
 
@@ -282,8 +287,8 @@ def test_a_traced_models_layer_activations_by_hand():
     from zerocalc.training import Setup
     h, kv, f, heads, layers = 3584, 512, 18944, 28, 28
     per_token = 2 * (10 * h + 2 * kv + 4 * f) + 4 * heads + 2 * 4
-    spec = P.to_model_spec(P.shipped_profile("qwen2.5-7b"))
-    assert not spec.transcribed
+    spec = from_profile(P.shipped_profile("qwen2.5-7b"))
+    assert family.FAMILY not in spec.profile.source
     act = activations.breakdown(spec, Setup(seq_len=4096, micro_batch=2))
     assert act.layers_bytes == layers * per_token * 2 * 4096
     # the head: the final RMSNorm's fp32 input 4h, rsqrt 4, cast and product 2·2h; and the fp32
@@ -294,12 +299,17 @@ def test_a_traced_models_layer_activations_by_hand():
 def test_every_shipped_profile_is_a_trace_of_its_config_by_this_tracer():
     """Each zerocalc/profiles/NAME.json was traced from zerocalc/hf/configs/NAME.json (the digest of its
     values) at the tracer's TRACE_VERSION: a tracer change that bumps it fails here until the profiles
-    are traced again (`python -m zerocalc.hf.ship`)."""
+    are traced again (`python -m zerocalc.hf.ship`). The seed's GPT has no config.json: its profile is
+    the validator's model read at its size (`python -m zerocalc.hf.familyprofile`)."""
     from zerocalc.hf import ship
     from zerocalc.hf import trace as T
     configs = ship.configs()
-    assert set(P.shipped()) == set(configs)
+    assert set(P.shipped()) == set(configs) | {"seed-gpt"}
+    with open(P.shipped()["seed-gpt"]) as f:
+        assert json.load(f)["source"]["trace_version"] == T.TRACE_VERSION
     for name, path in P.shipped().items():
+        if name == "seed-gpt":
+            continue
         with open(path) as f:
             source = json.load(f)["source"]
         with open(configs[name]) as f:

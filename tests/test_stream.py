@@ -184,8 +184,9 @@ def test_the_traced_llama_reproduces_the_recorded_histories(name, recorded_gib):
     job = history_jobs.job(name)
     job["arch"] = {k: (False if v is None and k.endswith("_bias") else v) for k, v in job["arch"].items()}
     spec, s = to_zerocalc(job)
-    traced = replace(spec, profile=SimpleNamespace(stream=_llama_stream(spec.architecture)), transcribed=False)
-    assert sequence.traced(traced) and sequence.generated(traced, s)
+    own = _llama_stream(spec.architecture)
+    traced = replace(spec, profile=replace(spec.profile, attentions={"sdpa": {"activations": None, "stream": own}}))
+    assert sequence.step_stream(traced, s) is own and sequence.generated(traced, s)
     snap = snapshot.load(os.path.join(ROOT, "data", "snapshots", name + ".json.gz"))
     history = snap["device_traces"][0]
     recorded = allocator.replay(snapshot.allocator_events(history),

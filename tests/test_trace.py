@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from zerocalc import profile as P  # noqa: E402
 from zerocalc.hf import trace as T  # noqa: E402
+from zerocalc.model import from_profile  # noqa: E402
 
 SMALL = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=48, head_dim=8, moe_intermediate_size=16, num_experts=4, num_local_experts=4,
@@ -38,7 +39,7 @@ def _check(model_type):
     own = {name: tuple(sorted(index[id(x)] for _, x in m.named_parameters(recurse=False)))
            for name, m in real.named_modules()}
     assert {m.name: m.params for m in p.modules} == own
-    spec = P.to_model_spec(p)
+    spec = from_profile(p)
     assert {i for step in spec.trace for i in step} == set(range(len(p.params)))
     assert P.from_json(P.to_json(p)) == p
 
@@ -107,13 +108,14 @@ def test_the_cache_is_keyed_by_the_config(tmp_path, monkeypatch):
 @pytest.mark.parametrize("attention_bias,mlp_bias", [(True, False), (False, True), (True, True)])
 def test_a_biased_llama_traced_equals_the_transcribed(attention_bias, mlp_bias):
     from zerocalc import arch as A
-    from zerocalc.model import from_architecture
+    from zerocalc import family
+    from hand_spec import hand_spec
     d = transformers.LlamaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
                                  attention_bias=attention_bias, mlp_bias=mlp_bias).to_dict()
-    spec = P.to_model_spec(T.trace(d, activations=False, steps=False))
-    want = from_architecture(A.Architecture("hf-llama", 96, 32, 2, 4, 2, 48, False, 64, attention_bias, mlp_bias))
-    assert spec.transcribed
+    spec = from_profile(T.trace(d, activations=False, steps=False))
+    want = hand_spec(A.Architecture("hf-llama", 96, 32, 2, 4, 2, 48, False, 64, attention_bias, mlp_bias))
+    assert family.FAMILY in spec.profile.source
     assert (spec.param_numels, spec.trace, spec.backward_trace, spec.checkpointed_backward_trace, spec.buffer_numels) == \
         (want.param_numels, want.trace, want.backward_trace, want.checkpointed_backward_trace, want.buffer_numels)
 

@@ -69,9 +69,10 @@ def model_names() -> str:
     from zerocalc import resolve
     by_type = {}
     for r in resolve.listing():
-        by_type.setdefault(r["model_type"], []).append(r["name"] + ("*" if r["source"] == "transcribed" else ""))
+        by_type.setdefault(r["model_type"], []).append(r["name"] + ("*" if r["source"] == "family" else ""))
     lines = [f"- **{t}** {' '.join(names)}" for t, names in sorted(by_type.items())]
-    return "\n".join(lines + ["", "\\* transcribed by hand; the others are read from the model's own code."])
+    return "\n".join(lines + ["", "\\* the tensors and calls of one of the validator's families at its sizes: that family's "
+                               "measured allocation stream and activation formula (`zerocalc.family`)."])
 
 
 def ds_keys() -> str:

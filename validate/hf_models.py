@@ -200,12 +200,13 @@ def traced_spec(job: dict):
            json.dumps(job.get("freeze")), variant)
     if key not in _TRACED:
         try:
-            from zerocalc import adapters, profile
+            from zerocalc import adapters
+            from zerocalc.model import from_profile
             from zerocalc.hf import trace
             traced = trace.cached_trace(cfg, job["hf"].get("name") or "")
             lora, freeze = lora_of(job), tuple(job.get("freeze") or ())
             _TRACED[key] = adapters.spec(traced, lora, freeze, job["hf"].get("name"), wrapper=wrapper) \
-                if adapted else profile.to_model_spec(traced, job["hf"].get("name"), wrapper=wrapper)
+                if adapted else from_profile(traced, job["hf"].get("name"), wrapper=wrapper)
         except (ImportError, ValueError, TypeError, RuntimeError):
             _TRACED[key] = None
         if adapted and _TRACED[key] is not None:

@@ -335,7 +335,7 @@ def spec(p: Profile, lora: Lora | None = None, freeze: tuple[str, ...] = (), nam
          wrapper: bool = True, z3_leaf_moe: bool = True):
     """The ModelSpec of the profile with LoRA applied and/or modules frozen (`ModelSpec.trainable`).
     ValueError where nothing would train."""
-    from zerocalc.profile import to_model_spec
+    from zerocalc.model import from_profile
     trainable = None
     if lora is not None:
         p, trainable = with_lora(p, lora)
@@ -350,12 +350,12 @@ def spec(p: Profile, lora: Lora | None = None, freeze: tuple[str, ...] = (), nam
         label = f"{name} + {lora.describe()}"
     if freeze:
         label += " (frozen: " + ", ".join(freeze) + ")"
-    s = to_model_spec(replace(p, calls=regrad(p, trainable)) if trainable else p, label, z3_leaf_moe=z3_leaf_moe,
+    s = from_profile(replace(p, calls=regrad(p, trainable)) if trainable else p, label, z3_leaf_moe=z3_leaf_moe,
                       wrapper=wrapper)
     if trainable is not None:
         # With activation checkpointing the input embeddings' output requires grad (`regrad`), so backward
         # reaches every call after them, frozen or not: the checkpointed backward comes from those calls.
-        ck = to_model_spec(replace(p, calls=regrad(p, trainable, input_grads=True)), label, z3_leaf_moe=z3_leaf_moe,
+        ck = from_profile(replace(p, calls=regrad(p, trainable, input_grads=True)), label, z3_leaf_moe=z3_leaf_moe,
                            wrapper=wrapper)
         s = replace(s, checkpointed_backward_trace=ck.checkpointed_backward_trace,
                     checkpointed_recomputed=ck.checkpointed_recomputed)

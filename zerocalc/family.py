@@ -117,11 +117,6 @@ def profile(a: Architecture, name: str | None = None) -> _profile.Profile:
     return _measured(_profile.from_json(d), a)
 
 
-def spec(a: Architecture, name: str | None = None):
-    """The ModelSpec of the family's model at `a`'s dimensions, trained as the validator trains it."""
-    return _profile.to_model_spec(profile(a, name or a.family), name or a.family)
-
-
 def described(p: _profile.Profile) -> _profile.Profile:
     """p, or where its architecture's family builds the same tensors, buffers and module calls at its
     dimensions, p holding the family's measured data (`_measured`; its own stream under an attention
@@ -139,10 +134,11 @@ def described(p: _profile.Profile) -> _profile.Profile:
 
 
 def _same_model(p: _profile.Profile, q: _profile.Profile) -> bool:
-    mine, theirs = _profile.bare_model_spec(p), _profile.bare_model_spec(q)
-    return (mine.param_numels == theirs.param_numels and mine.trace == theirs.trace
-            and mine.buffer_numels == theirs.buffer_numels
-            and mine.checkpointed_backward_trace == theirs.checkpointed_backward_trace)
+    """Equal tensors, kept buffers and stage-3 traces (forward, and backward with checkpointing)."""
+    def key(x):
+        forward, _, checkpointed, _ = _profile.traces(x)
+        return x.param_numels, [b.numel for b in _profile.kept_buffers(x)], forward, checkpointed
+    return key(p) == key(q)
 
 
 # ---------------------------------------------------------------- a config.json a family reads

@@ -20,7 +20,7 @@ from functools import lru_cache
 from zerocalc import arch as _arch
 from zerocalc.hardware import Hardware
 from zerocalc.inputs import InputError
-from zerocalc.model import ModelSpec, from_architecture
+from zerocalc.model import ModelSpec, from_architecture, from_profile
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
 
 ARCH_REQUIRED = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads")
@@ -155,10 +155,10 @@ def _json(row: dict, col: str):
 def _adapted(profile, row: dict, name: str, wrapper: bool):
     """The spec of `profile` with the row's LoRA (`lora`: PEFT LoraConfig keywords) and frozen modules
     (`freeze`: module patterns), as the validator's rows record them; the plain spec without."""
-    from zerocalc import adapters, profile as _profile
+    from zerocalc import adapters
     lora, freeze = _json(row, "lora"), tuple(_json(row, "freeze") or ())
     if not lora and not freeze:
-        return _profile.to_model_spec(profile, name, wrapper=wrapper)
+        return from_profile(profile, name, wrapper=wrapper)
     peft = adapters.from_peft_config({"peft_type": "LORA", **lora}, f"{row['_where']}: lora") if lora else None
     return adapters.spec(profile, peft, freeze, name, wrapper=wrapper)
 
@@ -172,7 +172,7 @@ def model_of(row: dict, folder: str) -> ModelSpec:
     (`hf_spec` without the architecture's columns: the probe's rows of a model of one's own), else the
     architecture's columns."""
     from zerocalc import resolve
-    wrapper = _text(row, "path") == "engine"   # the validator's direct path wraps the model (`profile.to_model_spec`)
+    wrapper = _text(row, "path") == "engine"   # the validator's direct path wraps the model (`profile.traces`)
     cfg = _json(row, "hf_config")
     if cfg is not None:
         try:

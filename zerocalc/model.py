@@ -4,6 +4,8 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from zerocalc import arch as _arch
+from zerocalc import family
+from zerocalc import profile as _profile
 from zerocalc.profile import Profile
 
 
@@ -136,10 +138,21 @@ def from_params(num_params: int) -> ModelSpec:
     return ModelSpec("P-only model", params, ((),) + tuple((i,) for i in range(len(params))))
 
 
+def from_profile(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, wrapper: bool = True) -> ModelSpec:
+    """The ModelSpec of a profile: its tensors, buffers and hook traces (`profile.traces`: wrapper,
+    z3_leaf_moe), holding the profile, or where the profile is one of the validator's families at its
+    sizes, that family's measured stream and activations in its place (`family.described`)."""
+    p = family.described(p)
+    kept = _profile.kept_buffers(p)
+    forward, backward, checkpointed, recomputed = _profile.traces(p, z3_leaf_moe, wrapper)
+    return ModelSpec(name or p.name, p.param_numels, forward, tuple(b.numel for b in kept), _profile.architecture(p),
+                     backward, checkpointed, recomputed, profile=p,
+                     buffer_bytes=tuple(_profile.buffer_element_bytes(b) for b in kept))
+
+
 def from_architecture(a: _arch.Architecture, name: str | None = None) -> ModelSpec:
-    """The validator's family model of these dimensions (`zerocalc.family`)."""
-    from zerocalc import family
-    return family.spec(a, name)
+    """The validator's family model of these sizes (`zerocalc.family`), trained as the validator trains it."""
+    return from_profile(family.profile(a, name or a.family), name or a.family)
 
 
 def shaped(num_params: int) -> ModelSpec:
@@ -147,7 +160,6 @@ def shaped(num_params: int) -> ModelSpec:
     Llama, whose token embedding also takes the fewer than 3·L·h elements it falls short by. States
     and communication are then those of exactly P, as `from_params` gives them, up to per-tensor
     padding; an embedding is read by index, so the extra elements cost no FLOPs."""
-    from zerocalc import family
     spec = from_architecture(family.generic(int(num_params)), "P-only model")
     embed, *rest = spec.param_numels
     return replace(spec, param_numels=(embed + int(num_params) - spec.num_params, *rest))

@@ -75,7 +75,7 @@ class Profile:
     # (SDPA where the config picks eager: `hf.trace.trace`)
     attentions: dict | None = field(default=None, hash=False, compare=False)
     returns_logits: bool = False        # its forward returns the logits (the seed's GPT): trained as it is,
-                                        # where a Hugging Face model is wrapped (`to_model_spec`)
+                                        # where a Hugging Face model is wrapped (`traces`)
     checkpoint_reenters_layer: bool = False   # `checkpoint(layer, x)` calls the layer itself again (the
                                               # seed's GPT); Hugging Face's re-enters below the layer's hooks
 
@@ -298,29 +298,25 @@ def buffer_element_bytes(b: Tensor) -> tuple[int, int]:
     return built, 0 if b.dtype.startswith(("float", "bfloat")) else built
 
 
-def to_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, wrapper: bool = True):
-    """The ModelSpec of a profile (`bare_model_spec`); a profile that is the validator's family's at its
-    dimensions holds that family's measured stream and activations (`zerocalc.family.described`)."""
-    from zerocalc import family
-    return bare_model_spec(family.described(p), name, z3_leaf_moe, wrapper)
+def kept_buffers(p: Profile) -> list[Tensor]:
+    """The buffers a rank's states count: scalar ones (Gemma's embed_scale) are left out, as the
+    validator's state measurement leaves every storage of 8 bytes or less out (with DeepSpeed's own
+    scalars: `validate.measure.SCALAR_BYTES`)."""
+    return [b for b in p.buffers if b.numel > 2]
 
 
-def bare_model_spec(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, wrapper: bool = True):
-    """The ModelSpec of a profile: its tensors, its forward and backward hook traces (walked from the
-    calls by `arch._forward` / `arch._backward`; Hugging Face's checkpointing re-enters below the
-    layer's own hooks, the seed's `checkpoint(block, x)` calls the block again), its buffers.
-    wrapper: the validator trains a Hugging Face model inside a module that returns the logits
-    (`zerocalc.hf.families.HFCausalLM`): one parameter-less call around it (not around a model whose
-    forward returns them, `Profile.returns_logits`). z3_leaf_moe: an MoE block is one stage-3 fetch unit."""
+def traces(p: Profile, z3_leaf_moe: bool = True, wrapper: bool = True) -> tuple:
+    """(forward, backward, checkpointed backward, which of its steps are recomputations): the module
+    steps DeepSpeed's hooks see, walked from the calls by `arch._forward` / `arch._backward` (Hugging
+    Face's checkpointing re-enters below the layer's own hooks, the seed's `checkpoint(block, x)` calls
+    the block again). wrapper: the validator trains a Hugging Face model inside a module that returns
+    the logits (`zerocalc.hf.families.HFCausalLM`): one parameter-less call around it (not around a
+    model whose forward returns them, `Profile.returns_logits`). z3_leaf_moe: an MoE block is one
+    stage-3 fetch unit."""
     from zerocalc import arch as A
-    from zerocalc.model import ModelSpec
     root = _call_tree(p, p.calls, z3_leaf_moe)
     if wrapper and not p.returns_logits:
         root = A.Call((), (root,))
     again = p.checkpoint_reenters_layer
-    # Scalar buffers (Gemma's embed_scale) are left out, as the validator's state measurement leaves every
-    # storage of 8 bytes or less out (with DeepSpeed's own scalars: `validate.measure.SCALAR_BYTES`).
-    kept = [b for b in p.buffers if b.numel > 2]
-    return ModelSpec(name or p.name, p.param_numels, tuple(A._forward(root)), tuple(b.numel for b in kept),
-                     architecture(p), tuple(A._backward(root)), tuple(A._backward(root, True, again)),
-                     A._recomputed(root, again), profile=p, buffer_bytes=tuple(buffer_element_bytes(b) for b in kept))
+    return (tuple(A._forward(root)), tuple(A._backward(root)), tuple(A._backward(root, True, again)),
+            A._recomputed(root, again))

@@ -11,7 +11,7 @@ from zerocalc import configmatch as _configmatch
 from zerocalc import family as _family
 from zerocalc import profile as _profile
 from zerocalc.inputs import check_hf_config, load_json_object
-from zerocalc.model import ModelSpec, from_architecture
+from zerocalc.model import ModelSpec, from_architecture, from_profile
 
 INSTALL = "pip install 'zerocalc[trace]'"
 SHAPE_FLAGS = "--vocab-size/--hidden-size/--num-layers/--num-heads (with --num-kv-heads, --ffn-hidden-size)"
@@ -112,7 +112,7 @@ def overridden(a, overrides: dict):
 def _shipped_spec(name: str) -> ModelSpec:
     """A shipped profile's ModelSpec, built once per process (the frozen spec then keys the stage-3
     walk's caches)."""
-    return _profile.to_model_spec(_profile.shipped_profile(name), name)
+    return from_profile(_profile.shipped_profile(name), name)
 
 
 def _override_config(d: dict, overrides: dict) -> dict:
@@ -201,7 +201,7 @@ def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
             f.write(reason + "\n")
         raise ValueError(f"{given}: transformers could not build model_type {d.get('model_type')!r}: {reason} "
                          f"{retry}{nearest}")
-    return _profile.to_model_spec(p, label)
+    return from_profile(p, label)
 
 
 def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:

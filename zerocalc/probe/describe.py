@@ -179,6 +179,7 @@ def configured_spec(module, record: dict):
         return None, (f"{type(module).__name__}'s {len(record['param_numels'])} parameter tensors and its calls, as "
                       "recorded (no Hugging Face config: no activations, so no device peaks)")
     from zerocalc import adapters, configmatch, profile
+    from zerocalc.model import from_profile
     d = config_dict(config)
     names, _, _ = configmatch.match(d)
     if names:
@@ -191,7 +192,7 @@ def configured_spec(module, record: dict):
     trainable = record.get("trainable")
     freeze = () if lora is not None or trainable is None else _frozen_roots(module)
     spec = adapters.spec(p, lora, freeze, how, wrapper=False) if lora or freeze else \
-        profile.to_model_spec(p, how, wrapper=False)
+        from_profile(p, how, wrapper=False)
     if lora is not None:
         short = isinstance(lora.targets, str) or len(lora.targets) <= 4
         how += " + " + (lora.describe() if short else f"{'DoRA' if lora.dora else 'LoRA'} r{lora.rank} on "

@@ -103,7 +103,7 @@ def _call(node: list):
 def recorded_spec(s: dict, name: str, wrapper: bool = False, buffer_element_bytes: int = 4):
     """zerocalc's ModelSpec from a record (`SpecRecorder.spec()`). Parameters only: no architecture, so
     zerocalc predicts states and communication, not activations. The fetch traces come from the
-    recorded calls as `profile.to_model_spec` derives them from a traced profile's (wrapper: one more
+    recorded calls as `model.from_profile` derives them from a traced profile's (wrapper: one more
     parameter-less call around them, the validator's logits wrapper); records made before the calls
     were have the forward order of the modules with parameters, and backward's as its reverse.
     Buffers are the recorded bytes, as elements of the size zerocalc counts them in
