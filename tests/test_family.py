@@ -147,3 +147,14 @@ def test_a_family_profile_has_no_traced_data_and_a_familys_key():
     assert set(p.attentions) == {"sdpa"}          # the family's stream is traced under SDPA only
     assert p.dims["num_kv_heads"] == 2 and p.attentions["sdpa"]["stream"] is family.streams()[
         "hf-llama/sdpa/untied/grouped"]
+
+
+@pytest.mark.parametrize("name, overrides", [("llama-2-7b", {"hidden_size": 2048}), ("seed-gpt", {"hidden_size": 1024}),
+                                             ("gpt2", {"num_layers": 4, "tie_embeddings": False}),
+                                             ("mistral-7b", {"num_kv_heads": 4, "ffn_hidden_size": 4096})])
+def test_a_family_model_with_shape_flags_is_the_family_at_the_new_sizes(name, overrides):
+    """Without torch, as the hand presets re-derived them (a new hidden size keeps FFN/hidden)."""
+    from zerocalc import resolve
+    spec = resolve.preset_spec(name, overrides)
+    assert same_model(spec, hand_spec(A.preset(name, **overrides)))
+    assert spec.profile.source[family.FAMILY] == family.key(A.preset(name, **overrides))

@@ -72,7 +72,7 @@ def model_names() -> str:
         by_type.setdefault(r["model_type"], []).append(r["name"] + ("*" if r["source"] == "family" else ""))
     lines = [f"- **{t}** {' '.join(names)}" for t, names in sorted(by_type.items())]
     return "\n".join(lines + ["", "\\* the tensors and calls of one of the validator's families at its sizes: that family's "
-                               "measured allocation stream and activation formula (`zerocalc.family`)."])
+                               "activation formula and, where it has one, allocation stream (`zerocalc.family`)."])
 
 
 def ds_keys() -> str:

@@ -1,9 +1,13 @@
-"""What is trained: a transformer architecture and the parameter tensors it registers.
+"""What is trained: `Architecture`, a family the validator trains and its sizes; the walkers that turn
+a model's module calls into the hook order DeepSpeed sees (`Call`, `_forward`, `_backward`).
 
 DeepSpeed pads and partitions per parameter tensor (stage 3) or per flat group (stages 1/2), and
-keeps small tensors whole at stage 3, so an exact answer needs the tensor list, not only P. The
-lists below follow `module.parameters()` order for the three families the validator trains
-(`zerocalc/hf/families.py`); `tests/test_validate_models.py` checks them against torch, tensor by tensor.
+keeps small tensors whole at stage 3, so an exact answer needs the tensor list, not only P. Every
+command reads it from a profile (`zerocalc.profile`, `zerocalc.family`: the families traced from
+`zerocalc/hf/families.py`). The hand-written lists below (`param_numels`, `calls`, `PRESETS`, ...),
+in `module.parameters()` order, are the oracle those traces are held to (`tests/test_family.py`;
+`tests/test_validate_models.py` checks them against torch, tensor by tensor); no command runs them
+(`tests/test_arch_path.py`).
 """
 from dataclasses import dataclass, replace
 
@@ -230,7 +234,8 @@ def num_params(arch: Architecture) -> int:
     return sum(param_numels(arch))
 
 
-# Presets. Sizes from each model's published config.json (Hugging Face hub), ffn = intermediate_size.
+# The sizes of the shipped profiles of these names (published config.json, ffn = intermediate_size; the
+# seed's GPT as its case study builds it), for the tests that hold the profiles to the hand lists.
 PRESETS = {
     "seed-gpt": Architecture("seed-gpt", 50257, 2048, 24, 16, 16, 8192, False),
     "gpt2": Architecture("hf-gpt2", 50257, 768, 12, 12, 12, 3072, True, 1024),
@@ -287,7 +292,7 @@ def from_hf_config(cfg: dict) -> Architecture:
 
 
 def generic(num_params: int, vocab_size: int = 32000) -> Architecture:
-    """A Llama-shaped decoder of at most `num_params`, short of it by fewer than 3·L·h (the tensors of
+    """The oracle of `family.generic`. A Llama-shaped decoder of at most `num_params`, short of it by fewer than 3·L·h (the tensors of
     one FFN unit per layer), for what needs a shape when only P is known: activations and step time.
     Shapes follow the GPT-3/Llama habit h ≈ 128·L (12·L·h² = 196608·L³ ≈ P), h a multiple of 128,
     heads of 128; the vocabulary is `vocab_size`, or less where its embeddings (2·V·h) would pass a

@@ -938,8 +938,9 @@ def report_cmd(csv_paths, gpu_name, calibration_name, figure_path):
 @main.command("models")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def models_cmd(fmt):
-    """The models --model names: transcribed presets (their allocation sequence is simulated) and
-    profiles read from each model's own code (`zerocalc/profiles/`), with P, layers, hidden size and experts."""
+    """The models --model names: the shipped profiles, read from each model's own code
+    (`zerocalc/profiles/`), with P, layers, hidden size and experts; "family" where the validator's
+    family is the model at its sizes (its measured stream and activation formula: `zerocalc.family`)."""
     rows = resolve.listing()
     if fmt == "json":
         click.echo(json.dumps(rows, indent=1))

@@ -22,6 +22,8 @@ from zerocalc.training import ATTENTION
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILY = "family"      # the key of `Profile.source` naming the family a profile is described by
+CODE = ("seed-gpt", "gpt2", "llama", "mistral")   # the model types the families' code is (Mistral's: Llama's
+                                                   # but for its sliding-window mask)
 
 
 @lru_cache(maxsize=None)

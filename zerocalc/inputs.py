@@ -131,7 +131,7 @@ def load_json_object(path: str, what: str, constants: bool = False) -> dict:
     return doc
 
 
-# The config.json keys `zerocalc.arch.from_hf_config` reads, per model_type: (key, limit, required).
+# The config.json keys `zerocalc.family.from_config` reads, per model_type: (key, limit, required).
 # `null` is accepted only where Hugging Face reads it as "the default" (n_inner, num_key_value_heads).
 _HF_KEYS = {
     "gpt2": (("vocab_size", "vocab_size", False), ("n_embd", "hidden_size", False), ("n_layer", "num_layers", False),
@@ -152,7 +152,7 @@ _HF_NULLABLE = {"n_inner", "num_key_value_heads"}
 
 
 def check_hf_config(cfg: dict, path: str = "config.json") -> dict:
-    """Refuse a Hugging Face config.json that `zerocalc.arch.from_hf_config` would misread: every
+    """Refuse a Hugging Face config.json that `zerocalc.family.from_config` would misread: every
     size it takes must be a JSON integer in range (not "4096", not null, not 4096.5), required keys
     present. For other model types the usual size keys are checked where present. Returns `cfg`."""
     if not isinstance(cfg, dict):

@@ -5,7 +5,7 @@ extra) and kept as JSON (shipped in `zerocalc/profiles/`, cached in the user's c
 It holds what DeepSpeed needs to be exact at every stage: the parameters in `module.parameters()`
 order, tied weights once; which module owns which tensors; the calls of one forward, nested, with
 whether each output requires grad (stage 3's fetch trace, `zerocalc.stage3_trace`, is walked from
-them as from the transcribed `arch.calls`); the buffers and the config's dimensions; the step's
+them: `traces`); the buffers and the config's dimensions; the step's
 allocation stream (`stream`, `hf.memtrace.step_stream`, played by `zerocalc.sequence`) and the
 operators and FLOPs per phase (`steps`, `zerocalc.hf.optrace`, read by `zerocalc.timing`). Repeated
 layers are stored once (`_compress`). Each field and the JSON's form: docs/models.md, "What a profile

@@ -83,13 +83,13 @@ def describe_overrides(overrides: dict, derived: dict | None = None) -> str:
 
 
 def preset_spec(name: str, overrides: dict) -> ModelSpec:
-    """A shipped profile, with overrides. A model the validator's family is at its dimensions takes them
-    without torch, as that family at the new dimensions (`overridden`); another's config.json is traced
-    again with them (needs the extra)."""
+    """A shipped profile, with overrides. A model the validator's family is, code and sizes (a Llama,
+    Mistral, GPT-2 or the seed's GPT), takes them without torch, as that family at the new sizes
+    (`overridden`); another's config.json is traced again with them (needs the extra)."""
     if not overrides:
         return _shipped_spec(name)
     shipped = _shipped_spec(name)
-    if _family.FAMILY in shipped.profile.source:
+    if _family.FAMILY in shipped.profile.source and shipped.profile.model_type in _family.CODE:
         a, derived = overridden(shipped.architecture, overrides)
         return from_architecture(a, f"{name} ({describe_overrides(overrides, derived)})")
     from zerocalc.hf.ship import configs

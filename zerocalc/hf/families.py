@@ -2,8 +2,8 @@
 from an Architecture with random weights. The validator trains them (`validate.worker`), and the
 families' allocation streams and operator counts are traced from them (`zerocalc.hf.familystream`,
 `zerocalc.hf.optrace`), so they live beside the tracer (the `trace` extra), below the validator.
-Parameter order and shapes must equal zerocalc's architecture enumeration (`zerocalc.arch.param_numels`);
-tests/test_validate_models.py checks that."""
+They are traced into the families' profiles (`zerocalc.hf.familyprofile`); their parameter order and
+shapes equal arch.py's hand enumeration (`zerocalc.arch.param_numels`, tests/test_validate_models.py)."""
 import torch
 import torch.nn as nn
 

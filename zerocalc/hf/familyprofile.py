@@ -135,6 +135,8 @@ def template(family: str, tie: bool, attention_bias: bool = False, mlp_bias: boo
 
 
 def main() -> None:
+    import transformers
+    transformers.logging.set_verbosity_error()   # GPT-2's default token ids lie past the template's vocabulary
     out = {"format": FORMAT, "traced_at": TEMPLATE_DIMS, "families": {}}
     for family, tie, ab, mb in VARIANTS:
         out["families"][key(family, tie, ab, mb)] = template(family, tie, ab, mb)

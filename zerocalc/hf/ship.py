@@ -5,7 +5,8 @@ Hugging Face hub's file, the fields that shape the model); it is traced (`zeroca
 written to `zerocalc/profiles/<name>.json`, which `--model <name>` reads without torch. Then every
 profile's match record (`match_record`) is written to `zerocalc/hf/matching.json`, by which a
 config.json is recognised as a shipped model without torch (`zerocalc.configmatch`), and the
-model types transformers implements, by which a remote-code model is told so without torch.
+model types transformers implements, by which a remote-code model is told so without torch. The
+seed's GPT has no config.json: `python -m zerocalc.hf.familyprofile` writes its profile.
 """
 import inspect
 import json
