@@ -33,6 +33,8 @@ MOVED = [
     f"estimate --hf-config {CONFIGS}/gpt2.json --dp 8 --seq-len 1024",
     "estimate --vocab-size 32000 --hidden-size 1024 --num-layers 4 --num-heads 8 --dp 2 --seq-len 512",
     "plan --model llama-2-7b --gpu h100 --max-gpus 8 --seq-len 4096 --global-batch 64",
+    "sweep --model llama-2-7b --dp 1,8 --stage 0,1,2,3",
+    "sweep --model seed-gpt --dp 1,8 --stage 0,1,2,3",
     "models",
 ]
 

@@ -811,7 +811,7 @@ def _adapted(model: ModelSpec, setup: Setup) -> bool:
     "trained") in the variant the setup runs (at stage 3 as zero.Init leaves it: fp32 adapters,
     DeepSpeed's linear), without offload (not measured with frozen parameters). A full fine-tune's
     stream would hand gradients of frozen tensors and keep their linears' inputs."""
-    stream = traced_under(model.profile, setup.attention)[1] if traced(model) else None
+    stream = step_stream(model, setup)
     s3 = setup.stage == Stage.PARAMETERS
     name = ("checkpointed" if setup.activation_checkpointing else "plain") + ("_zero3" if s3 else "")
     return (stream is not None and stream.get("params") == len(model.param_numels)

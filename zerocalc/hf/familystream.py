@@ -242,7 +242,7 @@ def _product(x: dict, monomial: tuple) -> int:
 
 
 def key(family: str, attention: str, tie: bool, grouped: bool) -> str:
-    """The stream's name in the file (`zerocalc.sequence.family_stream_key` reads it)."""
+    """The stream's name in the file (`zerocalc.family.stream` reads it)."""
     return f"{family}/{attention}/{'tied' if tie else 'untied'}" + ("/grouped" if grouped else "")
 
 
