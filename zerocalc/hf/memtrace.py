@@ -10,16 +10,17 @@ where the stream is compared (`tests/test_memtrace.py`).
 import weakref
 from contextlib import contextmanager
 
-from zerocalc.hf.cudaops import cuda_dispatch
+from zerocalc.hf.cudaops import allocation_order, cuda_dispatch
 from zerocalc.hf.trace import _imports, module_calls
 
 
-def _new_storages(out, alive: dict):
-    """(key, storage) of each storage an operator's output holds that `alive` does not know yet; the
-    caller enters it in `alive` before the next is looked at, so a storage two outputs share comes once."""
+def _new_storages(out, alive: dict, func=None):
+    """(key, storage) of each storage an operator's output holds that `alive` does not know yet, in the
+    order CUDA's kernel of `func` allocates them (`cudaops.allocation_order`); the caller enters it in
+    `alive` before the next is looked at, so a storage two outputs share comes once."""
     import torch
     from torch.utils._pytree import tree_flatten
-    for t in tree_flatten(out)[0]:
+    for t in tree_flatten(allocation_order(str(func), out))[0]:
         if isinstance(t, torch.Tensor):
             st = t.untyped_storage()
             if st._cdata not in alive:
@@ -87,7 +88,7 @@ def record(model, mode, input_ids, loss_fn=None):
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            for key, st in _new_storages(out, alive):
+            for key, st in _new_storages(out, alive, func):
                 state["next"] += 1
                 alive[key] = state["next"]
                 events.append(("alloc", state["next"], st.nbytes(), state["module"], state["phase"], str(func)))
@@ -138,7 +139,7 @@ def layers_kept_bytes(model, mode, batch: int, seq: int, with_head: bool = False
     class Counter(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            for key, st in _new_storages(out, alive):
+            for key, st in _new_storages(out, alive, func):
                 alive[key] = st.nbytes()
                 state["serial"] += 1
                 born[key] = state["serial"]
@@ -316,7 +317,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
                 # LayerNorm's saved mean and rstd: fp32 on CUDA for a bf16/fp16 input (the kernel's
                 # accumulate type; the seed GPT's H200 histories), the input's dtype on the CPU.
                 fp32 = {t.untyped_storage()._cdata: 4 * t.numel() for t in out[1:] if t.element_size() < 4}
-            for key, st in _new_storages(out, alive):
+            for key, st in _new_storages(out, alive, func):
                 state["next"] += 1
                 alive[key] = state["next"]
                 events.append(("a", state["next"], fp32.get(key, st.nbytes()), name))

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 9        # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 10       # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
