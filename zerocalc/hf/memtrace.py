@@ -6,6 +6,10 @@ event carries the module call it happened in (forward pre/post hooks) and the ph
 What this records is what the CPU kernels' fake implementations allocate; where CUDA's kernels
 allocate otherwise (`zerocalc.sequence` holds the H200 histories' facts) the difference is stated
 where the stream is compared (`tests/test_memtrace.py`).
+
+What is recorded is a step after one that is not (`WARM_UP`): a model's code may do something on its
+first step only (LongRoPE's rotary embedding makes its long inverse frequencies once and keeps them:
+Phi-3.5-mini, Phi-4-mini), and a job's every step but its first is the one after.
 """
 import weakref
 from contextlib import contextmanager
@@ -187,6 +191,7 @@ def layer_activations(model, mode, seqs=(32, 64)) -> dict:
     eager attention, 0 with SDPA), from two forwards of one sequence at two lengths, in the model's
     dtype (bf16 as traced); and what the head keeps per token (`layers_kept_bytes`)."""
     s1, s2 = seqs
+    layers_kept_bytes(model, mode, 1, s1)           # the first forward, not counted (the module's docstring)
     (k1, _), (k2, head2) = layers_kept_bytes(model, mode, 1, s1, True), layers_kept_bytes(model, mode, 1, s2, True)
     # k = a·s + c·s²: two equations in a and c
     c = (k2 * s1 - k1 * s2) / (s1 * s2 * (s2 - s1))
@@ -249,6 +254,9 @@ STREAM_LAYERS = 4                    # a shallow copy of this many decoder layer
 # batch of one into a view where a larger one copies (eager attention's scores, `_matmul_impl`).
 STREAM_SHAPES = ((2, 16), (2, 32), (2, 48), (3, 16), (3, 32), (3, 48))
 STREAM_BASIS = ("1", "s", "B*s", "B*s*s", "B", "s*s")  # an allocation's bytes: k·(1, s, B·s, B·s², B, s²)
+# (micro-batch, sequence) of the step run before those recorded and not recorded: what a model does on its
+# first step only is done by then (the module's docstring)
+WARM_UP = STREAM_SHAPES[0]
 
 
 def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, forward=None,
@@ -561,7 +569,9 @@ def segments_at(model, mode, k: int, checkpointing: bool, batch: int, seq: int, 
 
 def _fitted_segments(model, mode, k: int, checkpointing: bool, **kw) -> dict:
     """One variant of a k-layer model's stream (`_canonical`'s segments) with each event's bytes
-    solved as coefficients of `STREAM_BASIS` over `STREAM_SHAPES`; `record_step`'s keywords."""
+    solved as coefficients of `STREAM_BASIS` over `STREAM_SHAPES`; `record_step`'s keywords. The
+    steps recorded follow one of the variant's own that is not (`WARM_UP`)."""
+    record_step(model, mode, *WARM_UP, checkpointing, **kw)
     runs = [segments_at(model, mode, k, checkpointing, b, s, **kw) for b, s in STREAM_SHAPES]
     shape = _structure(runs[0])
     if any(_structure(r) != shape for r in runs[1:]):
