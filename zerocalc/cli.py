@@ -565,7 +565,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     ranks_per_node = -(-setups[0].dp // opts["nodes"])
     estimates = [estimate(spec, s, gpu_memory, cal, hw, host_memory_bytes=host_memory, ranks_per_node=ranks_per_node)
                  for s in setups]
-    for note in resolve.notes(spec, [s.stage for s in setups]):
+    for note in resolve.notes(spec, setups, timed=hw is not None):
         click.echo(f"note: {note}", err=True)
     click.echo(render.render(estimates, fmt, host_note, explain))
     if fmt == "table":   # below the table (JSON carries zero_init and dtype in its inputs)
