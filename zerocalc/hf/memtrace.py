@@ -270,7 +270,8 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
     reduction over every dimension but the last of a contiguous input (a bias's or norm weight's
     gradient summed over the tokens), ("sdpa", q elements, log-sum-exp elements) SDPA's backward, ("mm",) a matmul;
     with `layer_backward`, ("Lb", i) where the gradient of the i-th layer's output is ready (a hook on
-    that output, allocating nothing): where the head is frozen, backward's last layer begins there.
+    that output, allocating nothing): where the head is frozen or has no parameters of its own, backward's
+    last layer begins there.
     Gradients are handed over for the parameters that require grad.
     A model that is not a Hugging Face causal LM (the validator's seed-gpt) gives `forward(model, ids)`
     (its logits), `set_checkpointing(model, on)` and `is_layer(module)` (its decoder layers)."""
@@ -473,8 +474,8 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
     if sorted(pos_L) != list(range(k)) or sorted(lastg) != list(range(k)):
         raise ValueError("the stream does not cut into layers")
     head = [n for n, e in enumerate(events) if e[0] == "g" and e[1] not in layer_of_param and n < firstg[k - 1]]
-    # the last layer's backward begins after the head's gradients or, the head frozen, where the
-    # gradient of its output is ready (`record_step`'s "Lb")
+    # the last layer's backward begins after the head's gradients or, none before it (the head frozen, or
+    # without parameters of its own), where the gradient of its output is ready (`record_step`'s "Lb")
     last_start = head[-1] + 1 if head else next((n for n, e in enumerate(events) if e == ("Lb", k - 1)), None)
     if last_start is None:
         raise ValueError("the stream does not cut into layers")
@@ -611,7 +612,9 @@ def _step_stream(model, mode, k: int) -> dict:
     if lead:          # each leading layer's parameter count (the others hold `params_per_layer` each)
         out["leading_layer_params"] = [len(ps) for ps in layer_params[:lead]]
     for variant, ckpt in (("plain", False), ("checkpointed", True)):
-        out[variant] = _fitted_segments(model, mode, k, ckpt)
+        # where the last layer's backward begins when no gradient of the head's own comes before it (a
+        # tied embedding and a final norm without parameters: OLMo-1B): `record_step`'s "Lb"
+        out[variant] = _fitted_segments(model, mode, k, ckpt, layer_backward=True)
     return _compact(out)
 
 
