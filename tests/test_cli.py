@@ -530,3 +530,21 @@ def test_an_attention_the_stream_was_not_traced_under_takes_the_ratio_and_says_s
     assert ("reserved: the calibrated ratio under eager (its stream is traced under sdpa attention only)"
             in result.stderr)
     assert json.loads(result.stdout)["estimates"][0]["peak_reserved_source"] == "ratio"
+
+
+def test_a_lora_stream_that_could_not_be_recorded_says_why(monkeypatch):
+    """With LoRA the stream of the model's own trained tensors is recorded from PEFT's model; where that
+    fails (here made to, as a model whose deeper layers train other tensors than the layer they are
+    played as would), reserved is the calibrated ratio and the note gives the variant and the error."""
+    pytest.importorskip("torch")
+    from zerocalc.hf import adapted
+
+    def fails(*args, **kwargs):
+        raise ValueError("layer 3 trains other tensors than the layer it is played as")
+    monkeypatch.setattr(adapted, "cached_variant", fails)
+    result = CliRunner().invoke(main, ["estimate", "--model", "qwen2.5-0.5b", "--seq-len", "1024", "--lora-rank", "16",
+                                       "--stage", "2", "--format", "json"])
+    assert result.exit_code == 0
+    assert ("reserved: the calibrated ratio (the stream of its own trained tensors could not be recorded from "
+            "PEFT's model: plain: ValueError: layer 3 trains other tensors than the layer it is played as)") in result.stderr
+    assert json.loads(result.stdout)["estimates"][0]["peak_reserved_source"] == "ratio"

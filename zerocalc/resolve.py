@@ -278,8 +278,15 @@ def _reserved_note(spec: ModelSpec, attention: str, untraced: dict) -> str:
     stream simulated, else the calibrated ratio and why (`profile.traced_under`)."""
     p = spec.profile
     stream = _profile.traced_under(p, attention)[1]
+    # frozen parameters: the variants of PEFT's model that could not be recorded (`cli._streamed`)
+    failed = "; ".join(f"{key.split(' ', 1)[1]}: {reason}" for key, reason in untraced.items()
+                       if key.startswith("adapted "))
     if stream and (not spec.frozen or "trained" in stream):
-        return "its traced allocation stream through the allocator simulation"
+        text = "its traced allocation stream through the allocator simulation"
+        return text + (f"; the calibrated ratio where a variant could not be recorded from PEFT's model ({failed})"
+                       if failed else "")
+    if spec.frozen and failed:
+        return f"the calibrated ratio (the stream of its own trained tensors could not be recorded from PEFT's model: {failed})"
     if spec.frozen:
         return ("the calibrated ratio (the stream of its own trained tensors is recorded from PEFT's model: "
                 f"{INSTALL} and peft; stage 3 also needs deepspeed)")
