@@ -5,6 +5,7 @@ import json
 import os
 import random
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -42,9 +43,16 @@ def test_a_family_profile_is_the_hand_transcription(a):
                                   "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b"])
 def test_each_former_preset_is_its_shipped_profile_and_the_family(name):
     """The hand presets' sizes (arch.PRESETS) give the shipped profile's tensors and calls, and the
-    shipped profile holds its family's data (stream, activations' formula)."""
+    shipped profile holds its family's data (stream, activations' formula). GPT-2 as published keeps its
+    dropouts' masks: its checkpointed backward is recomputed from its last dropout (test_stage3_order.py),
+    the dropout-free family's from its last module with parameters."""
     spec = from_profile(P.shipped_profile(name), name)
-    assert same_model(spec, hand_spec(A.PRESETS[name], name))
+    want = hand_spec(A.PRESETS[name], name)
+    if name.startswith("gpt2"):
+        assert spec.checkpointed_backward_trace != want.checkpointed_backward_trace
+        spec = replace(spec, checkpointed_backward_trace=want.checkpointed_backward_trace,
+                       checkpointed_recomputed=want.checkpointed_recomputed)
+    assert same_model(spec, want)
     assert spec.profile.source[family.FAMILY] == family.key(A.PRESETS[name])
     assert spec.profile.activations is None
 

@@ -114,10 +114,10 @@ def test_direct_and_trainer_paths_on_cpu(tmp_path):
     assert exact and "State and communication exact from the recorded tensors: 2 of 2 rows" in text
 
 
-# Stage-3 all-gathers not yet replayed to the byte (data/README.md, "Held-out fake-world rows"): GPT-2 XL
-# checkpointed (DeepSpeed gathers one 1600 x 6400 MLP weight more: its backward hooks fire in another order
-# around GPT-2's parameterless modules) and Mixtral at N = 256 (12.5 MB a step fewer: DeepSpeed keeps more of
-# the MoE leaves gathered).
+# Rows whose run recorded its calls before the recorder kept which are dropouts at p > 0 and which are
+# stage-3 leaves (`zerocalc.probe.record`): from those calls GPT-2 XL checkpointed is 5,120,000 B a step
+# short and Mixtral at N = 256 12,451,840 B over; from the traced configs both are exact
+# (test_committed_data.py; data/README.md, "GPT-2 with its dropout").
 OPEN_COMM = {"auto-gpt2-h1600-l48-s3-bf16-n4fake-b1x1024-gas1-5d2f3f51ce",
              "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-11914a3414",
              "auto-mixtral-h4096-l32-s3-bf16-n256fake-b2x2048-gas2-1f6a7f1acf",

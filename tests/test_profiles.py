@@ -147,11 +147,16 @@ def test_qwen2_5_7b_by_hand():
 def test_traced_profiles_of_the_presets_equal_the_transcribed_tensors_and_traces(name):
     spec = from_profile(P.shipped_profile(name))
     want = hand_spec(A.PRESETS[name])
+    # GPT-2 as published keeps its dropouts' masks (p = 0.1), so DeepSpeed recomputes a checkpointed block
+    # from its last dropout on (tests/test_stage3_order.py), where the hand lists, the validator's
+    # dropout-free GPT-2, start at the last module with parameters.
+    dropout = any(m.saves for m in spec.profile.modules)
+    assert dropout == name.startswith("gpt2")
     assert family.FAMILY in spec.profile.source
     assert spec.param_numels == want.param_numels
     assert spec.trace == want.trace
     assert spec.backward_trace == want.backward_trace
-    assert spec.checkpointed_backward_trace == want.checkpointed_backward_trace
+    assert (spec.checkpointed_backward_trace == want.checkpointed_backward_trace) != dropout
     assert spec.buffer_numels == want.buffer_numels
 
 

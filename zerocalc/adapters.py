@@ -358,7 +358,8 @@ def spec(p: Profile, lora: Lora | None = None, freeze: tuple[str, ...] = (), nam
         ck = from_profile(replace(p, calls=regrad(p, trainable, input_grads=True)), label, z3_leaf_moe=z3_leaf_moe,
                            wrapper=wrapper)
         s = replace(s, checkpointed_backward_trace=ck.checkpointed_backward_trace,
-                    checkpointed_recomputed=ck.checkpointed_recomputed)
+                    checkpointed_recomputed=ck.checkpointed_recomputed,
+                    leaf_scans=ck.leaf_scans and (*s.leaf_scans[:2], ck.leaf_scans[2]))
     return replace(s, trainable=trainable, wide=wide)
 
 

@@ -107,6 +107,9 @@ class Call:
     children: tuple["Call", ...] = ()
     grad: bool = True
     layer: bool = False
+    saves: bool = False    # keeps a tensor for backward without parameters (a dropout's mask at p > 0)
+    leaf: bool = False     # a stage-3 leaf (`set_z3_leaf_modules`): `params` are every one under it, fetched
+    own: tuple[int, ...] = ()   # together; `own` its own (recurse=False) alone
 
 
 def calls(arch: Architecture) -> Call:
@@ -159,18 +162,17 @@ def calls(arch: Architecture) -> Call:
 
 def _forward(c: Call):
     """Forward pre-hook order: a call, then the calls it makes."""
-    yield c.params
-    for child in c.children:
-        yield from _forward(child)
+    return (call.params for call in _forward_calls(c))
 
 
 def _backward(c: Call, checkpointing: bool = False, recompute_container: bool = False):
     """Backward pre-hook order: the reverse of the order calls finish in forward (a container's hook
     fires when the gradient reaches its output, before its children's). With activation
     checkpointing a layer is run forward again right after the hook of its first module that saved
-    tensors (the first with parameters, walking backward), up to its last module that saves any, and
-    its remaining hooks follow."""
-    return (params for params, _ in _backward_steps(c, checkpointing, recompute_container))
+    tensors (walking backward, the first with parameters or a dropout at p > 0: `Call.saves`), up to
+    its last module that saves any, and its remaining hooks follow: the order DeepSpeed's hooks ran in
+    on GPT-2 with its dropout, logged module by module (data/README.md, "GPT-2 with its dropout")."""
+    return (call.params for call, _ in _backward_steps(c, checkpointing, recompute_container))
 
 
 def _recomputed(c: Call, recompute_container: bool = False) -> tuple[bool, ...]:
@@ -179,22 +181,62 @@ def _recomputed(c: Call, recompute_container: bool = False) -> tuple[bool, ...]:
     return tuple(again for _, again in _backward_steps(c, True, recompute_container))
 
 
+def _scan(calls) -> tuple:
+    """Per step, what DeepSpeed's reuse rule reads of the module (`__params_to_release`, 0.19.8): its own
+    parameters (recurse=False; a leaf's own, not those under it) when the released module is not a
+    stage-3 leaf, every parameter under it when it is; and whether the step is a leaf."""
+    under = {}
+
+    def subtree(c: Call) -> frozenset:
+        if id(c) not in under:
+            under[id(c)] = frozenset(c.params).union(*(subtree(x) for x in c.children))
+        return under[id(c)]
+    return tuple((c.own if c.leaf else c.params, tuple(sorted(subtree(c))), c.leaf) for c in calls)
+
+
+def leaf_scans(c: Call, recompute_container: bool = False) -> tuple | None:
+    """`_scan` of forward, backward and checkpointed backward, in their steps' order; None where no
+    call is a stage-3 leaf (then a step's own parameters are its trace's and no release reads deeper)."""
+    if not any(call.leaf for call in _forward_calls(c)):
+        return None
+    return (_scan(_forward_calls(c)), _scan(call for call, _ in _backward_steps(c, False, recompute_container)),
+            _scan(call for call, _ in _backward_steps(c, True, recompute_container)))
+
+
 def _backward_steps(c: Call, checkpointing: bool, recompute_container: bool):
-    """`_backward`'s steps as (params, whether the step is a recomputation's forward call)."""
+    """`_backward`'s steps as (call, whether the step is a recomputation's forward call)."""
     if not c.grad:
         return
     if checkpointing and c.layer:
-        plain = [(params, False) for params in _backward(c)]
-        first = next(i for i, (params, _) in enumerate(plain) if params)
-        rebuilt = list(_forward(c))[0 if recompute_container else 1:]
+        plain = list(_backward_calls(c))
+        first = next(i for i, call in enumerate(plain) if call.params or call.saves)
+        rebuilt = list(_forward_calls(c))[0 if recompute_container else 1:]
         # PyTorch stops a recomputation once the last tensor backward needs is rebuilt: the modules
-        # after the layer's last one with parameters (GPT-2's dropout at p = 0) are not re-entered.
-        last = max(i for i, params in enumerate(rebuilt) if params)
-        yield from plain[:first + 1] + [(params, True) for params in rebuilt[:last + 1]] + plain[first + 1:]
+        # after the layer's last one that saves any (GPT-2's dropout at p = 0) are not re-entered.
+        last = max(i for i, call in enumerate(rebuilt) if call.params or call.saves)
+        yield from ([(call, False) for call in plain[:first + 1]] +
+                    [(call, True) for call in rebuilt[:last + 1]] +
+                    [(call, False) for call in plain[first + 1:]])
         return
-    yield c.params, False
+    yield c, False
     for child in reversed(c.children):
         yield from _backward_steps(child, checkpointing, recompute_container)
+
+
+def _forward_calls(c: Call):
+    """The calls in `_forward`'s order."""
+    yield c
+    for child in c.children:
+        yield from _forward_calls(child)
+
+
+def _backward_calls(c: Call):
+    """The calls whose backward hooks fire, in `_backward`'s order without checkpointing."""
+    if not c.grad:
+        return
+    yield c
+    for child in reversed(c.children):
+        yield from _backward_calls(child)
 
 
 def trace(arch: Architecture) -> tuple[tuple[int, ...], ...]:

@@ -27,6 +27,9 @@ class ModelSpec:
     wide: tuple[bool, ...] | None = None        # per tensor: made in fp32 after the model (PEFT's adapters,
                                                 # `autocast_adapter_dtype`): a model built under zero.Init
                                                 # keeps them fp32 at stage 3 (`zerocalc.states`)
+    leaf_scans: tuple | None = None   # where a module is a stage-3 leaf (an MoE block): per step of forward,
+                                      # backward and checkpointed backward, what the reuse rule reads
+                                      # (`arch.leaf_scans`); None: each step's trace entry
     buffer_bytes: tuple[tuple[int, int], ...] | None = None   # per buffer: bytes per element as built and
                                                 # under zero.Init (0: the training dtype), from a traced
                                                 # profile (`profile.buffer_element_bytes`); None: the rule
@@ -36,6 +39,15 @@ class ModelSpec:
         """Backward's modules in hook order (recomputed layers included when checkpointing)."""
         plain = self.backward_trace if self.backward_trace is not None else self.trace[::-1]
         return (self.checkpointed_backward_trace or plain) if checkpointing else plain
+
+    def leaf_scan(self, checkpointing: bool) -> tuple | None:
+        """Per step of forward then `backward(checkpointing)`: (own parameters, every parameter under
+        it, whether it is a stage-3 leaf), what DeepSpeed's reuse rule reads (`stage3_trace`); None
+        where no module is a leaf."""
+        if self.leaf_scans is None:
+            return None
+        forward, plain, checkpointed = self.leaf_scans
+        return forward + (checkpointed if checkpointing and self.checkpointed_backward_trace else plain)
 
     def recomputed(self, checkpointing: bool) -> tuple[bool, ...]:
         """Per step of `backward(checkpointing)`: whether it is a checkpointed layer's forward run again
@@ -144,9 +156,9 @@ def from_profile(p: Profile, name: str | None = None, z3_leaf_moe: bool = True, 
     sizes, that family's measured stream and activations in its place (`family.described`)."""
     p = family.described(p)
     kept = _profile.kept_buffers(p)
-    forward, backward, checkpointed, recomputed = _profile.traces(p, z3_leaf_moe, wrapper)
+    forward, backward, checkpointed, recomputed, scans = _profile.traces(p, z3_leaf_moe, wrapper)
     return ModelSpec(name or p.name, p.param_numels, forward, tuple(b.numel for b in kept), _profile.architecture(p),
-                     backward, checkpointed, recomputed, profile=p,
+                     backward, checkpointed, recomputed, profile=p, leaf_scans=scans,
                      buffer_bytes=tuple(_profile.buffer_element_bytes(b) for b in kept))
 
 

@@ -49,6 +49,8 @@ class Module:
     moe: bool = False          # a mixture-of-experts block: one fetch unit at stage 3 (set_z3_leaf_modules)
     external: tuple[int, ...] = ()   # parameters its forward reads of a module it does not call (the seed's
                                      # nn.MultiheadAttention and its out_proj): stage 3 fetches them with it
+    saves: bool = False        # a dropout at p > 0: keeps its mask for backward without parameters, so a
+                               # checkpointed layer's recomputation starts and ends at it (`arch._backward`)
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def to_json(p: Profile) -> dict:
         "params": _compress([[t.name, list(t.shape)] for t in p.params]),
         "buffers": _compress([[t.name, list(t.shape), t.dtype] + ([t.zero_init_dtype] if t.zero_init_dtype else [])
                               for t in p.buffers]),
-        "modules": _compress([[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "")]
+        "modules": _compress([[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "") + ("S" if m.saves else "")]
                               + ([[names[i] for i in m.external]] if m.external else []) for m in p.modules]),
         "calls": node(p.calls),
         "activations": p.activations,
@@ -195,7 +197,8 @@ def from_json(d: dict) -> Profile:
         raise ValueError(f"profile format {d.get('format')!r}; this zerocalc reads format {FORMAT}")
     params = tuple(Tensor(n, tuple(s)) for n, s in _expand(d["params"]))
     index = {t.name: i for i, t in enumerate(params)}
-    modules = tuple(Module(n, c, tuple(index[x] for x in ps), "L" in f, "M" in f, tuple(index[x] for x in (ext or [[]])[0]))
+    modules = tuple(Module(n, c, tuple(index[x] for x in ps), "L" in f, "M" in f, tuple(index[x] for x in (ext or [[]])[0]),
+                           "S" in f)
                     for n, c, ps, f, *ext in _expand(d["modules"]))
     mindex = {m.name: i for i, m in enumerate(modules)}
 
@@ -264,9 +267,9 @@ def _call_tree(p: Profile, node: CallNode, leaf_moe: bool):
     if leaf_moe and m.moe:
         # deepspeed.utils.set_z3_leaf_modules: no hooks below the block; its pre-forward hook fetches
         # every parameter under it at once, and its release frees them together.
-        return Call(p.subtree_params(node.module), (), node.grad, m.layer)
+        return Call(p.subtree_params(node.module), (), node.grad, m.layer, leaf=True, own=m.params)
     return Call(tuple(sorted(m.params + m.external)), tuple(_call_tree(p, c, leaf_moe) for c in node.children),
-                node.grad, m.layer)
+                node.grad, m.layer, m.saves)
 
 
 def architecture(p: Profile):
@@ -306,7 +309,8 @@ def kept_buffers(p: Profile) -> list[Tensor]:
 
 
 def traces(p: Profile, z3_leaf_moe: bool = True, wrapper: bool = True) -> tuple:
-    """(forward, backward, checkpointed backward, which of its steps are recomputations): the module
+    """(forward, backward, checkpointed backward, which of its steps are recomputations, what the
+    stage-3 reuse rule reads of each step where a module is a leaf: `arch.leaf_scans`): the module
     steps DeepSpeed's hooks see, walked from the calls by `arch._forward` / `arch._backward` (Hugging
     Face's checkpointing re-enters below the layer's own hooks, the seed's `checkpoint(block, x)` calls
     the block again). wrapper: the validator trains a Hugging Face model inside a module that returns
@@ -319,4 +323,4 @@ def traces(p: Profile, z3_leaf_moe: bool = True, wrapper: bool = True) -> tuple:
         root = A.Call((), (root,))
     again = p.checkpoint_reenters_layer
     return (tuple(A._forward(root)), tuple(A._backward(root)), tuple(A._backward(root, True, again)),
-            A._recomputed(root, again))
+            A._recomputed(root, again), A.leaf_scans(root, again))

@@ -138,11 +138,20 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
     # The reuse rule reads the modules after this one until they add up to max_reuse_distance elements:
     # those before the first later module m with elements[step + 1:m] >= the distance. A parameter is
     # kept if it occurs in one of them (its next occurrence comes before m).
-    elements = [0, *accumulate(sum(numel[p] for p in mod) for mod in trace)]   # of the modules before each
-    occurs = {}
-    for step, mod in enumerate(trace):
-        for p in mod:
-            occurs.setdefault(p, []).append(step)
+    # Where a module is a stage-3 leaf (an MoE block) the rule reads the later modules' own parameters
+    # (a leaf's own, not those under it) when releasing any other module, and every parameter under
+    # each later module when releasing a leaf (`__params_to_release` iterates them with the recurse
+    # flag of the module it releases: DeepSpeed 0.19.8 `partitioned_param_coordinator.py`).
+    scan = model.leaf_scan(setup.activation_checkpointing)
+    reads = [(trace, False)] if scan is None else [(tuple(s[0] for s in scan), False), (tuple(s[1] for s in scan), True)]
+    windows = {}
+    for mods, deep in reads:
+        occurs = {}
+        for step, mod in enumerate(mods):
+            for p in mod:
+                occurs.setdefault(p, []).append(step)
+        windows[deep] = ([0, *accumulate(sum(numel[p] for p in mod) for mod in mods)], occurs)   # of the modules before each
+    leaf = [s[2] for s in scan] if scan is not None else [False] * len(trace)
 
     prefetch_bucket, max_live = setup.prefetch_bucket_size, setup.max_live_parameters
     reuse = setup.max_reuse_distance
@@ -197,8 +206,9 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
             if mod:
                 release = [p for p in mod if not pers[p] and get(p, -1) <= step + 1]
                 if release and reuse > 0:
+                    elements, occurs = windows[leaf[step]]
                     window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
-                    release = [p for p in release if not _occurs_within(occurs[p], step, window)]
+                    release = [p for p in release if not _occurs_within(occurs.get(p, ()), step, window)]
         if recomputed[step]:
             held.update(p for p in mod if frozen[p] and not pers[p])
             if step + 1 == len(trace) or not recomputed[step + 1]:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 10       # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 11       # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -185,6 +185,15 @@ def zero_init_kept(d: dict, layer_names: list[str], buffer_names: list[str]) -> 
             if under.get(shallow_name(name), "float16") != "float16"}
 
 
+def saving_dropout(m) -> bool:
+    """A dropout module at p > 0: in training it keeps its mask for backward though it has no parameters
+    (at p = 0 torch returns its input and keeps nothing), so a checkpointed layer's recomputation is
+    started by its backward and runs up to it (`arch._backward_steps`; DeepSpeed's hook order on GPT-2,
+    data/README.md, "GPT-2 with its dropout")."""
+    import torch
+    return isinstance(m, torch.nn.modules.dropout._DropoutNd) and float(m.p) > 0
+
+
 def record(model, forward, is_layer, is_moe=lambda m: "experts" in dict(m.named_children()), external=False):
     """(parameters as (name, shape), modules, the root call) of `model` as one `forward()` calls it:
     `module.parameters()` order, tied weights once; each module's own parameters; the calls nested,
@@ -235,7 +244,7 @@ def record(model, forward, is_layer, is_moe=lambda m: "experts" in dict(m.named_
     roots = stack[0][1]
     if len(roots) != 1:
         raise RuntimeError(f"expected one root call, recorded {len(roots)}")
-    modules = tuple(Module(q, type(m).__name__, o, is_layer(m), is_moe(m), tuple(sorted(r)))
+    modules = tuple(Module(q, type(m).__name__, o, is_layer(m), is_moe(m), tuple(sorted(r)), saving_dropout(m))
                     for (q, m), o, r in zip(unique, own, reads))
     return tuple(Tensor(n, tuple(p.shape)) for n, p in named), modules, roots[0]
 

@@ -5,7 +5,7 @@ validator records every HF job so; the probe records a user's model so. torch an
 imported inside the functions."""
 from dataclasses import replace
 
-from zerocalc.hf.trace import output_requires_grad
+from zerocalc.hf.trace import output_requires_grad, saving_dropout
 from zerocalc.probe.measure import SCALAR_BYTES
 
 
@@ -14,8 +14,8 @@ class SpecRecorder:
     each parameter's element count in `module.parameters()` order (`ds_numel` once zero.Init has
     partitioned it), the module calls of the first forward as they nest, each with its own parameters
     (a stage-3 leaf's: all under it, its inner calls unseen, as DeepSpeed's hooks see them), whether
-    its output requires grad (else DeepSpeed's backward hook never fires for it) and whether it is a
-    checkpointed layer: from these zerocalc derives stage 3's forward and backward fetch traces
+    its output requires grad (else DeepSpeed's backward hook never fires for it), whether it is a
+    checkpointed layer and whether it is a dropout at p > 0 (`trace.saving_dropout`): from these zerocalc derives stage 3's forward and backward fetch traces
     (`recorded_spec`) as from a traced profile's calls. Also the modules that own parameters in forward
     order (`trace`, what rows before the calls were recorded carry) and the module buffers' bytes
     (those over SCALAR_BYTES; read on the device after the engine is built)."""
@@ -33,7 +33,9 @@ class SpecRecorder:
         self.trainable = [bool(p.requires_grad) for p in params]
         self.fp32 = [p.dtype == torch.float32 for p in params]   # PEFT's adapters in a 16-bit model
         self.trace, self._done, self._hooks = [], False, []
-        self._stack = [[]]       # the children of each call in progress: [own params, grad, layer, children]
+        self._stack = [[]]       # the children of each call in progress: [own params, grad, layer, children,
+        self._saves = set()      # saves, a leaf's own (recurse=False) or None]; ids of the dropouts at p > 0
+        self._leaves = {}        # id of a stage-3 leaf -> its own parameters
         self._walk(model, index, GradientCheckpointingLayer)
 
     def _walk(self, m, index, layer_class):
@@ -45,7 +47,11 @@ class SpecRecorder:
         self._hooks.append(m.register_forward_pre_hook(lambda mod, args, own=own: self._enter(own)))
         self._hooks.append(m.register_forward_hook(lambda mod, args, out, own=own, layer=layer:
                                                    self._leave(mod, own, out, layer)))
-        if not leaf:
+        if saving_dropout(m):
+            self._saves.add(id(m))
+        if leaf:
+            self._leaves[id(m)] = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
+        else:
             for child in m.children():
                 self._walk(child, index, layer_class)
 
@@ -63,7 +69,8 @@ class SpecRecorder:
         # module's forward while partitioned: PEFT's lora.Linear reads lora_A.weight): its hooks fetch them too
         index = self._index
         external = [index[id(p)] for _, p in getattr(mod, "ds_external_parameters", lambda: ())() if id(p) in index]
-        self._stack[-1].append([list(dict.fromkeys([*own, *external])), output_requires_grad(out), layer, children])
+        self._stack[-1].append([list(dict.fromkeys([*own, *external])), output_requires_grad(out), layer, children,
+                                id(mod) in self._saves, self._leaves.get(id(mod))])
         if mod is self.model:
             self.calls = self._stack[0][0]
             self._done = True
@@ -94,10 +101,13 @@ class SpecRecorder:
 
 
 def _call(node: list):
-    """A recorded call ([own params, grad, layer, children]) as zerocalc's `arch.Call`."""
+    """A recorded call ([own params, grad, layer, children, saves, a leaf's own or None]; records made
+    before dropouts and leaves were recorded end after `children`) as zerocalc's `arch.Call`."""
     from zerocalc.arch import Call
-    params, grad, layer, children = node
-    return Call(tuple(params), tuple(_call(c) for c in children), grad, layer)
+    params, grad, layer, children, *rest = node
+    saves, leaf = (rest + [False, None])[:2]
+    return Call(tuple(params), tuple(_call(c) for c in children), grad, layer, bool(saves), leaf is not None,
+                tuple(leaf or ()))
 
 
 def recorded_spec(s: dict, name: str, wrapper: bool = False, buffer_element_bytes: int = 4):
@@ -122,4 +132,4 @@ def recorded_spec(s: dict, name: str, wrapper: bool = False, buffer_element_byte
         root = arch.Call((), (root,))
     return replace(spec, trace=tuple(arch._forward(root)), backward_trace=tuple(arch._backward(root)),
                    checkpointed_backward_trace=tuple(arch._backward(root, checkpointing=True)),
-                   checkpointed_recomputed=arch._recomputed(root))
+                   checkpointed_recomputed=arch._recomputed(root), leaf_scans=arch.leaf_scans(root))
