@@ -602,51 +602,118 @@ class _Stage3:
         self.bucket_fill, self.bucket_params, self.moments = 0, [], None
         self.gathered, self.calls = {}, {}      # parameter -> its gathered tensor; -> its coalesced call
         self.iterations = 0
+        self.cursor = None                      # backward's place in its steps (`_advance`)
 
     def fetch(self, backward: bool) -> None:
-        """The parameters' all-gathers and releases of one forward or backward (at N > 1, or at N = 1
-        with parameter offload; else a fetched parameter is a view of its partition). The first
-        iteration records the trace: each
-        module's parameters are gathered when it runs and released after it; later ones prefetch
-        (`stage3_trace.fetches`). A call of one parameter gathers it whole, padded (its buffer is the
-        parameter's data: `_all_gather_sequential`); a call of several gathers into one flat buffer
-        and, at the first wait for any of them, copies each out (`AllGatherCoalescedHandle.wait`:
-        torch.cat of its slices); the flat buffer is freed once every parameter of the call has been
-        waited for. All on the all-gather stream."""
+        """The parameters' all-gathers and releases of one forward, or the start of one backward's (at
+        N > 1, or at N = 1 with parameter offload; else a fetched parameter is a view of its partition).
+        The first iteration records the trace: each module's parameters are gathered when it runs and
+        released after it; later ones prefetch (`stage3_trace.fetches`). Forward's are played as one
+        block before the model's forward; backward's module by module beside the backward's own
+        allocations (`stage3_trace.backward_plan`, `_advance`), from the head's pre-backward hook on."""
         if self.n == 1 and not self.param_offload:
             return
-        steps = stage3_trace.fetches(self.model, self.setup, record=self.iterations == 0)
+        record = self.iterations == 0
+        steps = stage3_trace.fetches(self.model, self.setup, record=record)
         forward_steps = len(self.model.trace)
+        if not backward:
+            for actions in steps[:forward_steps]:
+                self._play(actions)
+            return
+        self.cursor = [stage3_trace.backward_plan(self.model, self.setup, record), 0, None, [], set()]
+        self._advance()
+
+    def _play(self, actions) -> None:
+        """One step's coordinator actions (`stage3_trace.fetches`). A call of one parameter gathers it
+        whole, padded (its buffer is the parameter's data: `_all_gather_sequential`); a call of several
+        gathers into one flat buffer and, at the first wait for any of them, copies each out
+        (`AllGatherCoalescedHandle.wait`: torch.cat of its slices); the flat buffer is freed once every
+        parameter of the call has been waited for. All on the all-gather stream."""
         t, pb, numel, s = self.t, self.pb, self.model.param_numels, GATHER_STREAM
-        for actions in (steps[forward_steps:] if backward else steps[:forward_steps]):
-            for kind, what in actions:
-                if kind == "gather" and (len(what) == 1 or self.param_offload):
-                    # one buffer per parameter: a one-parameter call, or at N = 1 with parameter
-                    # offload each host partition's copy to the device (_no_gather_coalesced)
-                    for p in what:
-                        self.gathered[p] = t.alloc(pb[p] * self.shards[p] * self.n, stream=s)
-                elif kind == "gather":
-                    # one flat buffer per dtype among the call's parameters (`_all_gather_params`)
-                    widths = sorted({pb[p] for p in what})
-                    flats = [t.alloc(w * self.n * sum(self.shards[p] for p in what if pb[p] == w), stream=s)
-                             for w in widths]
-                    call = {"flats": flats, "params": what, "waiting": set(what), "copied": False}
-                    self.calls.update(dict.fromkeys(what, call))
-                elif kind == "wait" and what in self.calls:
-                    call = self.calls.pop(what)
-                    if not call["copied"]:
-                        for p in call["params"]:
-                            self.gathered[p] = t.alloc(pb[p] * numel[p], stream=s)
-                        call["copied"] = True
-                    call["waiting"].discard(what)
-                    if not call["waiting"]:
-                        t.free(*call["flats"])
-                elif kind == "release":
-                    t.free(self.gathered.pop(what))
-        if backward:       # release_and_reset_all at the end of backward
-            t.free(*self.gathered.values())
-            self.gathered = {}
-            self.iterations += 1
+        for kind, what in actions:
+            if kind == "gather" and any(p in self.gathered for p in what):
+                # a parameter whose release waits for an active backward module is still gathered
+                what = tuple(p for p in what if p not in self.gathered)
+                if not what:
+                    continue
+            if kind == "gather" and (len(what) == 1 or self.param_offload):
+                # one buffer per parameter: a one-parameter call, or at N = 1 with parameter
+                # offload each host partition's copy to the device (_no_gather_coalesced)
+                for p in what:
+                    self.gathered[p] = t.alloc(pb[p] * self.shards[p] * self.n, stream=s)
+            elif kind == "gather":
+                # one flat buffer per dtype among the call's parameters (`_all_gather_params`)
+                widths = sorted({pb[p] for p in what})
+                flats = [t.alloc(w * self.n * sum(self.shards[p] for p in what if pb[p] == w), stream=s)
+                         for w in widths]
+                call = {"flats": flats, "params": what, "waiting": set(what), "copied": False}
+                self.calls.update(dict.fromkeys(what, call))
+            elif kind == "wait" and what in self.calls:
+                call = self.calls.pop(what)
+                if not call["copied"]:
+                    for p in call["params"]:
+                        self.gathered[p] = t.alloc(pb[p] * numel[p], stream=s)
+                    call["copied"] = True
+                call["waiting"].discard(what)
+                if not call["waiting"]:
+                    t.free(*call["flats"])
+            elif kind == "release":
+                self._release(what)
+
+    def _release(self, p: int) -> None:
+        h = self.gathered.pop(p, None)
+        if h is not None:
+            self.t.free(h)
+
+    def _advance(self) -> None:
+        """Play backward's steps up to the next one whose gradients have not all reached their hooks.
+        A step's gathers, waits and prefetches are played at its pre-backward hook: once the step
+        before it is done; its releases after its module's backward: after its parameters'
+        gradients (`stage3_trace.backward_plan`). The recomputation a checkpointed module's backward starts
+        runs before that module's gradient: the recomputed steps after a step still waiting are
+        played then, their releases held to the waiting step's end (`release_sub_module` keeps a
+        parameter that an active backward module holds, and releases the frozen ones the
+        recomputation fetched with the module that started it)."""
+        cursor = self.cursor
+        if cursor is None:
+            return
+        steps, pos, waiting, held, ready = cursor
+        while True:
+            if waiting is not None:
+                while pos < len(steps) and steps[pos][2]:
+                    pre, release, _, _ = steps[pos]
+                    self._play(pre)
+                    held += release
+                    pos += 1
+                if not steps[waiting][3] <= ready:
+                    break
+                for p in (*steps[waiting][1], *held):
+                    self._release(p)
+                waiting, held = None, []
+            if pos == len(steps):
+                break
+            pre, release, _, blocking = steps[pos]
+            self._play(pre)
+            if blocking:
+                waiting = pos
+            else:
+                held += release
+            pos += 1
+        cursor[1:4] = pos, waiting, held
+
+    def _finish_backward(self) -> None:
+        """The steps left when backward ends, and `release_and_reset_all`: every gathered parameter freed."""
+        if self.cursor is None:
+            return
+        steps, pos, waiting, held, _ = self.cursor
+        for pre, release, _, _ in steps[pos:]:
+            self._play(pre)
+            held += release
+        for p in (*(steps[waiting][1] if waiting is not None else ()), *held):
+            self._release(p)
+        self.t.free(*self.gathered.values())
+        self.gathered, self.cursor = {}, None
+        self.iterations += 1
 
     def init(self, params: list) -> None:
         t, b, pb, trained, numels = self.t, self.b, self.pb, self.trained, self.model.param_numels
@@ -727,6 +794,9 @@ class _Stage3:
         self.bucket_fill += numel
         self.bucket_params.append(index)
         self.t.free(g)
+        if self.cursor is not None:
+            self.cursor[4].add(index)
+            self._advance()
 
     def _reduce(self) -> None:
         """reduce_scatter_coalesced flattens the bucket's gradients, each padded to a multiple of N,
@@ -753,6 +823,7 @@ class _Stage3:
         self.bucket_fill, self.bucket_params = 0, []
 
     def end_backward(self, boundary: bool = True) -> None:
+        self._finish_backward()
         if self.bucket_fill:
             self._reduce()
 

@@ -220,3 +220,28 @@ def _occurs_within(later: list[int], step: int, window: int) -> bool:
     before `window`."""
     k = bisect_right(later, step)
     return k < len(later) and later[k] < window
+
+
+def backward_plan(model: ModelSpec, setup: Setup, record: bool) -> tuple[tuple, ...]:
+    """Backward's steps of `fetches` as the sequence plays them beside the backward's allocations:
+    per step (its gathers and waits, the parameters it releases, whether it is a checkpointed
+    layer's recomputation, the trained parameters whose gradients end it: those of a backward step
+    that is their last). A step is done when those gradients have reached their hooks (its releases
+    follow its module's backward); a step with none (no trained parameter, or one used again later,
+    as a tied embedding's head) is done when reached."""
+    return _backward_plan(model, _walk_setup(setup), record)
+
+
+@lru_cache(maxsize=64)
+def _backward_plan(model: ModelSpec, walk: Setup, record: bool) -> tuple[tuple, ...]:
+    steps = _fetches(model, walk, record)[len(model.trace):]
+    trace = model.backward(walk.activation_checkpointing)
+    recomputed = model.recomputed(walk.activation_checkpointing)
+    trained = set(model.trained_indices)
+    last = {}
+    for k, mod in enumerate(trace):
+        if not recomputed[k]:
+            last.update(dict.fromkeys(mod, k))
+    return tuple((tuple(a for a in actions if a[0] != "release"), tuple(a[1] for a in actions if a[0] == "release"),
+                  recomputed[k], frozenset(p for p in trace[k] if p in trained and last.get(p) == k))
+                 for k, actions in enumerate(steps))
