@@ -309,14 +309,19 @@ class _TracedStep:
             self.run("F", i)
         self.run("H")
 
-    def backward(self, fetch=None) -> None:
-        """`fetch`: stage 3's backward fetches, run where the stream places them."""
+    def backward(self, fetch=None, segment_done=None) -> None:
+        """`fetch`: the start of stage 3's backward fetches, run where the stream places them;
+        `segment_done`: called once the head's backward and each layer's are played."""
         if fetch is not None and self.fetch_at is None:
             fetch()
         self.on_fetch = fetch
         self.run("Hb")
         for i in reversed(range(self.layers)):
+            if segment_done is not None:
+                segment_done()
             self.run("B", i)
+        if segment_done is not None:
+            segment_done()
         self.run("E")
         self.t.free(*self.handles.values())     # none: every tensor of the step is freed by its end
         self.handles = {}
@@ -620,7 +625,7 @@ class _Stage3:
             for actions in steps[:forward_steps]:
                 self._play(actions)
             return
-        self.cursor = [stage3_trace.backward_plan(self.model, self.setup, record), 0, None, [], set()]
+        self.cursor = [stage3_trace.backward_plan(self.model, self.setup, record), 0, None, [], set(), 0, 0]
         self._advance()
 
     def _play(self, actions) -> None:
@@ -666,46 +671,59 @@ class _Stage3:
             self.t.free(h)
 
     def _advance(self) -> None:
-        """Play backward's steps up to the next one whose gradients have not all reached their hooks.
-        A step's gathers, waits and prefetches are played at its pre-backward hook: once the step
-        before it is done; its releases after its module's backward: after its parameters'
-        gradients (`stage3_trace.backward_plan`). The recomputation a checkpointed module's backward starts
-        runs before that module's gradient: the recomputed steps after a step still waiting are
-        played then, their releases held to the waiting step's end (`release_sub_module` keeps a
-        parameter that an active backward module holds, and releases the frozen ones the
-        recomputation fetched with the module that started it)."""
+        """Play backward's steps up to the next one that is not done (`stage3_trace.backward_plan`),
+        each at its module's pre-backward hook, its releases at its post-backward hook. A module with
+        trained parameters is done once their gradients have reached their hooks; one without (frozen
+        parameters, a tied embedding's head) before the next module's pre-backward hook. A checkpointed
+        layer's recomputation (the recomputed steps after the step whose module's backward starts it)
+        runs at the next gradient's hook or the end of the head's or a layer's backward (the stream's
+        recomputation opens the layer's segment), before that module's gradients; its releases wait
+        for that module's (`release_sub_module` keeps a parameter that an active backward module holds,
+        and releases the frozen ones the recomputation fetched with the module that started it), which,
+        without trained parameters, is done at the next such point after the recomputation."""
         cursor = self.cursor
-        if cursor is None:
-            return
-        steps, pos, waiting, held, ready = cursor
+        steps, pos, waiting, held, ready, ticks, since = cursor
         while True:
             if waiting is not None:
-                while pos < len(steps) and steps[pos][2]:
-                    pre, release, _, _ = steps[pos]
-                    self._play(pre)
-                    held += release
-                    pos += 1
-                if not steps[waiting][3] <= ready:
+                if pos < len(steps) and steps[pos][2]:
+                    if ticks == since:
+                        break
+                    while pos < len(steps) and steps[pos][2]:
+                        pre, release, _, _ = steps[pos]
+                        self._play(pre)
+                        held += release
+                        pos += 1
+                    since = ticks
+                waits = steps[waiting][3]
+                if not (waits <= ready if waits else ticks > since):
                     break
                 for p in (*steps[waiting][1], *held):
                     self._release(p)
                 waiting, held = None, []
             if pos == len(steps):
                 break
-            pre, release, _, blocking = steps[pos]
+            pre, release, _, waits = steps[pos]
             self._play(pre)
-            if blocking:
-                waiting = pos
-            else:
-                held += release
             pos += 1
+            if waits or (waits is not None and pos < len(steps) and steps[pos][2]):
+                waiting, since = pos - 1, ticks
+            else:
+                for p in release:
+                    self._release(p)
         cursor[1:4] = pos, waiting, held
+        cursor[6] = since
+
+    def backward_tick(self) -> None:
+        """The end of the head's or a layer's backward: a step that waits for no gradient is done."""
+        if self.cursor is not None:
+            self.cursor[5] += 1
+            self._advance()
 
     def _finish_backward(self) -> None:
         """The steps left when backward ends, and `release_and_reset_all`: every gathered parameter freed."""
         if self.cursor is None:
             return
-        steps, pos, waiting, held, _ = self.cursor
+        steps, pos, waiting, held = self.cursor[:4]
         for pre, release, _, _ in steps[pos:]:
             self._play(pre)
             held += release
@@ -796,6 +814,7 @@ class _Stage3:
         self.t.free(g)
         if self.cursor is not None:
             self.cursor[4].add(index)
+            self.cursor[5] += 1
             self._advance()
 
     def _reduce(self) -> None:
@@ -991,7 +1010,7 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
             if s3:
                 ds.fetch(backward=False)
             step.forward()
-            step.backward((lambda: ds.fetch(backward=True)) if s3 else None)
+            step.backward(*((lambda: ds.fetch(backward=True), ds.backward_tick) if s3 else ()))
             ds.end_backward(boundary=micro == setup.gas - 1)
         ds.step()
         yield t, workspaces

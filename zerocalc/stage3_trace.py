@@ -225,10 +225,11 @@ def _occurs_within(later: list[int], step: int, window: int) -> bool:
 def backward_plan(model: ModelSpec, setup: Setup, record: bool) -> tuple[tuple, ...]:
     """Backward's steps of `fetches` as the sequence plays them beside the backward's allocations:
     per step (its gathers and waits, the parameters it releases, whether it is a checkpointed
-    layer's recomputation, the trained parameters whose gradients end it: those of a backward step
-    that is their last). A step is done when those gradients have reached their hooks (its releases
-    follow its module's backward); a step with none (no trained parameter, or one used again later,
-    as a tied embedding's head) is done when reached."""
+    layer's recomputation, what ends it). A step of a module with parameters is done after the
+    module's backward: once the gradients of its trained parameters whose last backward step it is
+    have reached their hooks (a frozenset of them), or, where there are none (frozen parameters, a
+    tied embedding's head), at the next hook or segment's end (an empty frozenset); None for a step
+    that waits for nothing (no parameters, or recomputed)."""
     return _backward_plan(model, _walk_setup(setup), record)
 
 
@@ -243,5 +244,6 @@ def _backward_plan(model: ModelSpec, walk: Setup, record: bool) -> tuple[tuple, 
         if not recomputed[k]:
             last.update(dict.fromkeys(mod, k))
     return tuple((tuple(a for a in actions if a[0] != "release"), tuple(a[1] for a in actions if a[0] == "release"),
-                  recomputed[k], frozenset(p for p in trace[k] if p in trained and last.get(p) == k))
+                  recomputed[k], None if recomputed[k] or not trace[k] else
+                  frozenset(p for p in trace[k] if p in trained and last.get(p) == k))
                  for k, actions in enumerate(steps))
