@@ -25,6 +25,7 @@ from zerocalc.training import Setup
 # on time, then delays spanning the medians (0-15) to the 90th percentiles (3-323) of five runs' histories
 # (data/snapshots/cards-oom/). Each applied to every such free alike: a spread of timings, not one run's.
 GATHER_FREE_DELAYS = (0, 4, 16, 64)
+CARD_STEPS = 5
 # The late timings are replayed where the on-time replay's reserved is within this factor of the card:
 # the measured reserved of the 56 stage-3 fake-world rows is at most 1.23 times the on-time replay's, so
 # farther from the card no cudaMalloc fails under the timings that ran.
@@ -81,9 +82,12 @@ def near_card(model: ModelSpec, setup: Setup, jobs) -> tuple[tuple[int, int, tup
                                                       if r not in made])
     out = []
     for r, _, pieces in jobs:
-        out.append((r, 0, pieces))
         if any(e[0] == "alloc" and e[3] == sequence.GATHER_STREAM for events, _ in pieces for e in events):
-            out += [(r, d, late_frees(pieces, d)) for d in GATHER_FREE_DELAYS if d]
+            with sequence.cycle_collector_paused():
+                pieces = tuple(sequence.step_pieces(model, setup, rank=r, steps=CARD_STEPS))
+            out += [(r, 0, pieces)] + [(r, d, late_frees(pieces, d)) for d in GATHER_FREE_DELAYS if d]
+        else:
+            out.append((r, 0, pieces))
     return tuple(out)
 
 

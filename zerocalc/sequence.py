@@ -1034,11 +1034,12 @@ def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = Tr
     return None if peaks is None else peaks[1]
 
 
-def step_pieces(model: ModelSpec, setup: Setup, fresh_process: bool = True, rank: int = 0):
+def step_pieces(model: ModelSpec, setup: Setup, fresh_process: bool = True, rank: int = 0,
+                steps: int | None = None):
     """`replay_steps`' pieces of one generated job, made step by step: init's events (with 0), then
-    each training step's with the last handle made before it."""
+    each training step's (three unless `steps` says) with the last handle made before it."""
     done, last = 0, 0
-    for t, _ in _pieces(model, setup, None, fresh_process, rank):
+    for t, _ in _pieces(model, setup, steps, fresh_process, rank):
         yield t.events[done:], last
         done, last = len(t.events), t.last_handle
 
