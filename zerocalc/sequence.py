@@ -608,6 +608,7 @@ class _Stage3:
         self.gathered, self.calls = {}, {}      # parameter -> its gathered tensor; -> its coalesced call
         self.iterations = 0
         self.cursor = None                      # backward's place in its steps (`_advance`)
+        self.cold = self.walk_cold = False      # persistent parameters released, not gathered again (`fetch`)
 
     def fetch(self, backward: bool) -> None:
         """The parameters' all-gathers and releases of one forward, or the start of one backward's (at
@@ -619,13 +620,15 @@ class _Stage3:
         if self.n == 1 and not self.param_offload:
             return
         record = self.iterations == 0
-        steps = stage3_trace.fetches(self.model, self.setup, record=record)
+        if not backward:
+            self.walk_cold, self.cold = self.cold and not record, False
+        steps = stage3_trace.fetches(self.model, self.setup, record=record, cold=self.walk_cold)
         forward_steps = len(self.model.trace)
         if not backward:
             for actions in steps[:forward_steps]:
                 self._play(actions)
             return
-        self.cursor = [stage3_trace.backward_plan(self.model, self.setup, record), 0, None, [], set(), 0, 0]
+        self.cursor = [stage3_trace.backward_plan(self.model, self.setup, record, self.walk_cold), 0, None, [], set(), 0, 0]
         self._advance()
 
     def _play(self, actions) -> None:
@@ -731,6 +734,7 @@ class _Stage3:
             self._release(p)
         self.t.free(*self.gathered.values())
         self.gathered, self.cursor = {}, None
+        self.cold = self.iterations == 0        # the recording iteration released the persistent ones too
         self.iterations += 1
 
     def init(self, params: list) -> None:
@@ -851,6 +855,7 @@ class _Stage3:
         turn; then per sub-group _prepare_fp32_grad_for_sub_group (a bit16 copy of the sub-group's
         gradients, their fp32 cast) and Adam's moments, made at the first step."""
         t, b = self.t, self.b
+        self.cold = False             # `_post_step` gathers the persistent parameters again
         if self.offload:              # the host's step; the norms were taken at the reductions
             return
         if self.setup.dtype == "fp16":
@@ -999,13 +1004,14 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
     ds.init(params)
     step = _TracedStep(t, model, setup, ds, workspaces, step_stream(model, setup))
     yield t, workspaces
-    for _ in range(steps):
+    for k in range(steps):
         # The micro-steps of one optimizer step: the first, one in the middle (the rest repeat it on
         # the same cache: simulating all five of GAS 5 gave the same reserved peak on 24 Llama and GPT
         # configurations, stages 0-2, N = 1 and 2, with and without checkpointing) and the boundary.
         # Stage 3 carries nothing from one micro-step to the next (its gradients are reduced and added
-        # into the partitions as they come): the first and the boundary.
-        middle = () if s3 else (min(1, setup.gas - 1),)
+        # into the partitions as they come): the first and the boundary, and in the first step the
+        # second, which gathers the persistent parameters the recording one released (`_Stage3.fetch`).
+        middle = (min(1, setup.gas - 1),) if not s3 or k == 0 else ()
         for micro in sorted({0, *middle, setup.gas - 1}):
             if s3:
                 ds.fetch(backward=False)
