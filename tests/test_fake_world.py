@@ -55,26 +55,22 @@ def test_rows_at_scale_state_and_communication_exact(fake):
     assert rows["num_params"].astype(float).max() > 60e9
 
 
-# Open (docs/scale.md): four stage-3 rows under-predict the reserved peak by more than 8%: three
-# checkpointed ones with GAS 2-4 (3B shape at N = 32 and 512, 8B at N = 512: -8.8% to -11.9%) and the
-# second run of Llama-2-70B at N = 256 (-8.9%; its first run of the same job reserved 0.9 GiB less, -3.1%):
-# the replay frees the gathered parameters when the host releases them; the GPU returns them later.
-OPEN_RESERVED = {"hf-llama-h3072-l28-s3-bf16-n32fake-b1x4096-gas4-0067d71ec4",
-                 "hf-llama-h4096-l32-s3-bf16-n512fake-b1x2048-gas2-0c0b1c224a",
-                 "hf-llama-h3072-l28-s3-bf16-n512fake-b2x512-gas2-1d8d7a3787",
-                 "hf-llama-h8192-l80-s3-bf16-n256fake-b1x4096-gas1-3600880dbc"}
+# Open (docs/scale.md): the second run of Llama-2-70B at N = 256 (1 x 4096) reserved 0.93 GiB more than its
+# first run of the same job (20.80 vs 19.87 GiB) and is under-predicted by 8.9% (the first run by 4.6%): the
+# replay frees a released gathered parameter when the host releases it, the GPU returns its block later.
+OPEN_RESERVED = {"hf-llama-h8192-l80-s3-bf16-n256fake-b1x4096-gas1-3600880dbc"}
 
 
 def test_rows_at_scale_peaks_within_3_and_8_percent(fake):
     """Fake-world rows at N >= 8: peak allocated within 3% on every row; reserved within 8% on every
-    row but those of the four `OPEN_RESERVED` jobs (within 12%, under-predicted)."""
+    row but the `OPEN_RESERVED` job's second run (within 10%, under-predicted)."""
     rows = _at_scale(fake)
     alloc = _err(rows["now_peak_allocated_bytes"], rows["measured_peak_allocated_bytes"]).abs()
     reserved = _err(rows["now_peak_reserved_bytes"], rows["measured_peak_reserved_bytes"])
     open_ = rows["key"].isin(OPEN_RESERVED)
     assert len(rows) >= 94 and (alloc <= 0.03).all(), rows.loc[alloc > 0.03, "key"].tolist()
     assert (reserved[~open_].abs() <= 0.08).all(), rows.loc[~open_ & (reserved.abs() > 0.08), "key"].tolist()
-    assert ((reserved[open_] >= -0.12) & (reserved[open_] < 0)).all()
+    assert ((reserved[open_] >= -0.10) & (reserved[open_] < 0)).all() and (reserved[open_].abs() <= 0.08).sum() == 1
 
 
 def test_the_verdict_on_an_emulated_card_is_the_allocator_s():
