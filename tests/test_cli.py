@@ -492,3 +492,59 @@ def test_one_rank_says_its_logged_collectives_cross_no_wire():
     one, eight = run("--params", "7e9", "--dp", "1", "--stage", "0"), run("--params", "7e9", "--dp", "8", "--stage", "0")
     assert "N = 1: DeepSpeed still calls its collectives" in one.output
     assert "N = 1" not in eight.output
+
+
+def test_a_traced_model_says_what_stands_in_where_its_trace_gave_nothing_and_why():
+    """Where a profile's trace could not read the kept tensors, the allocation stream or the operators
+    (`source["untraced"]`, the reason each attempt failed with), the note names what stands in (the
+    Llama formulas, the calibrated ratio, a Llama layer's operators) and that reason; the estimate does
+    take the ratio there. Phi-3-mini's own profile has all three: nothing stands in."""
+    from dataclasses import replace
+
+    from zerocalc import estimate, model, profile, resolve
+    from zerocalc.training import Setup
+    p = profile.shipped_profile("phi-3-mini")
+    setups = [Setup(stage=2, seq_len=1024, micro_batch=2)]
+    whole = resolve.notes(model.from_profile(p, "phi-3-mini"), setups, timed=True)[0]
+    assert "could not be traced" not in whole and "reserved: its traced allocation stream" in whole
+    untraced = {"activations": "ValueError: a", "stream": "ValueError: the stream does not cut into layers",
+                "steps": "RuntimeError: c"}
+    spec = model.from_profile(replace(p, activations=None, stream=None, steps=None,
+                                      source={**p.source, "untraced": untraced}), "phi-3-mini")
+    note = resolve.notes(spec, setups, timed=True)[0]
+    assert "activations: the Llama formulas at its dimensions (its kept tensors could not be traced: ValueError: a)" in note
+    assert ("reserved: the calibrated ratio (its allocation stream could not be traced: ValueError: the stream "
+            "does not cut into layers)") in note
+    assert ("step time: a Llama layer's operators and FLOPs at its dimensions (its own operators could not be "
+            "traced: RuntimeError: c)") in note
+    assert "step time" not in resolve.notes(spec, setups)[0]          # not timed: not said
+    assert estimate.estimate(spec, setups[0]).reserved_source == "ratio"
+
+
+def test_an_attention_the_stream_was_not_traced_under_takes_the_ratio_and_says_so():
+    """Phi-3-mini's stream is traced under SDPA (its config's attention): with --attention eager
+    reserved is the calibrated ratio, and the note says why."""
+    result = CliRunner().invoke(main, ["estimate", "--model", "phi-3-mini", "--seq-len", "1024", "--attention",
+                                       "eager", "--stage", "2", "--format", "json"])
+    assert result.exit_code == 0
+    assert ("reserved: the calibrated ratio under eager (its stream is traced under sdpa attention only)"
+            in result.stderr)
+    assert json.loads(result.stdout)["estimates"][0]["peak_reserved_source"] == "ratio"
+
+
+def test_a_lora_stream_that_could_not_be_recorded_says_why(monkeypatch):
+    """With LoRA the stream of the model's own trained tensors is recorded from PEFT's model; where that
+    fails (here made to, as a model whose deeper layers train other tensors than the layer they are
+    played as would), reserved is the calibrated ratio and the note gives the variant and the error."""
+    pytest.importorskip("torch")
+    from zerocalc.hf import adapted
+
+    def fails(*args, **kwargs):
+        raise ValueError("layer 3 trains other tensors than the layer it is played as")
+    monkeypatch.setattr(adapted, "cached_variant", fails)
+    result = CliRunner().invoke(main, ["estimate", "--model", "qwen2.5-0.5b", "--seq-len", "1024", "--lora-rank", "16",
+                                       "--stage", "2", "--format", "json"])
+    assert result.exit_code == 0
+    assert ("reserved: the calibrated ratio (the stream of its own trained tensors could not be recorded from "
+            "PEFT's model: plain: ValueError: layer 3 trains other tensors than the layer it is played as)") in result.stderr
+    assert json.loads(result.stdout)["estimates"][0]["peak_reserved_source"] == "ratio"

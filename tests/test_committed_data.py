@@ -234,9 +234,14 @@ def test_crossval_on_files_without_timed_rows_is_a_usage_error():
 # a later transformers repeats the head and runs cuDNN: reserved -14%. Traced under 5.17 it is exact
 # (docs/hf-validation.md, data/README.md), so the row is open only under another transformers.
 OPEN_HF = {"auto-falcon-h4544-l4-s2-bf16-n1-b2x1024-gas1-1cf67b3294"}
-# Open under every transformers: Phi-2 at stage 2 with 4 x 2048 tokens, reserved -10.6% (allocated exact;
-# the same model at 2 x 1024 is within 0.7%); not yet explained (data/README.md, "Command-R, ... timed").
-OPEN_HF_ANY = {"auto-phi-h2560-l10-s2-bf16-n1-b4x2048-gas1-f6c9794420"}
+# Open: stage 3 of models whose DeepSpeed fetch order zerocalc does not yet replay exactly (data/README.md,
+# "Held-out fake-world rows"): GPT-2 XL checkpointed at N = 4 (allocated -6.6%) and Mixtral-8x7B at N = 256
+# (allocated -15.3%, reserved -19% to -29%; its MoE blocks are stage-3 leaves, whose release DeepSpeed
+# decides over the later modules' parameters recursively).
+OPEN_HF_STAGE3 = {"auto-gpt2-h1600-l48-s3-bf16-n4fake-b1x1024-gas1-5d2f3f51ce",
+                  "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-11914a3414",
+                  "auto-mixtral-h4096-l32-s3-bf16-n256fake-b2x2048-gas2-1f6a7f1acf",
+                  "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-7cd9959c72"}
 
 
 def test_hf_rows_peaks_within_3_and_8_percent():
@@ -244,13 +249,13 @@ def test_hf_rows_peaks_within_3_and_8_percent():
     too) against what `zerocalc estimate --hf-config` predicts from the config alone (the config
     traced, its allocation stream simulated through the allocator beside DeepSpeed's side; a later job
     of a process after the jobs before it): peak allocated within 3% and reserved within 8% on every
-    row but the `OPEN_HF` ones. Traces each config once (cached in the user's cache directory: minutes the first time)."""
+    row but the `OPEN_HF` and `OPEN_HF_STAGE3` ones. Traces each config once (cached in the user's cache directory: minutes the first time)."""
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from validate.docs import hf_peak_errors
     ok, err_a, err_r = hf_peak_errors()
     assert len(ok) >= 140 and err_a.notna().all() and err_r.notna().all()
-    open_ = (ok["key"].isin(OPEN_HF) & (not transformers.__version__.startswith("5.17"))) | ok["key"].isin(OPEN_HF_ANY)
+    open_ = (ok["key"].isin(OPEN_HF) & (not transformers.__version__.startswith("5.17"))) | ok["key"].isin(OPEN_HF_STAGE3)
     assert (err_a[~open_] <= 0.03).all(), ok.loc[~open_ & (err_a > 0.03), ["hf_name", "stage", "path"]].to_string()
     assert (err_r[~open_] <= 0.08).all(), ok.loc[~open_ & (err_r > 0.08), ["hf_name", "stage", "path"]].to_string()
     assert ((err_a > 0.03) | (err_r > 0.08))[open_].all(), "now within target, drop from OPEN_HF"
@@ -271,6 +276,11 @@ def test_hf_rows_peaks_within_3_and_8_percent():
                              "auto-gemma-h2048-l8-s2-bf16-n1-b2x1024-gas1-ff3456483e",
                              "auto-deepseek_v3-h7168-l3-s2-bf16-n1-b2x1024-gas1-57c545c6ce"])
     assert closed.sum() == 6 and (err_a[closed] <= 0.004).all() and (err_r[closed] <= 0.001).all()
+    # Phi-2 at stage 2 with 4 x 2048 tokens: reserved was -10.6% (allocated exact) while dropout's output
+    # was traced before its bool mask; CUDA's kernel allocates the mask first (`cudaops.ALLOCATION_ORDER`),
+    # and with that order the row is within 0.1% (data/README.md, "Dropout's mask first").
+    phi2 = ok["key"] == "auto-phi-h2560-l10-s2-bf16-n1-b4x2048-gas1-f6c9794420"
+    assert phi2.sum() == 1 and (err_a[phi2] <= 0.001).all() and (err_r[phi2] <= 0.001).all()
     # The rows these once missed (data/README.md, "HF configs"), each now within 0.1%: Gemma-2 at stage 0
     # as a first job (was +15.5%: the tied embedding's gradients summed out of place), Gemma-2 with SDPA
     # (allocated was +3.2%: traced eager) and the StableLM-2 Trainer job after it in the step-time

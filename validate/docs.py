@@ -97,8 +97,9 @@ def ds_keys() -> str:
 
 
 def hf_summary(link: bool = True) -> str:
-    """The HF-config rows (data/h200-hf-*.csv): jobs, families, sizes, and how many rows' peaks are within
-    3% (allocated) and 8% (reserved) of `zerocalc estimate --hf-config` (`hf_peak_errors`). `link`: the
+    """The HF-config rows (data/h200-hf-*.csv): jobs, families, sizes, on how many rows zerocalc's trace of
+    the config gives state and communication to the byte, and on how many the peaks are within 3%
+    (allocated) and 8% (reserved) of `zerocalc estimate --hf-config` (`hf_peak_errors`). `link`: the
     count links to docs/hf-validation.md (not in that document's own block)."""
     ok, err_a, err_r = hf_peak_errors()
     lo, hi = ok["num_params"].astype(float).min() / 1e9, ok["num_params"].astype(float).max() / 1e9
@@ -106,8 +107,11 @@ def hf_summary(link: bool = True) -> str:
     within = ("on every job" if (err_a <= 0.03).all() and (err_r <= 0.08).all() else
               f"on {(err_a <= 0.03).sum()} and {(err_r <= 0.08).sum()} of {n} jobs")
     jobs = f"[{n} H200 jobs](docs/hf-validation.md)" if link else f"{n} H200 jobs"
+    state = (ok["pred_state_bytes"] == ok["measured_state_bytes"].astype(float)).sum()
+    comm = (ok["pred_comm_bytes"] == ok["measured_comm_bytes"].astype(float)).sum()
+    exact = "state, comm exact" if state == comm == n else f"state exact on {state}, comm on {comm}"
     return (f"Models read from their own code ({jobs}, "
-            f"{ok['hf_model_type'].nunique()} other families, {lo:.1f}–{hi:.1f}B): state, comm exact; peak "
+            f"{ok['hf_model_type'].nunique()} other families, {lo:.1f}–{hi:.1f}B): {exact}; peak "
             f"allocated ≤3% and reserved ≤8% {within}.")
 
 

@@ -292,21 +292,28 @@ def _streamed(spec, model_name, hf_config, overrides, lora, setups):
     """A model with frozen parameters with the allocation stream of its own trained tensors, in the
     variants the setups run (`zerocalc.hf.adapted`: PEFT's model recorded on fake tensors, cached), so
     its reserved is simulated as a full fine-tune's; each variant that cannot be recorded (no torch,
-    PEFT or, for stage 3, DeepSpeed) left out: reserved by the ratio there (the note says)."""
+    PEFT or, for stage 3, DeepSpeed; an error of the model's or PEFT's code) left out: reserved by the
+    ratio there, the error kept in the profile's `source["untraced"]` for the note to say."""
+    from dataclasses import replace
+
     from zerocalc import adapters
     from zerocalc.hf import adapted
+    from zerocalc.hf.trace import why
     if not spec.frozen or spec.profile is None or not setups[0].seq_len:
         return spec
     d = resolve.config_of(model_name, hf_config, {k: v for k, v in overrides.items() if v is not None})
     names = sorted({adapted.variant(s.activation_checkpointing, s.stage == 3) for s in setups
                     if s.stage != 3 or s.zero_init})
-    recorded = []
+    recorded, failed = [], {}
     for name in names if d is not None else ():
         try:
             adapted.cached_variant(d, lora, spec.trainable, name, setups[0].attention)
             recorded.append(name)
-        except Exception:      # no extra, or whatever the model's or PEFT's code raises: the ratio there
-            pass
+        except Exception as err:      # no extra, or whatever the model's or PEFT's code raises: the ratio there
+            failed[f"adapted {name}"] = why(err)
+    if failed:
+        p = spec.profile
+        spec = replace(spec, profile=replace(p, source={**p.source, "untraced": {**p.source.get("untraced", {}), **failed}}))
     if not recorded:
         return spec
     return adapters.with_stream(spec, adapted.stream(d, lora, spec.trainable, recorded, setups[0].attention))
@@ -565,7 +572,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     ranks_per_node = -(-setups[0].dp // opts["nodes"])
     estimates = [estimate(spec, s, gpu_memory, cal, hw, host_memory_bytes=host_memory, ranks_per_node=ranks_per_node)
                  for s in setups]
-    for note in resolve.notes(spec, [s.stage for s in setups]):
+    for note in resolve.notes(spec, setups, timed=hw is not None):
         click.echo(f"note: {note}", err=True)
     click.echo(render.render(estimates, fmt, host_note, explain))
     if fmt == "table":   # below the table (JSON carries zero_init and dtype in its inputs)

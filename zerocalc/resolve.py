@@ -231,39 +231,72 @@ def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
     return spec, said
 
 
-def notes(spec: ModelSpec, stages) -> list[str]:
-    """What the output should say about how the model was read."""
+def notes(spec: ModelSpec, setups, timed: bool = False) -> list[str]:
+    """What the output should say about how the model was read: for a model read from its code, what
+    its trace gave and, where formulas, the calibrated ratio or a Llama layer's operators stand in
+    (`timed`: the step time is printed), which and why (`source["untraced"]`, `hf.trace._attempt`)."""
     p = spec.profile
     if p is None:
         return []
+    stages = [s.stage for s in setups]
     out = []
     if _family.FAMILY not in p.source:
-        if p.moe_classes:
-            how = (f"the Llama formulas with the {p.dims.get('experts_per_token')} routed experts' widths per token "
-                   f"(balanced routing)")
+        untraced = p.source.get("untraced", {})
+
+        def because(key: str, what: str) -> str:
+            return f" ({what} could not be traced: {untraced[key]})" if key in untraced else ""
+        if p.activations and any(s.param_bytes != 2 for s in setups):
+            how = "the Llama formulas at its dimensions (its kept tensors are traced in bf16; this trains in fp32)"
         elif p.activations:
             how = ("the layers' and the head's kept tensors traced from its code (bf16/fp16; the loss's fp32 "
                    "tensors and checkpointing by the formulas)")
+        elif p.moe_classes:
+            how = (f"the Llama formulas with the {p.dims.get('experts_per_token')} routed experts' widths per token "
+                   f"(balanced routing)") + because("activations", "its kept tensors")
         else:
-            how = "the Llama formulas at its dimensions"
-        stream = getattr(p, "stream", None)
-        if stream and (not spec.frozen or "trained" in stream):
-            reserved = "its traced allocation stream through the allocator simulation"
-        elif spec.frozen:
-            reserved = ("the calibrated ratio (the stream of its own trained tensors is recorded from PEFT's model: "
-                        f"{INSTALL} and peft; stage 3 also needs deepspeed)")
-        else:
-            reserved = "the calibrated ratio"
+            how = "the Llama formulas at its dimensions" + because("activations", "its kept tensors")
         if spec.frozen:
             how += ("; with frozen parameters: no gradients or optimizer state for them, less kept by frozen "
                     "linears and norms, and LoRA's inputs, dropout copies and x@A added (docs/lora.md)")
-        out.append(f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); "
-                   f"activations: {how}; reserved: {reserved}")
+        reserved = "; ".join(dict.fromkeys(_reserved_note(spec, attention, untraced)
+                                           for attention in dict.fromkeys(s.attention for s in setups)))
+        line = (f"{spec.name}: {p.model_type} read from its code (parameters, module calls: exact); "
+                f"activations: {how}; reserved: {reserved}")
+        if timed and not p.steps:
+            line += ("; step time: a Llama layer's operators and FLOPs at its dimensions"
+                     + because("steps", "its own operators"))
+        out.append(line)
     if p.moe_classes and any(int(s) == 3 for s in stages):
         out.append(f"stage 3: each {', '.join(p.moe_classes)} is one fetch unit, as "
                    f"deepspeed.utils.set_z3_leaf_modules(model, [{', '.join(p.moe_classes)}]) makes it "
                    "(needed to run at N > 1: experts that get no tokens would skip their hooks)")
     return out
+
+
+def _reserved_note(spec: ModelSpec, attention: str, untraced: dict) -> str:
+    """How reserved memory is predicted for a model read from its code under `attention`: its traced
+    stream simulated, else the calibrated ratio and why (`profile.traced_under`)."""
+    p = spec.profile
+    stream = _profile.traced_under(p, attention)[1]
+    # frozen parameters: the variants of PEFT's model that could not be recorded (`cli._streamed`)
+    failed = "; ".join(f"{key.split(' ', 1)[1]}: {reason}" for key, reason in untraced.items()
+                       if key.startswith("adapted "))
+    if stream and (not spec.frozen or "trained" in stream):
+        text = "its traced allocation stream through the allocator simulation"
+        return text + (f"; the calibrated ratio where a variant could not be recorded from PEFT's model ({failed})"
+                       if failed else "")
+    if spec.frozen and failed:
+        return f"the calibrated ratio (the stream of its own trained tensors could not be recorded from PEFT's model: {failed})"
+    if spec.frozen:
+        return ("the calibrated ratio (the stream of its own trained tensors is recorded from PEFT's model: "
+                f"{INSTALL} and peft; stage 3 also needs deepspeed)")
+    own = (getattr(p, "stream", None) or {}).get("attention")
+    if own is None:
+        why = f": {untraced['stream']}" if "stream" in untraced else ""
+        return f"the calibrated ratio (its allocation stream could not be traced{why})"
+    if attention in untraced:
+        return f"the calibrated ratio under {attention} (its stream under {attention} could not be traced: {untraced[attention]})"
+    return f"the calibrated ratio under {attention} (its stream is traced under {own} attention only)"
 
 
 def listing() -> list[dict]:

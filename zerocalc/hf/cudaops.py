@@ -3,7 +3,8 @@
 
 - dropout: `at::dropout` calls the fused `native_dropout` on CUDA (`is_fused_kernel_acceptable`:
   0 < p < 1, training, a non-empty input), which keeps a bool mask for backward; the CPU draws a
-  noise tensor of the input's dtype (empty_like, bernoulli_, div_) and keeps it;
+  noise tensor of the input's dtype (empty_like, bernoulli_, div_) and keeps it. CUDA's kernel
+  allocates the mask before the output, which it returns second (`allocation_order`);
 - scaled_dot_product_attention: CUDA picks a kernel by `sdp::select_sdp_backend` (`sdpa_backend`),
   the CPU by its own rules: its flash kernel takes no dropout and no unequal head dims and falls back
   to the math path, which keeps every score of a layer in fp32 for backward. CUDA's fused kernels
@@ -18,6 +19,19 @@ from contextlib import contextmanager
 CUDNN_MAX_HEAD_DIM = 256
 FLASH_MAX_HEAD_DIM = 256
 HALF = ("torch.float16", "torch.bfloat16")
+
+# Operators whose CUDA kernel allocates its outputs in another order than it returns them: the returned
+# outputs' positions in the order of allocation. `native_dropout` returns (output, mask); CUDA's
+# `dropout_cuda` (Dropout.cu, torch 2.11) makes the mask (`empty_like` of dtype bool) before the output.
+ALLOCATION_ORDER = {"aten.native_dropout.default": (1, 0)}
+
+
+def allocation_order(name: str, out):
+    """`out`, an operator's outputs, in the order CUDA's kernel allocates them (`ALLOCATION_ORDER`);
+    as returned for every other operator. Which storage comes first decides where the caching
+    allocator places each (the H200 row of Phi-2 at 4 x 2048 tokens, data/README.md)."""
+    order = ALLOCATION_ORDER.get(name)
+    return tuple(out[i] for i in order) if order and isinstance(out, tuple) else out
 
 
 def sdpa_backend(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False) -> str:

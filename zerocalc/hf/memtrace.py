@@ -6,20 +6,25 @@ event carries the module call it happened in (forward pre/post hooks) and the ph
 What this records is what the CPU kernels' fake implementations allocate; where CUDA's kernels
 allocate otherwise (`zerocalc.sequence` holds the H200 histories' facts) the difference is stated
 where the stream is compared (`tests/test_memtrace.py`).
+
+What is recorded is a step after one that is not (`WARM_UP`): a model's code may do something on its
+first step only (LongRoPE's rotary embedding makes its long inverse frequencies once and keeps them:
+Phi-3.5-mini, Phi-4-mini), and a job's every step but its first is the one after.
 """
 import weakref
 from contextlib import contextmanager
 
-from zerocalc.hf.cudaops import cuda_dispatch
+from zerocalc.hf.cudaops import allocation_order, cuda_dispatch
 from zerocalc.hf.trace import _imports, module_calls
 
 
-def _new_storages(out, alive: dict):
-    """(key, storage) of each storage an operator's output holds that `alive` does not know yet; the
-    caller enters it in `alive` before the next is looked at, so a storage two outputs share comes once."""
+def _new_storages(out, alive: dict, func=None):
+    """(key, storage) of each storage an operator's output holds that `alive` does not know yet, in the
+    order CUDA's kernel of `func` allocates them (`cudaops.allocation_order`); the caller enters it in
+    `alive` before the next is looked at, so a storage two outputs share comes once."""
     import torch
     from torch.utils._pytree import tree_flatten
-    for t in tree_flatten(out)[0]:
+    for t in tree_flatten(allocation_order(str(func), out))[0]:
         if isinstance(t, torch.Tensor):
             st = t.untyped_storage()
             if st._cdata not in alive:
@@ -87,7 +92,7 @@ def record(model, mode, input_ids, loss_fn=None):
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            for key, st in _new_storages(out, alive):
+            for key, st in _new_storages(out, alive, func):
                 state["next"] += 1
                 alive[key] = state["next"]
                 events.append(("alloc", state["next"], st.nbytes(), state["module"], state["phase"], str(func)))
@@ -138,7 +143,7 @@ def layers_kept_bytes(model, mode, batch: int, seq: int, with_head: bool = False
     class Counter(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            for key, st in _new_storages(out, alive):
+            for key, st in _new_storages(out, alive, func):
                 alive[key] = st.nbytes()
                 state["serial"] += 1
                 born[key] = state["serial"]
@@ -186,6 +191,7 @@ def layer_activations(model, mode, seqs=(32, 64)) -> dict:
     eager attention, 0 with SDPA), from two forwards of one sequence at two lengths, in the model's
     dtype (bf16 as traced); and what the head keeps per token (`layers_kept_bytes`)."""
     s1, s2 = seqs
+    layers_kept_bytes(model, mode, 1, s1)           # the first forward, not counted (the module's docstring)
     (k1, _), (k2, head2) = layers_kept_bytes(model, mode, 1, s1, True), layers_kept_bytes(model, mode, 1, s2, True)
     # k = a·s + c·s²: two equations in a and c
     c = (k2 * s1 - k1 * s2) / (s1 * s2 * (s2 - s1))
@@ -248,6 +254,9 @@ STREAM_LAYERS = 4                    # a shallow copy of this many decoder layer
 # batch of one into a view where a larger one copies (eager attention's scores, `_matmul_impl`).
 STREAM_SHAPES = ((2, 16), (2, 32), (2, 48), (3, 16), (3, 32), (3, 48))
 STREAM_BASIS = ("1", "s", "B*s", "B*s*s", "B", "s*s")  # an allocation's bytes: k·(1, s, B·s, B·s², B, s²)
+# (micro-batch, sequence) of the step run before those recorded and not recorded: what a model does on its
+# first step only is done by then (the module's docstring)
+WARM_UP = STREAM_SHAPES[0]
 
 
 def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, forward=None,
@@ -261,7 +270,8 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
     reduction over every dimension but the last of a contiguous input (a bias's or norm weight's
     gradient summed over the tokens), ("sdpa", q elements, log-sum-exp elements) SDPA's backward, ("mm",) a matmul;
     with `layer_backward`, ("Lb", i) where the gradient of the i-th layer's output is ready (a hook on
-    that output, allocating nothing): where the head is frozen, backward's last layer begins there.
+    that output, allocating nothing): where the head is frozen or has no parameters of its own, backward's
+    last layer begins there.
     Gradients are handed over for the parameters that require grad.
     A model that is not a Hugging Face causal LM (the validator's seed-gpt) gives `forward(model, ids)`
     (its logits), `set_checkpointing(model, on)` and `is_layer(module)` (its decoder layers)."""
@@ -316,7 +326,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
                 # LayerNorm's saved mean and rstd: fp32 on CUDA for a bf16/fp16 input (the kernel's
                 # accumulate type; the seed GPT's H200 histories), the input's dtype on the CPU.
                 fp32 = {t.untyped_storage()._cdata: 4 * t.numel() for t in out[1:] if t.element_size() < 4}
-            for key, st in _new_storages(out, alive):
+            for key, st in _new_storages(out, alive, func):
                 state["next"] += 1
                 alive[key] = state["next"]
                 events.append(("a", state["next"], fp32.get(key, st.nbytes()), name))
@@ -464,8 +474,8 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
     if sorted(pos_L) != list(range(k)) or sorted(lastg) != list(range(k)):
         raise ValueError("the stream does not cut into layers")
     head = [n for n, e in enumerate(events) if e[0] == "g" and e[1] not in layer_of_param and n < firstg[k - 1]]
-    # the last layer's backward begins after the head's gradients or, the head frozen, where the
-    # gradient of its output is ready (`record_step`'s "Lb")
+    # the last layer's backward begins after the head's gradients or, none before it (the head frozen, or
+    # without parameters of its own), where the gradient of its output is ready (`record_step`'s "Lb")
     last_start = head[-1] + 1 if head else next((n for n, e in enumerate(events) if e == ("Lb", k - 1)), None)
     if last_start is None:
         raise ValueError("the stream does not cut into layers")
@@ -560,7 +570,9 @@ def segments_at(model, mode, k: int, checkpointing: bool, batch: int, seq: int, 
 
 def _fitted_segments(model, mode, k: int, checkpointing: bool, **kw) -> dict:
     """One variant of a k-layer model's stream (`_canonical`'s segments) with each event's bytes
-    solved as coefficients of `STREAM_BASIS` over `STREAM_SHAPES`; `record_step`'s keywords."""
+    solved as coefficients of `STREAM_BASIS` over `STREAM_SHAPES`; `record_step`'s keywords. The
+    steps recorded follow one of the variant's own that is not (`WARM_UP`)."""
+    record_step(model, mode, *WARM_UP, checkpointing, **kw)
     runs = [segments_at(model, mode, k, checkpointing, b, s, **kw) for b, s in STREAM_SHAPES]
     shape = _structure(runs[0])
     if any(_structure(r) != shape for r in runs[1:]):
@@ -600,7 +612,9 @@ def _step_stream(model, mode, k: int) -> dict:
     if lead:          # each leading layer's parameter count (the others hold `params_per_layer` each)
         out["leading_layer_params"] = [len(ps) for ps in layer_params[:lead]]
     for variant, ckpt in (("plain", False), ("checkpointed", True)):
-        out[variant] = _fitted_segments(model, mode, k, ckpt)
+        # where the last layer's backward begins when no gradient of the head's own comes before it (a
+        # tied embedding and a final norm without parameters: OLMo-1B): `record_step`'s "Lb"
+        out[variant] = _fitted_segments(model, mode, k, ckpt, layer_backward=True)
     return _compact(out)
 
 

@@ -173,6 +173,7 @@ def model_totals(model, mode, seq: int = SEQ, batch: int = BATCH, **kw) -> dict:
     """{phase: {"ops", "flops_per_token", "attention_flops_per_token_seq", "bytes_per_token"}} of one
     model from one batch: matmul FLOPs and written bytes per token (T = B·s), attention's per token and
     per position (it grows as B·s²)."""
+    phase_totals(model, mode, seq, False, batch=batch, **kw)     # the first step, not counted (`memtrace.WARM_UP`)
     plain = phase_totals(model, mode, seq, False, batch=batch, **kw)
     ck = phase_totals(model, mode, seq, True, batch=batch, **kw)
     if ck["forward"].ops != plain["forward"].ops:

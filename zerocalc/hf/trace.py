@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 9        # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 10       # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -260,42 +260,48 @@ def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True)
         held = torch.float32 if fp32 and b.is_floating_point() and fp32.search(name) else b.dtype
         return str(held).replace("torch.", "")
     buffers = tuple(Tensor(n, tuple(b.shape), dtype(n, b), kept.get(n, "")) for n, b in model.named_buffers())
-    acts = None
+    untraced = {}          # what the trace could not read, and why: formulas or the ratio stand in (`_attempt`)
+    layers = len([m for m in modules if m.layer])
+    acts = stream = attentions = counted = None
     if activations:
         from zerocalc.hf import memtrace
-        try:
-            acts = memtrace.config_activations(d, len([m for m in modules if m.layer]))
-        except Exception:      # a model whose forward the fake tensors cannot run at these lengths: formulas then
-            acts = None
-    stream = None
-    if activations:
-        from zerocalc.hf import memtrace
-        try:
-            stream = memtrace.step_stream(d)
-        except Exception:      # a stream that does not cut into repeated layers or fit the shapes: the ratio then
-            stream = None
-    attentions = None
+        acts = _attempt(untraced, "activations", lambda: memtrace.config_activations(d, layers))
+        stream = _attempt(untraced, "stream", lambda: memtrace.step_stream(d))
     if stream is not None and stream.get("attention") != "sdpa":
         # SDPA (zerocalc's and the validator's default) where the config picks another attention: its
         # activations and stream as the attention modules dispatch it (`memtrace.dispatching`)
-        try:
-            n = len([m for m in modules if m.layer])
-            attentions = {"sdpa": {"activations": memtrace.config_activations(d, n, attention="sdpa"),
-                                   "stream": memtrace.step_stream(d, "sdpa")}}
-        except Exception:      # as above: that attention is then not simulated
-            attentions = None
-    counted = None
+        attentions = _attempt(untraced, "sdpa", lambda: {"sdpa": {
+            "activations": memtrace.config_activations(d, layers, attention="sdpa"),
+            "stream": memtrace.step_stream(d, "sdpa")}})
     if steps:
         from zerocalc.hf import optrace
-        try:
-            counted = optrace.config_steps(d, len([m for m in modules if m.layer]))
-        except Exception:      # as above: the step time then counts as for a Llama layer
-            counted = None
+        counted = _attempt(untraced, "steps", lambda: optrace.config_steps(d, layers))
+        if counted is None:
+            untraced.setdefault("steps", "neither SDPA nor eager attention of its code could be set")
     return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
                    params, buffers, modules, root,
                    {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d)}, acts, stream, counted,
-                   attentions)
+                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d),
+                    **({"untraced": untraced} if untraced else {})}, acts, stream, counted, attentions)
+
+
+def _attempt(untraced: dict, key: str, read):
+    """read()'s result; where the model's code defeats it (a forward fake tensors cannot run, a stream
+    that does not cut into repeated layers or changes with the shape), None, and why in
+    `untraced[key]`: the activation formulas, the calibrated reserved ratio or a Llama layer's
+    operators stand in, and `zerocalc estimate`'s note says which and why (`resolve.notes`)."""
+    try:
+        return read()
+    except Exception as err:      # any failure of the model's code on fake tensors
+        untraced[key] = why(err)
+        return None
+
+
+def why(err: Exception) -> str:
+    """An exception as one short line: its type and its message's first line."""
+    text = (str(err).strip().splitlines() or [""])[0]
+    text = text if len(text) <= 160 else text[:157] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def config_digest(d: dict) -> str:
