@@ -55,24 +55,22 @@ def test_rows_at_scale_state_and_communication_exact(fake):
     assert rows["num_params"].astype(float).max() > 60e9
 
 
-# Open (docs/scale.md): three Llama stage-3 rows under-predict the allocated peak by more than 3% (the
-# two Llama-2-70B rows at N = 256 and 1,024 by 3.4% and 4.3%, a 3B shape at N = 128 with 512 tokens by
-# 5.2%); the reserved peak misses 8% on 13 of 92 rows, stage 1-2 at N = 8-512 most (up to +31%: the
-# replay grows segments the job does not), stage 3 under it (to -12%).
-OPEN_ALLOCATED = {"hf-llama-h8192-l80-s3-bf16-n256fake-b1x4096-gas1-3600880dbc",
-                  "hf-llama-h8192-l80-s3-bf16-n1024fake-b2x2048-gas1-ad21aafbd3",
-                  "hf-llama-h3072-l28-s3-bf16-n128fake-b1x512-gas1-8e7decf7e3"}
+# Open (docs/scale.md): the second run of Llama-2-70B at N = 256 (1 x 4096) reserved 0.93 GiB more than its
+# first run of the same job (20.80 vs 19.87 GiB) and is under-predicted by 8.9% (the first run by 4.6%): the
+# replay frees a released gathered parameter when the host releases it, the GPU returns its block later.
+OPEN_RESERVED = {"hf-llama-h8192-l80-s3-bf16-n256fake-b1x4096-gas1-3600880dbc"}
 
 
 def test_rows_at_scale_peaks_within_3_and_8_percent(fake):
-    """Fake-world rows at N >= 8: peak allocated within 3% on every row but the three `OPEN_ALLOCATED`
-    (within 5.5%); reserved within 8% on at least 79 of the 92, every one within 32%."""
+    """Fake-world rows at N >= 8: peak allocated within 3% on every row; reserved within 8% on every
+    row but the `OPEN_RESERVED` job's second run (within 10%, under-predicted)."""
     rows = _at_scale(fake)
     alloc = _err(rows["now_peak_allocated_bytes"], rows["measured_peak_allocated_bytes"]).abs()
-    reserved = _err(rows["now_peak_reserved_bytes"], rows["measured_peak_reserved_bytes"]).abs()
-    open_ = rows["key"].isin(OPEN_ALLOCATED)
-    assert len(rows) >= 92 and (alloc[~open_] <= 0.03).all() and (alloc[open_] <= 0.055).all()
-    assert (reserved <= 0.08).sum() >= 79 and reserved.max() <= 0.32
+    reserved = _err(rows["now_peak_reserved_bytes"], rows["measured_peak_reserved_bytes"])
+    open_ = rows["key"].isin(OPEN_RESERVED)
+    assert len(rows) >= 94 and (alloc <= 0.03).all(), rows.loc[alloc > 0.03, "key"].tolist()
+    assert (reserved[~open_].abs() <= 0.08).all(), rows.loc[~open_ & (reserved.abs() > 0.08), "key"].tolist()
+    assert ((reserved[open_] >= -0.10) & (reserved[open_] < 0)).all() and (reserved[open_].abs() <= 0.08).sum() == 1
 
 
 def test_the_verdict_on_an_emulated_card_is_the_allocator_s():

@@ -488,13 +488,15 @@ def test_against_a_capacity_the_steps_retry_then_settle_or_stop_at_the_oom():
 
 def test_the_allocators_verdict_on_a_generated_job_is_the_whole_replays():
     """A 4-layer Llama at stage 3, N = 2, 512 tokens, replayed against capacities from its live
-    requests' peak to its unbounded reserved, every 64 MiB (`fits.at_capacity`, steps skipped at
-    the steady state): the same OOM or not and the same retries as replaying all its events against
-    each; among them some run only thanks to retries and some run out."""
+    requests' peak to its unbounded reserved, every 64 MiB (`fits.at_capacity`, over
+    `fits.CARD_STEPS` steps, steps skipped at the steady state): the same OOM or not and the same
+    retries as replaying all its events against each; among them some run only thanks to retries
+    and some run out."""
     from zerocalc import fits
     model = from_architecture(Architecture("hf-llama", 32000, 1024, 4, 8, 8, 4096, False))
     s = Setup(stage=Stage.PARAMETERS, dp=2, seq_len=512)
-    jobs, events = fits.near_card(model, s, fits.job_pieces(model, s)), sequence.events(model, s)
+    jobs = fits.near_card(model, s, fits.job_pieces(model, s))
+    events = sequence.events(model, s, steps=fits.CARD_STEPS)
     assert [delay for _, delay, _ in jobs] == list(fits.GATHER_FREE_DELAYS)
     on_time = [j for j in jobs if not j[1]]
     least, reserved = fits.least_allocated_bytes(on_time), allocator.replay(events).peak_reserved_bytes

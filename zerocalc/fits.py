@@ -25,6 +25,11 @@ from zerocalc.training import Setup
 # on time, then delays spanning the medians (0-15) to the 90th percentiles (3-323) of five runs' histories
 # (data/snapshots/cards-oom/). Each applied to every such free alike: a spread of timings, not one run's.
 GATHER_FREE_DELAYS = (0, 4, 16, 64)
+# Training steps a stage-3 job near its card is replayed over (three elsewhere, `sequence.events`): under
+# a cap the retries return segments, so a step can leave the cache other than it found it and a later
+# one run out (the 8B at N = 64 on a 40 GB card ran out in its fourth step, data/h200-cards-40-n64.csv;
+# its replay does too; docs/scale.md). A step that leaves the cache as it found it ends the replay early.
+CARD_STEPS = 5
 # The late timings are replayed where the on-time replay's reserved is within this factor of the card:
 # the measured reserved of the 56 stage-3 fake-world rows is at most 1.23 times the on-time replay's, so
 # farther from the card no cudaMalloc fails under the timings that ran.
@@ -74,16 +79,19 @@ def _ranks_pieces(model: ModelSpec, setup: Setup, ranks) -> tuple[tuple[int, int
 def near_card(model: ModelSpec, setup: Setup, jobs) -> tuple[tuple[int, int, tuple], ...]:
     """`job_pieces` (`jobs`, made already) with every rank that can run out first
     (`sequence.simulated_ranks(every=True)`) and, where a job has an all-gather stream (stage 3), its
-    pieces under each later timing of `GATHER_FREE_DELAYS` (`late_frees`): what a verdict on a card
-    replays."""
+    pieces made again over `CARD_STEPS` steps and under each later timing of `GATHER_FREE_DELAYS`
+    (`late_frees`): what a verdict on a card replays."""
     made = {r for r, _, _ in jobs}
     jobs = tuple(jobs) + _ranks_pieces(model, setup, [r for r in sequence.simulated_ranks(model, setup, every=True)
                                                       if r not in made])
     out = []
     for r, _, pieces in jobs:
-        out.append((r, 0, pieces))
         if any(e[0] == "alloc" and e[3] == sequence.GATHER_STREAM for events, _ in pieces for e in events):
-            out += [(r, d, late_frees(pieces, d)) for d in GATHER_FREE_DELAYS if d]
+            with sequence.cycle_collector_paused():
+                pieces = tuple(sequence.step_pieces(model, setup, rank=r, steps=CARD_STEPS))
+            out += [(r, 0, pieces)] + [(r, d, late_frees(pieces, d)) for d in GATHER_FREE_DELAYS if d]
+        else:
+            out.append((r, 0, pieces))
     return tuple(out)
 
 

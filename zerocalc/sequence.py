@@ -309,14 +309,19 @@ class _TracedStep:
             self.run("F", i)
         self.run("H")
 
-    def backward(self, fetch=None) -> None:
-        """`fetch`: stage 3's backward fetches, run where the stream places them."""
+    def backward(self, fetch=None, segment_done=None) -> None:
+        """`fetch`: the start of stage 3's backward fetches, run where the stream places them;
+        `segment_done`: called once the head's backward and each layer's are played."""
         if fetch is not None and self.fetch_at is None:
             fetch()
         self.on_fetch = fetch
         self.run("Hb")
         for i in reversed(range(self.layers)):
+            if segment_done is not None:
+                segment_done()
             self.run("B", i)
+        if segment_done is not None:
+            segment_done()
         self.run("E")
         self.t.free(*self.handles.values())     # none: every tensor of the step is freed by its end
         self.handles = {}
@@ -602,51 +607,135 @@ class _Stage3:
         self.bucket_fill, self.bucket_params, self.moments = 0, [], None
         self.gathered, self.calls = {}, {}      # parameter -> its gathered tensor; -> its coalesced call
         self.iterations = 0
+        self.cursor = None                      # backward's place in its steps (`_advance`)
+        self.cold = self.walk_cold = False      # persistent parameters released, not gathered again (`fetch`)
 
     def fetch(self, backward: bool) -> None:
-        """The parameters' all-gathers and releases of one forward or backward (at N > 1, or at N = 1
-        with parameter offload; else a fetched parameter is a view of its partition). The first
-        iteration records the trace: each
-        module's parameters are gathered when it runs and released after it; later ones prefetch
-        (`stage3_trace.fetches`). A call of one parameter gathers it whole, padded (its buffer is the
-        parameter's data: `_all_gather_sequential`); a call of several gathers into one flat buffer
-        and, at the first wait for any of them, copies each out (`AllGatherCoalescedHandle.wait`:
-        torch.cat of its slices); the flat buffer is freed once every parameter of the call has been
-        waited for. All on the all-gather stream."""
+        """The parameters' all-gathers and releases of one forward, or the start of one backward's (at
+        N > 1, or at N = 1 with parameter offload; else a fetched parameter is a view of its partition).
+        The first iteration records the trace: each module's parameters are gathered when it runs and
+        released after it; later ones prefetch (`stage3_trace.fetches`). Forward's are played as one
+        block before the model's forward; backward's module by module beside the backward's own
+        allocations (`stage3_trace.backward_plan`, `_advance`), from the head's pre-backward hook on."""
         if self.n == 1 and not self.param_offload:
             return
-        steps = stage3_trace.fetches(self.model, self.setup, record=self.iterations == 0)
+        record = self.iterations == 0
+        if not backward:
+            self.walk_cold, self.cold = self.cold and not record, False
+        steps = stage3_trace.fetches(self.model, self.setup, record=record, cold=self.walk_cold)
         forward_steps = len(self.model.trace)
+        if not backward:
+            for actions in steps[:forward_steps]:
+                self._play(actions)
+            return
+        self.cursor = [stage3_trace.backward_plan(self.model, self.setup, record, self.walk_cold), 0, None, [], set(), 0, 0]
+        self._advance()
+
+    def _play(self, actions) -> None:
+        """One step's coordinator actions (`stage3_trace.fetches`). A call of one parameter gathers it
+        whole, padded (its buffer is the parameter's data: `_all_gather_sequential`); a call of several
+        gathers into one flat buffer and, at the first wait for any of them, copies each out
+        (`AllGatherCoalescedHandle.wait`: torch.cat of its slices); the flat buffer is freed once every
+        parameter of the call has been waited for. All on the all-gather stream."""
         t, pb, numel, s = self.t, self.pb, self.model.param_numels, GATHER_STREAM
-        for actions in (steps[forward_steps:] if backward else steps[:forward_steps]):
-            for kind, what in actions:
-                if kind == "gather" and (len(what) == 1 or self.param_offload):
-                    # one buffer per parameter: a one-parameter call, or at N = 1 with parameter
-                    # offload each host partition's copy to the device (_no_gather_coalesced)
-                    for p in what:
-                        self.gathered[p] = t.alloc(pb[p] * self.shards[p] * self.n, stream=s)
-                elif kind == "gather":
-                    # one flat buffer per dtype among the call's parameters (`_all_gather_params`)
-                    widths = sorted({pb[p] for p in what})
-                    flats = [t.alloc(w * self.n * sum(self.shards[p] for p in what if pb[p] == w), stream=s)
-                             for w in widths]
-                    call = {"flats": flats, "params": what, "waiting": set(what), "copied": False}
-                    self.calls.update(dict.fromkeys(what, call))
-                elif kind == "wait" and what in self.calls:
-                    call = self.calls.pop(what)
-                    if not call["copied"]:
-                        for p in call["params"]:
-                            self.gathered[p] = t.alloc(pb[p] * numel[p], stream=s)
-                        call["copied"] = True
-                    call["waiting"].discard(what)
-                    if not call["waiting"]:
-                        t.free(*call["flats"])
-                elif kind == "release":
-                    t.free(self.gathered.pop(what))
-        if backward:       # release_and_reset_all at the end of backward
-            t.free(*self.gathered.values())
-            self.gathered = {}
-            self.iterations += 1
+        for kind, what in actions:
+            if kind == "gather" and any(p in self.gathered for p in what):
+                # a parameter whose release waits for an active backward module is still gathered
+                what = tuple(p for p in what if p not in self.gathered)
+                if not what:
+                    continue
+            if kind == "gather" and (len(what) == 1 or self.param_offload):
+                # one buffer per parameter: a one-parameter call, or at N = 1 with parameter
+                # offload each host partition's copy to the device (_no_gather_coalesced)
+                for p in what:
+                    self.gathered[p] = t.alloc(pb[p] * self.shards[p] * self.n, stream=s)
+            elif kind == "gather":
+                # one flat buffer per dtype among the call's parameters (`_all_gather_params`)
+                widths = sorted({pb[p] for p in what})
+                flats = [t.alloc(w * self.n * sum(self.shards[p] for p in what if pb[p] == w), stream=s)
+                         for w in widths]
+                call = {"flats": flats, "params": what, "waiting": set(what), "copied": False}
+                self.calls.update(dict.fromkeys(what, call))
+            elif kind == "wait" and what in self.calls:
+                call = self.calls.pop(what)
+                if not call["copied"]:
+                    for p in call["params"]:
+                        self.gathered[p] = t.alloc(pb[p] * numel[p], stream=s)
+                    call["copied"] = True
+                call["waiting"].discard(what)
+                if not call["waiting"]:
+                    t.free(*call["flats"])
+            elif kind == "release":
+                self._release(what)
+
+    def _release(self, p: int) -> None:
+        h = self.gathered.pop(p, None)
+        if h is not None:
+            self.t.free(h)
+
+    def _advance(self) -> None:
+        """Play backward's steps up to the next one that is not done (`stage3_trace.backward_plan`),
+        each at its module's pre-backward hook, its releases at its post-backward hook. A module with
+        trained parameters is done once their gradients have reached their hooks; one without (frozen
+        parameters, a tied embedding's head) before the next module's pre-backward hook. A checkpointed
+        layer's recomputation (the recomputed steps after the step whose module's backward starts it)
+        runs at the next gradient's hook or the end of the head's or a layer's backward (the stream's
+        recomputation opens the layer's segment), before that module's gradients; its releases wait
+        for that module's (`release_sub_module` keeps a parameter that an active backward module holds,
+        and releases the frozen ones the recomputation fetched with the module that started it), which,
+        without trained parameters, is done at the next such point after the recomputation."""
+        cursor = self.cursor
+        steps, pos, waiting, held, ready, ticks, since = cursor
+        while True:
+            if waiting is not None:
+                if pos < len(steps) and steps[pos][2]:
+                    if ticks == since:
+                        break
+                    while pos < len(steps) and steps[pos][2]:
+                        pre, release, _, _ = steps[pos]
+                        self._play(pre)
+                        held += release
+                        pos += 1
+                    since = ticks
+                waits = steps[waiting][3]
+                if not (waits <= ready if waits else ticks > since):
+                    break
+                for p in (*steps[waiting][1], *held):
+                    self._release(p)
+                waiting, held = None, []
+            if pos == len(steps):
+                break
+            pre, release, _, waits = steps[pos]
+            self._play(pre)
+            pos += 1
+            if waits or (waits is not None and pos < len(steps) and steps[pos][2]):
+                waiting, since = pos - 1, ticks
+            else:
+                for p in release:
+                    self._release(p)
+        cursor[1:4] = pos, waiting, held
+        cursor[6] = since
+
+    def backward_tick(self) -> None:
+        """The end of the head's or a layer's backward: a step that waits for no gradient is done."""
+        if self.cursor is not None:
+            self.cursor[5] += 1
+            self._advance()
+
+    def _finish_backward(self) -> None:
+        """The steps left when backward ends, and `release_and_reset_all`: every gathered parameter freed."""
+        if self.cursor is None:
+            return
+        steps, pos, waiting, held = self.cursor[:4]
+        for pre, release, _, _ in steps[pos:]:
+            self._play(pre)
+            held += release
+        for p in (*(steps[waiting][1] if waiting is not None else ()), *held):
+            self._release(p)
+        self.t.free(*self.gathered.values())
+        self.gathered, self.cursor = {}, None
+        self.cold = self.iterations == 0        # the recording iteration released the persistent ones too
+        self.iterations += 1
 
     def init(self, params: list) -> None:
         t, b, pb, trained, numels = self.t, self.b, self.pb, self.trained, self.model.param_numels
@@ -727,6 +816,10 @@ class _Stage3:
         self.bucket_fill += numel
         self.bucket_params.append(index)
         self.t.free(g)
+        if self.cursor is not None:
+            self.cursor[4].add(index)
+            self.cursor[5] += 1
+            self._advance()
 
     def _reduce(self) -> None:
         """reduce_scatter_coalesced flattens the bucket's gradients, each padded to a multiple of N,
@@ -753,6 +846,7 @@ class _Stage3:
         self.bucket_fill, self.bucket_params = 0, []
 
     def end_backward(self, boundary: bool = True) -> None:
+        self._finish_backward()
         if self.bucket_fill:
             self._reduce()
 
@@ -761,6 +855,7 @@ class _Stage3:
         turn; then per sub-group _prepare_fp32_grad_for_sub_group (a bit16 copy of the sub-group's
         gradients, their fp32 cast) and Adam's moments, made at the first step."""
         t, b = self.t, self.b
+        self.cold = False             # `_post_step` gathers the persistent parameters again
         if self.offload:              # the host's step; the norms were taken at the reductions
             return
         if self.setup.dtype == "fp16":
@@ -909,18 +1004,19 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
     ds.init(params)
     step = _TracedStep(t, model, setup, ds, workspaces, step_stream(model, setup))
     yield t, workspaces
-    for _ in range(steps):
+    for k in range(steps):
         # The micro-steps of one optimizer step: the first, one in the middle (the rest repeat it on
         # the same cache: simulating all five of GAS 5 gave the same reserved peak on 24 Llama and GPT
         # configurations, stages 0-2, N = 1 and 2, with and without checkpointing) and the boundary.
         # Stage 3 carries nothing from one micro-step to the next (its gradients are reduced and added
-        # into the partitions as they come): the first and the boundary.
-        middle = () if s3 else (min(1, setup.gas - 1),)
+        # into the partitions as they come): the first and the boundary, and in the first step the
+        # second, which gathers the persistent parameters the recording one released (`_Stage3.fetch`).
+        middle = (min(1, setup.gas - 1),) if not s3 or k == 0 else ()
         for micro in sorted({0, *middle, setup.gas - 1}):
             if s3:
                 ds.fetch(backward=False)
             step.forward()
-            step.backward((lambda: ds.fetch(backward=True)) if s3 else None)
+            step.backward(*((lambda: ds.fetch(backward=True), ds.backward_tick) if s3 else ()))
             ds.end_backward(boundary=micro == setup.gas - 1)
         ds.step()
         yield t, workspaces
@@ -944,11 +1040,12 @@ def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = Tr
     return None if peaks is None else peaks[1]
 
 
-def step_pieces(model: ModelSpec, setup: Setup, fresh_process: bool = True, rank: int = 0):
+def step_pieces(model: ModelSpec, setup: Setup, fresh_process: bool = True, rank: int = 0,
+                steps: int | None = None):
     """`replay_steps`' pieces of one generated job, made step by step: init's events (with 0), then
-    each training step's with the last handle made before it."""
+    each training step's (three unless `steps` says) with the last handle made before it."""
     done, last = 0, 0
-    for t, _ in _pieces(model, setup, None, fresh_process, rank):
+    for t, _ in _pieces(model, setup, steps, fresh_process, rank):
         yield t.events[done:], last
         done, last = len(t.events), t.last_handle
 

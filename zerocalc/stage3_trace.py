@@ -106,22 +106,26 @@ def _gathers(model: ModelSpec, walk: Setup):
     return calls[0], tuple(counts[0].items()), calls[1], tuple(counts[1].items()), kept
 
 
-def fetches(model: ModelSpec, setup: Setup, record: bool) -> tuple[tuple[tuple, ...], ...]:
+def fetches(model: ModelSpec, setup: Setup, record: bool, cold: bool = False) -> tuple[tuple[tuple, ...], ...]:
     """What the coordinator does at each step of one iteration's trace (forward's steps, then
     backward's), in order: ("gather", params) for each all-gather call (params in `ds_id` order), then
     ("wait", p) for each of the module's parameters still in flight (gathered now or prefetched), then
     ("release", p). record: the first iteration, while the trace is recorded: no prefetch, and each
     module's parameters are released after it (`release_sub_module` before the trace is complete).
+    cold: the iteration after the recording one when no optimizer step came between (a gradient
+    accumulation's second micro-step): the recording iteration released the persistent parameters
+    too, and only the step gathers them again (`_post_step`), so this iteration gathers each at its
+    first use, prefetched with the others, and keeps it.
     The same for every N and offload choice (`_walk_setup`)."""
-    return _fetches(model, _walk_setup(setup), record)
+    return _fetches(model, _walk_setup(setup), record, cold)
 
 
 @lru_cache(maxsize=64)
-def _fetches(model: ModelSpec, walk: Setup, record: bool) -> tuple[tuple[tuple, ...], ...]:
-    return tuple(tuple(actions) for _step, actions in _walk(model, walk, record))
+def _fetches(model: ModelSpec, walk: Setup, record: bool, cold: bool = False) -> tuple[tuple[tuple, ...], ...]:
+    return tuple(tuple(actions) for _step, actions in _walk(model, walk, record, cold))
 
 
-def _walk(model: ModelSpec, setup: Setup, record: bool):
+def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
     """Yields (step, actions)."""
     numel = model.param_numels
     pers = persistent_mask(numel, setup)
@@ -132,7 +136,7 @@ def _walk(model: ModelSpec, setup: Setup, record: bool):
     held = set()          # frozen parameters the recomputation in progress fetched (`ds_recompute_parameters`)
     queue = deque((p, step) for step, mod in enumerate(trace) for p in mod)
     marked = {}
-    available = {p for p in range(len(numel)) if pers[p]}
+    available = set() if cold else {p for p in range(len(numel)) if pers[p]}
     inflight = set()      # gathered, not yet waited for by a module
     n_available = 0       # `__n_available_params`: ds_numel gathered this iteration, less releases
     # The reuse rule reads the modules after this one until they add up to max_reuse_distance elements:
@@ -230,3 +234,30 @@ def _occurs_within(later: list[int], step: int, window: int) -> bool:
     before `window`."""
     k = bisect_right(later, step)
     return k < len(later) and later[k] < window
+
+
+def backward_plan(model: ModelSpec, setup: Setup, record: bool, cold: bool = False) -> tuple[tuple, ...]:
+    """Backward's steps of `fetches` as the sequence plays them beside the backward's allocations:
+    per step (its gathers and waits, the parameters it releases, whether it is a checkpointed
+    layer's recomputation, what ends it). A step of a module with parameters is done after the
+    module's backward: once the gradients of its trained parameters whose last backward step it is
+    have reached their hooks (a frozenset of them), or, where there are none (frozen parameters, a
+    tied embedding's head), at the next hook or segment's end (an empty frozenset); None for a step
+    that waits for nothing (no parameters, or recomputed)."""
+    return _backward_plan(model, _walk_setup(setup), record, cold)
+
+
+@lru_cache(maxsize=64)
+def _backward_plan(model: ModelSpec, walk: Setup, record: bool, cold: bool = False) -> tuple[tuple, ...]:
+    steps = _fetches(model, walk, record, cold)[len(model.trace):]
+    trace = model.backward(walk.activation_checkpointing)
+    recomputed = model.recomputed(walk.activation_checkpointing)
+    trained = set(model.trained_indices)
+    last = {}
+    for k, mod in enumerate(trace):
+        if not recomputed[k]:
+            last.update(dict.fromkeys(mod, k))
+    return tuple((tuple(a for a in actions if a[0] != "release"), tuple(a[1] for a in actions if a[0] == "release"),
+                  recomputed[k], None if recomputed[k] or not trace[k] else
+                  frozenset(p for p in trace[k] if p in trained and last.get(p) == k))
+                 for k, actions in enumerate(steps))
