@@ -147,8 +147,18 @@ def test_a_fake_rank_0_of_two_holds_and_sends_what_a_real_one_does(two_ranks, tm
 def test_a_fake_rank_0_of_64(tmp_path):
     """Rank 0 of 64 in one process: state and communication bytes exact against zerocalc at stages 1-3,
     with zero.Init, gradient accumulation, tied embeddings and zero weights made without the initialisers."""
-    df = run_validate(tmp_path, "--nproc", "64", "--fake-world", "--matrix", "validate/matrices/cpu-fake.json")
+    out = tmp_path / "rows.csv"
+    validate_run(out, "--nproc", "64", "--fake-world", "--matrix", "validate/matrices/cpu-fake.json")
+    df = pd.read_csv(out)
     assert (df["world"] == "fake").all() and (df["nproc"] == 64).all() and len(df) == 6
+    import torch
+    if not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        # DeepSpeed's CPU accelerator trains fp16 only where oneDNN has fp16 kernels (an Intel CPU with
+        # AVX512-FP16 or AMX, not an AMD EPYC): there the fp16 job ends in an error row naming the dtype.
+        fp16 = df["dtype"] == "fp16"
+        assert fp16.sum() == 1 and df.loc[fp16, "error"].str.contains("Type fp16 is not supported").all()
+        df = df[~fp16]
+    assert (df["outcome"] == "ok").all(), df.loc[df["outcome"] != "ok", ["key", "error"]].to_string()
     assert_exact(df)
 
 
