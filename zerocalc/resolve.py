@@ -289,7 +289,7 @@ def _reserved_note(spec: ModelSpec, attention: str, untraced: dict) -> str:
         return f"the calibrated ratio (the stream of its own trained tensors could not be recorded from PEFT's model: {failed})"
     if spec.frozen:
         return ("the calibrated ratio (the stream of its own trained tensors is recorded from PEFT's model: "
-                f"{INSTALL} and peft; stage 3 also needs deepspeed)")
+                f"{INSTALL}; stage 3 also needs deepspeed)")
     own = (getattr(p, "stream", None) or {}).get("attention")
     if own is None:
         why = f": {untraced['stream']}" if "stream" in untraced else ""
