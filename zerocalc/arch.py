@@ -208,7 +208,7 @@ def _backward_steps(c: Call, checkpointing: bool, recompute_container: bool):
     if not c.grad:
         return
     if checkpointing and c.layer:
-        plain = list(_backward_calls(c))
+        plain = [call for call, _ in _backward_steps(c, False, recompute_container)]
         first = next(i for i, call in enumerate(plain) if call.params or call.saves)
         rebuilt = list(_forward_calls(c))[0 if recompute_container else 1:]
         # PyTorch stops a recomputation once the last tensor backward needs is rebuilt: the modules
@@ -228,15 +228,6 @@ def _forward_calls(c: Call):
     yield c
     for child in c.children:
         yield from _forward_calls(child)
-
-
-def _backward_calls(c: Call):
-    """The calls whose backward hooks fire, in `_backward`'s order without checkpointing."""
-    if not c.grad:
-        return
-    yield c
-    for child in reversed(c.children):
-        yield from _backward_calls(child)
 
 
 def trace(arch: Architecture) -> tuple[tuple[int, ...], ...]:
