@@ -9,6 +9,8 @@ from zerocalc.hf.adapted import shallow_mask
 from zerocalc.model import ModelSpec
 from zerocalc.training import OPTIMIZERS, Setup, Stage
 
+from test_sequence import alive_bytes
+
 
 def setup(stage, dp=1, **kw):
     return Setup(stage=Stage(stage), dp=dp, optimizer=OPTIMIZERS["adamw"], dtype="bf16", seq_len=16, micro_batch=2,
@@ -45,7 +47,7 @@ def test_stage_2_flattens_hooks_and_steps_the_trained_tensors_only():
         ("alloc", 15, 2 * 40, 0), ("alloc", 16, 4 * 40, 0), ("free", 15), ("free", 13),   # flatten, fp32 cast
         ("alloc", 17, 4 * 40, 0), ("alloc", 18, 4 * 40, 0), ("free", 16)]                # Adam's moments
     # left: the frozen tensors whole (2·100 + 2·40), the flat group, the fp32 master and the two moments
-    assert sequence_alive(t.events) == 2 * 100 + 2 * 40 + 2 * 80 + 4 * 40 + 2 * 4 * 40
+    assert alive_bytes(t.events) == 2 * 100 + 2 * 40 + 2 * 80 + 4 * 40 + 2 * 4 * 40
 
 
 def test_stage_3_under_zero_init_converts_the_adapters_in_fp32_and_keeps_the_frozen_partitions():
@@ -69,18 +71,7 @@ def test_stage_3_under_zero_init_converts_the_adapters_in_fp32_and_keeps_the_fro
         ("alloc", 11, 2 * 8, 0),                 # the flat gradient partitions of the trained 2 · 4 elements
         ("alloc", 12, 4 * 8, 0), ("alloc", 13, 4 * 8, 0)]   # the persistent adapters gathered whole, kept
     # the frozen weight keeps its own bf16 partition (handle 2): nothing of it is defragmented
-    assert sequence_alive(t.events) == 2 * 32 + 4 * 8 + 4 * 8 + 2 * 1000 + 2 * 8 + 2 * 4 * 8
-
-
-def sequence_alive(events) -> int:
-    sizes, alive = {}, 0
-    for e in events:
-        if e[0] == "alloc":
-            sizes[e[1]] = e[2]
-            alive += e[2]
-        elif e[0] == "free":
-            alive -= sizes.pop(e[1])
-    return alive
+    assert alive_bytes(t.events) == 2 * 32 + 4 * 8 + 4 * 8 + 2 * 1000 + 2 * 8 + 2 * 4 * 8
 
 
 def test_a_frozen_model_is_generated_only_with_its_own_stream_in_the_variant_it_runs():
