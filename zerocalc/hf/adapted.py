@@ -91,20 +91,15 @@ def shallow_mask(trainable: tuple[bool, ...], layer_params: list, n_shallow: int
 def record(d: dict, lora, trainable, name: str, attention: str | None = None) -> dict:
     """One variant's fitted segments (`memtrace._fitted_segments`) and the stream's header."""
     from zerocalc.hf import familystream, memtrace
+    from zerocalc.hf.trace import hf_checkpointing
     checkpointing, zero3 = VARIANTS[name]
     total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
     k = min(memtrace.STREAM_LAYERS + int(d.get("first_k_dense_replace") or 0), total)
     model, mode = build(d, k, lora, trainable, zero3)
     base = model.get_base_model() if lora is not None else model
 
-    def set_checkpointing(_, on):
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            if on:
-                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                base.gradient_checkpointing_disable()
+    def set_checkpointing(_, on):     # on the base model under PEFT's wrapper
+        hf_checkpointing(base, on)
     layer_params = memtrace._layer_params(model)[1]
     head = {"basis": list(memtrace.STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
             "params_per_layer": len(layer_params[-1]), "attention": attention or base.config._attn_implementation}

@@ -105,7 +105,7 @@ def _record_keywords():
     layers the seed's blocks or Hugging Face's decoder layers, checkpointed as the validator does."""
     from transformers.modeling_layers import GradientCheckpointingLayer
     from zerocalc.hf.families import SeedBlock, SeedGPT
-    from zerocalc.hf.optrace import hf_checkpointing
+    from zerocalc.hf.trace import hf_checkpointing
 
     def set_checkpointing(model, on):
         if isinstance(model, SeedGPT):

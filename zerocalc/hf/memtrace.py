@@ -15,7 +15,7 @@ import weakref
 from contextlib import contextmanager
 
 from zerocalc.hf.cudaops import allocation_order, cuda_dispatch
-from zerocalc.hf.trace import _imports, module_calls
+from zerocalc.hf.trace import _imports, hf_checkpointing, module_calls
 
 
 def _new_storages(out, alive: dict, func=None):
@@ -395,15 +395,8 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
             if layer_backward and isinstance(first, torch.Tensor) and first.requires_grad:
                 first.register_hook(lambda g, i=index[id(m)]: events.append(("Lb", i)))
 
-    if set_checkpointing is None:     # as the validator enables it (zerocalc.hf.families.build_model)
-        def set_checkpointing(model, on):
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                if on:
-                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-                else:
-                    model.gradient_checkpointing_disable()
+    if set_checkpointing is None:
+        set_checkpointing = hf_checkpointing
     if forward is None:
         def forward(model, ids):
             return model(input_ids=ids, use_cache=False).logits

@@ -17,7 +17,7 @@ import os
 from contextlib import contextmanager
 
 from zerocalc.hf.cudaops import cuda_dispatch
-from zerocalc.hf.trace import _imports
+from zerocalc.hf.trace import _imports, hf_checkpointing
 
 # Operators that only make a view or read metadata: no kernel (as counted for zerocalc.timing since its
 # per-family counts; tests/test_optrace.py)
@@ -111,14 +111,6 @@ def _counter(totals):
 
 def hf_forward(model, ids):
     return model(input_ids=ids, use_cache=False).logits
-
-
-def hf_checkpointing(model, on: bool) -> None:
-    """Hugging Face's activation checkpointing as the validator turns it on (non-reentrant)."""
-    if on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_disable()
 
 
 @contextmanager

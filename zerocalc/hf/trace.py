@@ -33,6 +33,18 @@ def _imports():
     return torch, transformers
 
 
+def hf_checkpointing(model, on: bool) -> None:
+    """Hugging Face's activation checkpointing on or off as the validator turns it on (non-reentrant,
+    `zerocalc.hf.families.build_model`), without transformers' deprecation warning."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if on:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_disable()
+
+
 def hf_config(d: dict):
     """The transformers config object of a config.json's contents."""
     _, transformers = _imports()
