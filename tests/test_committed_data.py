@@ -234,13 +234,14 @@ def test_crossval_on_files_without_timed_rows_is_a_usage_error():
 # a later transformers repeats the head and runs cuDNN: reserved -14%. Traced under 5.17 it is exact
 # (docs/hf-validation.md, data/README.md), so the row is open only under another transformers.
 OPEN_HF = {"auto-falcon-h4544-l4-s2-bf16-n1-b2x1024-gas1-1cf67b3294"}
-# Open (data/README.md, "GPT-2 with its dropout"): the peaks of Mixtral-8x7B at stage 3 at N = 256, though
-# its all-gathers are replayed to the byte (the assertion on `pred_comm_bytes` below). GPT-2 XL checkpointed
-# at N = 4 (allocated -6.6% while backward's gathers were played as one block) is within 0.1% with them
-# beside the gradients (docs/scale.md).
-OPEN_HF_STAGE3 = {"auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-11914a3414",
-                  "auto-mixtral-h4096-l32-s3-bf16-n256fake-b2x2048-gas2-1f6a7f1acf",
-                  "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-7cd9959c72"}
+# Open (data/README.md, "405B and Mixtral at scale"): reserved of three runs of Mixtral-8x7B at stage 3, N = 256
+# (allocated exact on all five). Its warm-up history (data/snapshots/fake-moe/) reserves 17.72 GiB, as the
+# allocator simulation over its own allocations does; two runs stayed there, three grew to 19.47-20.13 GiB in a
+# later step, where a gathered expert weight's block came back after the next gather had asked for one (the
+# run's timing: `fits.late_frees`). By (file, key): one key ran in several files.
+OPEN_HF_STAGE3 = {("h200-hf-fake4-mixtral-8x7b-n256.csv", "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-11914a3414"),
+                  ("h200-hf-fake4-mixtral-8x7b-random-n256.csv", "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-7cd9959c72"),
+                  ("h200-hf-fake5-mixtral-8x7b-warmup-n256.csv", "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-11914a3414")}
 
 
 def test_hf_rows_peaks_within_3_and_8_percent():
@@ -254,10 +255,14 @@ def test_hf_rows_peaks_within_3_and_8_percent():
     from validate.docs import hf_peak_errors
     ok, err_a, err_r = hf_peak_errors()
     assert len(ok) >= 140 and err_a.notna().all() and err_r.notna().all()
-    open_ = (ok["key"].isin(OPEN_HF) & (not transformers.__version__.startswith("5.17"))) | ok["key"].isin(OPEN_HF_STAGE3)
+    pd = pytest.importorskip("pandas")
+    at = pd.Series(list(zip(ok["source"].map(os.path.basename), ok["key"])), index=ok.index)
+    open_s3 = at.isin(OPEN_HF_STAGE3)
+    open_ = (ok["key"].isin(OPEN_HF) & (not transformers.__version__.startswith("5.17"))) | open_s3
     assert (err_a[~open_] <= 0.03).all(), ok.loc[~open_ & (err_a > 0.03), ["hf_name", "stage", "path"]].to_string()
     assert (err_r[~open_] <= 0.08).all(), ok.loc[~open_ & (err_r > 0.08), ["hf_name", "stage", "path"]].to_string()
     assert ((err_a > 0.03) | (err_r > 0.08))[open_].all(), "now within target, drop from OPEN_HF"
+    assert open_s3.sum() == 3 and (err_a[open_s3] <= 0.001).all()
     # State from the trace alone equals the measured on every row: the buffers by their dtypes (GPTBigCode's
     # bool causal mask; under zero.Init the YaRN inv_freq and DeepSeek's e_score_correction_bias fp32).
     assert (ok["pred_state_bytes"] == ok["measured_state_bytes"].astype(float)).all()

@@ -568,3 +568,62 @@ def test_stage3_reduces_a_bucket_of_one_gradient_as_a_view(numel, flattens):
     ds.end_backward()
     on_reduce = [e[2] for e in t.events if e[0] == "alloc" and e[3] == sequence._Stage3.REDUCE_STREAM]
     assert on_reduce == [2 * 1002] * flattens
+
+
+def _peak_live(events, stream=0):
+    """The most bytes alive at once among the events' allocations on `stream`."""
+    sizes, live, peak = {}, 0, 0
+    for e in events:
+        if e[0] == "alloc" and e[3] == stream:
+            sizes[e[1]] = e[2]
+            live += e[2]
+            peak = max(peak, live)
+        elif e[0] == "free" and e[1] in sizes:
+            live -= sizes.pop(e[1])
+    return peak
+
+
+@pytest.mark.parametrize("numel, peak_bytes", [(400, 800), (1500, 6000)])
+def test_stage3_keeps_a_gradient_larger_than_the_bucket_until_the_next_hook(numel, peak_bytes):
+    """Three bf16 gradients of `numel` elements, reduce_bucket_size 1000, N = 2. 400 elements fit the
+    bucket: each is copied into it and freed in its hook, so one gradient (800 B) is alive at a time.
+    1,500 do not: DeepSpeed leaves such a gradient where autograd made it, in the bucket's list, until
+    the next gradient's hook reduces the bucket, so the next one (3,000 B) is made beside it: 6,000 B."""
+    from zerocalc.model import ModelSpec
+    model = ModelSpec("three", (numel,) * 3, ((0,), (1,), (2,)))
+    t = sequence._Trace()
+    ds = sequence._Stage3(t, model, setup(3, dp=2, reduce_bucket_size=1000))
+    start = len(t.events)
+    for i in (2, 1, 0):
+        ds.grad_ready(i, numel)
+    ds.end_backward()
+    assert _peak_live(t.events[start:]) == peak_bytes
+    assert alive_bytes(t.events[start:]) == 0
+
+
+def test_stage3_hands_a_leafs_gradients_together_at_its_hook():
+    """A model of a 100-element weight and a stage-3 leaf (an MoE block) of three 100-element ones,
+    bf16, N = 2, reduce_bucket_size 1000. The leaf's gradients wait for its backward hook: the two made
+    first stay alive (400 B) and nothing reaches the bucket until the third is made, then all three
+    go in `parameters()` order. A gradient of another module arriving first ends the leaf's backward:
+    its hook gives the parameters that made none zeros the size of the gathered weight (2 x 200 B)."""
+    from zerocalc.model import ModelSpec
+    scan = (((0,), (0,), False), ((), (1, 2, 3), True))
+    model = ModelSpec("moe", (100,) * 4, ((0,), (1, 2, 3)), leaf_scans=(scan, scan[::-1], scan[::-1]))
+    assert model.stage3_leaves == ((1, 2, 3),)
+    t = sequence._Trace()
+    ds = sequence._Stage3(t, model, setup(3, dp=2, reduce_bucket_size=1000))
+    start = len(t.events)
+    ds.grad_ready(3, 100)
+    ds.grad_ready(2, 100)
+    assert ds.bucket_params == [] and alive_bytes(t.events[start:]) == 400
+    ds.grad_ready(1, 100)
+    assert ds.bucket_params == [1, 2, 3] and alive_bytes(t.events[start:]) == 0
+    t = sequence._Trace()
+    ds = sequence._Stage3(t, model, setup(3, dp=2, reduce_bucket_size=1000))
+    start = len(t.events)
+    ds.grad_ready(3, 100)
+    ds.grad_ready(0, 100)
+    assert ds.bucket_params == [1, 2, 3, 0]
+    made = [e[2] for e in t.events[start:] if e[0] == "alloc"]
+    assert made == [200, 200, 200, 200] and alive_bytes(t.events[start:]) == 0

@@ -1,8 +1,9 @@
 """Stage 3's fetch order against DeepSpeed 0.19.8's own, logged module by module on a CPU rank 0 of a fake
 world (`validate run --backend cpu --fake-world`, matrices validate/matrices/cpu-stage3-order-*.json,
 rows tests/data/cpu-stage3-order.csv): GPT-2 with its dropout, whose checkpointed layers DeepSpeed
-recomputes from the last dropout on, and Mixtral, whose MoE blocks are stage-3 leaves
-(data/README.md, "GPT-2 with its dropout")."""
+recomputes from the last dropout on, Mixtral, whose MoE blocks are stage-3 leaves (data/README.md,
+"GPT-2 with its dropout"), and Llama-3.1-405B, whose layers outgrow the reuse distance (data/README.md,
+"405B and Mixtral at scale")."""
 import json
 import os
 
@@ -55,7 +56,11 @@ def test_stage3_communication_to_the_byte():
     calls the run recorded (its dropouts and leaves with them). Before the
     dropout's mask and the leaf rule were replayed, GPT-2 XL's shape checkpointed was predicted 51,200 B a
     step short (one MLP weight DeepSpeed gathers again) and Mixtral's 12,160 B over (it keeps gathered
-    what a leaf's release reads as used again)."""
+    what a leaf's release reads as used again). Llama-3.1-405B's config scaled down (its MLP weights 87% of
+    the reuse distance, as in the full model) was 1,664 B over, one down projection a layer: DeepSpeed
+    releases a module after its backward, so the down projection whose backward starts the
+    recomputation stays gathered through it (the H200 row of the full model,
+    data/h200-fake-s5-405b-n1024.csv, was 214,695,936 B over, now exact)."""
     pd = pytest.importorskip("pandas")
     pytest.importorskip("torch")
     from validate import hf_models
@@ -63,7 +68,7 @@ def test_stage3_communication_to_the_byte():
     from validate.rows import job_from_row, predicted_state_bytes
     from zerocalc.estimate import estimate
     rows = pd.read_csv(os.path.join(ROOT, "tests", "data", "cpu-stage3-order.csv"))
-    assert len(rows) == 5 and set(rows["nproc"]) == {4, 256} and (rows["stage"] == 3).all()
+    assert len(rows) == 6 and set(rows["nproc"]) == {4, 256, 1024} and (rows["stage"] == 3).all()
     for _, r in rows.iterrows():
         job = job_from_row(r.to_dict())
         recorded, setup = to_zerocalc(job)      # the calls the run recorded (`zerocalc.probe.record`)

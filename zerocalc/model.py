@@ -80,6 +80,14 @@ class ModelSpec:
         return tuple(i for i in range(len(self.param_numels)) if self._trains(i))
 
     @cached_property
+    def stage3_leaves(self) -> tuple[tuple[int, ...], ...]:
+        """The parameters under each stage-3 leaf module (an MoE block, `set_z3_leaf_modules`), in
+        `parameters()` order: DeepSpeed reduces their gradients together, at the leaf's backward hook."""
+        if self.leaf_scans is None:
+            return ()
+        return tuple(dict.fromkeys(under for _, under, leaf in self.leaf_scans[0] if leaf))
+
+    @cached_property
     def num_trainable(self) -> int:
         return sum(self.trainable_numels)
 

@@ -605,10 +605,17 @@ class _Stage3:
         self.offload = setup.offload_optimizer != "none"
         self.param_offload = setup.offload_param != "none"
         self.bucket_fill, self.bucket_params, self.moments = 0, [], None
+        self.bucket_grads = []                  # gradients held in the bucket's list, not its buffer (`_hook`)
         self.gathered, self.calls = {}, {}      # parameter -> its gathered tensor; -> its coalesced call
         self.iterations = 0
         self.cursor = None                      # backward's place in its steps (`_advance`)
         self.cold = self.walk_cold = False      # persistent parameters released, not gathered again (`fetch`)
+        trained = set(self.trained)
+        self.leaf_of = {p: leaf for leaf in (tuple(p for p in under if p in trained) for under in model.stage3_leaves)
+                        for p in leaf}
+        self.leaf_grads = {}                    # a leaf's gradients made, waiting for its hook (`grad_ready`)
+        self.trained_set = trained
+        self.saved = {}                         # released parameters the recomputation saved (`_release`)
 
     def fetch(self, backward: bool) -> None:
         """The parameters' all-gathers and releases of one forward, or the start of one backward's (at
@@ -668,9 +675,20 @@ class _Stage3:
             elif kind == "release":
                 self._release(what)
 
-    def _release(self, p: int) -> None:
+    def _release(self, p: int, recomputed: bool = False) -> None:
+        """Free a gathered parameter. One the recomputation released (`recomputed`) is, for DeepSpeed,
+        released, but its memory lives on until its gradient is made: the recomputed forward saved it
+        for backward, and checkpointing keeps what the recomputation saves as detached aliases of it,
+        which the release's swap of `param.data` does not reach; a later fetch gathers it again
+        beside it (the H200 history of Llama-3.1-405B's shape, `data/snapshots/fake-405b/`: each
+        layer's gate projection, 1.6 GiB, held twice in backward). One whose gradient is made already
+        (the module whose backward started the recomputation) is freed."""
         h = self.gathered.pop(p, None)
-        if h is not None:
+        if h is None:
+            return
+        if recomputed and p in self.trained_set and p not in self.cursor[4]:
+            self.saved[p] = h
+        else:
             self.t.free(h)
 
     def _advance(self) -> None:
@@ -700,8 +718,10 @@ class _Stage3:
                 waits = steps[waiting][3]
                 if not (waits <= ready if waits else ticks > since):
                     break
-                for p in (*steps[waiting][1], *held):
+                for p in steps[waiting][1]:
                     self._release(p)
+                for p in held:
+                    self._release(p, recomputed=True)
                 waiting, held = None, []
             if pos == len(steps):
                 break
@@ -732,8 +752,8 @@ class _Stage3:
             held += release
         for p in (*(steps[waiting][1] if waiting is not None else ()), *held):
             self._release(p)
-        self.t.free(*self.gathered.values())
-        self.gathered, self.cursor = {}, None
+        self.t.free(*self.gathered.values(), *self.saved.values())
+        self.gathered, self.saved, self.cursor = {}, {}, None
         self.cold = self.iterations == 0        # the recording iteration released the persistent ones too
         self.iterations += 1
 
@@ -809,13 +829,48 @@ class _Stage3:
 
     def grad_ready(self, index: int, numel: int, g: int | None = None) -> None:
         """The hook copies the gradient into the ipg bucket (reducing it first when the gradient
-        would overflow it) and frees it."""
+        would overflow it) and frees it. A stage-3 leaf's gradients wait for the leaf's own backward
+        hook, which hands them all, in `parameters()` order, once its last one is made
+        (`create_reduce_and_remove_grad_hooks`' `reduce_leaf_module_grads`; the H200 history of
+        Mixtral-8x7B, `data/snapshots/fake-moe/`: both experts' gradients and both gathered weights
+        alive together, 2.6 GiB at rank 0 of 256)."""
         g = self.t.alloc(self.b * numel) if g is None else g
+        if index in self.saved:                 # its backward, done, let go of the recomputation's alias
+            self.t.free(self.saved.pop(index))
+        leaf = self.leaf_of.get(index)
+        if self.leaf_grads and leaf not in self.leaf_grads:
+            self._leaf_hooks()                  # backward has left the leaf
+        if leaf is None:
+            self._hook(index, numel, g)
+            return
+        made = self.leaf_grads.setdefault(leaf, {})
+        made[index] = g
+        if len(made) == len(leaf):
+            self._leaf_hooks()
+
+    def _leaf_hooks(self) -> None:
+        """A leaf's backward hook: a parameter of it that made no gradient (an expert no token chose)
+        is given zeros the size of the gathered parameter, then each is handed as any other's."""
+        for leaf, made in self.leaf_grads.items():
+            for p in leaf:
+                n = self.model.param_numels[p]
+                self._hook(p, n, made[p] if p in made else self.t.alloc(self.pb[p] * n))
+        self.leaf_grads = {}
+
+    def _hook(self, index: int, numel: int, g: int) -> None:
+        """`reduce_ready_partitions_and_remove_grads` on one gradient (`grad_ready`). A gradient
+        larger than the bucket is not copied into it: it stays where autograd made it, in the
+        bucket's list, until the next gradient's hook reduces the bucket (`__add_grad_to_ipg_bucket`;
+        the H200 history of Llama-3.1-405B's shape at rank 0 of 1,024, `data/snapshots/fake-405b/`:
+        two 1.6 GiB MLP gradients alive together)."""
         if self.bucket_fill + numel > self.setup.reduce_bucket_size and self.bucket_fill:
             self._reduce()
         self.bucket_fill += numel
         self.bucket_params.append(index)
-        self.t.free(g)
+        if self.bucket_fill <= self.setup.reduce_bucket_size:
+            self.t.free(g)
+        else:
+            self.bucket_grads.append(g)
         if self.cursor is not None:
             self.cursor[4].add(index)
             self.cursor[5] += 1
@@ -843,9 +898,12 @@ class _Stage3:
                 t.free(copy)
         if flat is not None:
             t.free(flat)
-        self.bucket_fill, self.bucket_params = 0, []
+        self.t.free(*self.bucket_grads)
+        self.bucket_fill, self.bucket_params, self.bucket_grads = 0, [], []
 
     def end_backward(self, boundary: bool = True) -> None:
+        if self.leaf_grads:
+            self._leaf_hooks()
         self._finish_backward()
         if self.bucket_fill:
             self._reduce()

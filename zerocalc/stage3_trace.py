@@ -134,6 +134,7 @@ def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
     recomputed = (False,) * len(model.trace) + model.recomputed(setup.activation_checkpointing)
     frozen = [t is False for t in model.trainable] if model.trainable else [False] * len(numel)
     held = set()          # frozen parameters the recomputation in progress fetched (`ds_recompute_parameters`)
+    waiting = (None, ())  # (step, parameters) of the backward module whose backward the recomputation serves
     queue = deque((p, step) for step, mod in enumerate(trace) for p in mod)
     marked = {}
     available = set() if cold else {p for p in range(len(numel)) if pers[p]}
@@ -213,6 +214,13 @@ def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
                     elements, occurs = windows[leaf[step]]
                     window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
                     release = [p for p in release if not _occurs_within(occurs.get(p, ()), step, window)]
+        if release and not recomputed[step] and step + 1 < len(trace) and recomputed[step + 1]:
+            # This module's backward needs the recomputation that follows: DeepSpeed releases after a
+            # module's backward, so its parameters stay gathered through the recomputation, whose own
+            # forward of the module then finds them (a CPU rank 0 of 1,024, Llama-3.1-405B's shape scaled
+            # down: its down projection gathered once, not again for the recomputation;
+            # tests/test_stage3_order.py).
+            waiting, release = (step, release), ()
         if recomputed[step]:
             held.update(p for p in mod if frozen[p] and not pers[p])
             if step + 1 == len(trace) or not recomputed[step + 1]:
@@ -220,13 +228,26 @@ def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
                 # with it every frozen parameter the recomputation fetched (partitioned_param_coordinator.py:
                 # `update_recompute_parameters` in `_fetch_sub_module_impl`, `release_sub_module`'s
                 # `recompute_params`, DeepSpeed 0.19.8).
-                release, held = set(release) | held, set()
+                kept_out = _kept_out(waiting, step, windows, leaf, 0 if record else reuse)
+                release, held, waiting = set(release) | held | kept_out, set(), (None, ())
         for p in sorted(release):
             if p in available:
                 available.discard(p)
                 n_available -= numel[p]
                 actions.append(("release", p))
         yield step, actions
+
+
+def _kept_out(waiting: tuple, step: int, windows: dict, leaf: list, reuse: int) -> set:
+    """Of the parameters a backward module held through the recomputation its backward needed
+    (`waiting`: its step and them), those its release at `step`, the recomputation's end, frees: not
+    used again within the reuse distance from there."""
+    start, params = waiting
+    if start is None or reuse <= 0:
+        return set(params)
+    elements, occurs = windows[leaf[start]]
+    window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
+    return {p for p in params if not _occurs_within(occurs.get(p, ()), step, window)}
 
 
 def _occurs_within(later: list[int], step: int, window: int) -> bool:
