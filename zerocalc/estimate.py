@@ -5,7 +5,7 @@ from functools import cached_property
 from zerocalc import activations, calibration, comm, host, peak, reference, states, timing
 from zerocalc.hardware import Hardware
 from zerocalc.model import ModelSpec
-from zerocalc.training import Setup, validate_setup
+from zerocalc.training import Setup, Stage, validate_setup
 
 __all__ = ["COMMON_GPU_MEMORY", "Estimate", "estimate"]
 
@@ -119,6 +119,21 @@ class Estimate:
             at = fits.at_capacity(jobs, expandable, capacity) if near else None
             del jobs
         return peaks, at
+
+    @cached_property
+    def peak_reserved_late_bytes(self) -> int | None:
+        """Reserved where the GPU returns released gathered parameters late: the simulated ranks' jobs
+        replayed with the all-gather stream's frees `fits.LATE_RESERVED_DELAY` allocations after their
+        release (`fits.late_frees`). Stage 3 at N > 1 only, where simulated; None elsewhere. Every
+        stage-3 row measured at N >= 8 lies within 8% of the band between this and `peak_reserved_bytes`
+        (tests/test_fake_world.py, docs/scale.md): which end a run reaches is its timing."""
+        if self.setup.stage != Stage.PARAMETERS or self.setup.dp == 1 or self.simulated_reserved_bytes is None:
+            return None
+        from zerocalc import fits, sequence
+        with sequence.cycle_collector_paused():
+            late = tuple((r, fits.LATE_RESERVED_DELAY, fits.late_frees(pieces, fits.LATE_RESERVED_DELAY))
+                         for r, _, pieces in fits.job_pieces(self.model, self.setup))
+            return fits.unbounded_peaks_bytes(late, self.setup.expandable_segments, every_timing=True)[1]
 
     @property
     def reserved_source(self) -> str:

@@ -25,6 +25,9 @@ from zerocalc.training import Setup
 # on time, then delays spanning the medians (0-15) to the 90th percentiles (3-323) of five runs' histories
 # (data/snapshots/cards-oom/). Each applied to every such free alike: a spread of timings, not one run's.
 GATHER_FREE_DELAYS = (0, 4, 16, 64)
+# The late timing `estimate --explain` quotes reserved at (`Estimate.peak_reserved_late_bytes`): the runs
+# measured at N >= 8 reached at most about it (docs/scale.md).
+LATE_RESERVED_DELAY = GATHER_FREE_DELAYS[1]
 # Training steps a stage-3 job near its card is replayed over (three elsewhere, `sequence.events`): under
 # a cap the retries return segments, so a step can leave the cache other than it found it and a later
 # one run out (the 8B at N = 64 on a 40 GB card ran out in its fourth step, data/h200-cards-40-n64.csv;

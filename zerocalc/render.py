@@ -122,6 +122,14 @@ def _legend(estimates) -> list[str]:
                              if sources == {"simulated"} else "allocated × the reserved/allocated ratio measured "
                              "on H200" if sources == {"ratio"} else "simulated from the allocation sequence "
                              "where it is generated, a measured ratio elsewhere") + " (docs/reserved-memory.md)."]
+    for e in estimates:
+        late = e.peak_reserved_late_bytes
+        if late is not None:
+            from zerocalc.fits import LATE_RESERVED_DELAY    # simulated: the replay is imported already
+            lines += [f"stage {e.setup.stage:d}: reserved {gib(late):.2f} GiB where the GPU returns released gathered "
+                      f"parameters {LATE_RESERVED_DELAY} allocations late;",
+                      "  runs measured at N >= 8 reserved within 8% of the range from the reserved column to that, "
+                      "by their timing (docs/scale.md)."]
     return lines
 
 
