@@ -102,6 +102,20 @@ def test_the_node_holds_its_ranks():
     assert e.host_node_bytes == 4 * e.host.peak_bytes
 
 
+def test_estimate_puts_a_named_gpus_preset_node_on_each_host():
+    """`estimate --dp 64 --gpu h100`: 64 ranks on H100 hosts of 8 (the preset's node, as `plan` and the
+    step time's inter-node test take it), so a host holds 8 ranks, not 64; --nodes/--gpus-per-node say
+    otherwise when given; without a GPU nothing names a node, and all N share one host as before."""
+    base = ["estimate", "--params", "7e9", "--stage", "3", "--offload-optimizer", "cpu", "--format", "json"]
+    ranks = lambda args: json.loads(_fits(base + args))["estimates"][0]["host"]["ranks_per_node"]  # noqa: E731
+    assert ranks(["--dp", "64", "--gpu", "h100"]) == 8
+    assert ranks(["--dp", "4", "--gpu", "h100"]) == 4
+    assert ranks(["--nodes", "2", "--gpus-per-node", "32", "--gpu", "h100"]) == 32
+    assert ranks(["--dp", "64"]) == 64
+    d = json.loads(_fits(base + ["--dp", "64", "--gpu", "h100"]))["estimates"][0]
+    assert d["host"]["node_bytes"] == 8 * d["host"]["peak_bytes"]
+
+
 def _fits(args):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output

@@ -569,7 +569,10 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     elif any(x is not None for x in (peak_tflops, intra_node_gbps, inter_node_gbps)):
         raise click.UsageError("--peak-tflops and the bandwidth flags need --gpu")
     host_memory, host_note = _host_memory(host_memory, hw)
-    ranks_per_node = -(-setups[0].dp // opts["nodes"])
+    # Ranks per host: as --nodes says, else, on a named GPU, its preset's node (as `plan` and the step
+    # time's inter-node test take it: N = 512 on H200s is 64 hosts of 8, not one of 512)
+    ranks_per_node = -(-setups[0].dp // opts["nodes"]) if explicit("nodes") or explicit("gpus_per_node") or hw is None \
+        else min(setups[0].dp, hw.gpus_per_node)
     estimates = [estimate(spec, s, gpu_memory, cal, hw, host_memory_bytes=host_memory, ranks_per_node=ranks_per_node)
                  for s in setups]
     for note in resolve.notes(spec, setups, timed=hw is not None):
