@@ -209,11 +209,8 @@ def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
                     n_available += size
             # Release after the module runs, unless the reuse rule keeps it.
             if mod:
-                release = [p for p in mod if not pers[p] and get(p, -1) <= step + 1]
-                if release and reuse > 0:
-                    elements, occurs = windows[leaf[step]]
-                    window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
-                    release = [p for p in release if not _occurs_within(occurs.get(p, ()), step, window)]
+                release = _not_reused([p for p in mod if not pers[p] and get(p, -1) <= step + 1], step,
+                                      windows[leaf[step]], reuse)
         if release and not recomputed[step] and step + 1 < len(trace) and recomputed[step + 1]:
             # This module's backward needs the recomputation that follows: DeepSpeed releases after a
             # module's backward, so its parameters stay gathered through the recomputation, whose own
@@ -228,8 +225,9 @@ def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
                 # with it every frozen parameter the recomputation fetched (partitioned_param_coordinator.py:
                 # `update_recompute_parameters` in `_fetch_sub_module_impl`, `release_sub_module`'s
                 # `recompute_params`, DeepSpeed 0.19.8).
-                kept_out = _kept_out(waiting, step, windows, leaf, 0 if record else reuse)
-                release, held, waiting = set(release) | held | kept_out, set(), (None, ())
+                start, params = waiting     # its release, at the recomputation's end
+                kept_out = params if record or start is None else _not_reused(params, step, windows[leaf[start]], reuse)
+                release, held, waiting = set(release) | held | set(kept_out), set(), (None, ())
         for p in sorted(release):
             if p in available:
                 available.discard(p)
@@ -238,16 +236,15 @@ def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
         yield step, actions
 
 
-def _kept_out(waiting: tuple, step: int, windows: dict, leaf: list, reuse: int) -> set:
-    """Of the parameters a backward module held through the recomputation its backward needed
-    (`waiting`: its step and them), those its release at `step`, the recomputation's end, frees: not
-    used again within the reuse distance from there."""
-    start, params = waiting
-    if start is None or reuse <= 0:
-        return set(params)
-    elements, occurs = windows[leaf[start]]
+def _not_reused(params, step: int, window_of: tuple, reuse: int) -> list:
+    """Of `params`, released by the module at `step`, those the reuse rule frees: not occurring again
+    before the first later module at which the modules after `step` add up to `reuse` elements
+    (`window_of`: the elements before each module and each parameter's steps, `_walk`'s `windows`)."""
+    if not params or reuse <= 0:
+        return list(params)
+    elements, occurs = window_of
     window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
-    return {p for p in params if not _occurs_within(occurs.get(p, ()), step, window)}
+    return [p for p in params if not _occurs_within(occurs.get(p, ()), step, window)]
 
 
 def _occurs_within(later: list[int], step: int, window: int) -> bool:
