@@ -209,8 +209,9 @@ def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
                     n_available += size
             # Release after the module runs, unless the reuse rule keeps it.
             if mod:
-                release = _not_reused([p for p in mod if not pers[p] and get(p, -1) <= step + 1], step,
-                                      windows[leaf[step]], reuse)
+                release = [p for p in mod if not pers[p] and get(p, -1) <= step + 1]
+                if release and reuse > 0:
+                    release = _not_reused(release, step, windows[leaf[step]], reuse)
         if release and not recomputed[step] and step + 1 < len(trace) and recomputed[step + 1]:
             # This module's backward needs the recomputation that follows: DeepSpeed releases after a
             # module's backward, so its parameters stay gathered through the recomputation, whose own
