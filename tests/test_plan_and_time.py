@@ -71,6 +71,61 @@ def test_element_wise_traffic_by_hand():
         assert t.backward_s == pytest.approx(2 * (flops / (0.5 * 989e12) + 2 * traffic / 3.35e12) + rebuilt)
 
 
+def test_the_loss_path_and_backward_have_their_own_traffic_passes():
+    # the same model with mu = 2 passes over the layers' bytes in forward, mu_b = 3 in backward, lambda = 1
+    # and lambda_b = 0.5 over the loss path's 10·V bytes per token; recomputation writes the layers' again at mu
+    a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
+    spec = from_architecture(a)
+    tokens = 2 * 2048
+    flops = 2 * (spec.num_params - 32000 * 4096) * tokens + 4 * 32 * 4096 * 2048 * tokens
+    recompute_flops = 2 * 32 * (4 * 4096 * 4096 + 2 * 4096 * 11008 + 2 * 4096) * tokens + 4 * 32 * 4096 * 2048 * tokens
+    layers = 32 * 2 * tokens * (10 * 4096 + 2 * 4096 + 4 * 11008)
+    loss = 10 * tokens * 32000
+    cal = with_time(activation_passes=2.0, backward_activation_passes=3.0, loss_passes=1.0, loss_passes_backward=0.5)
+    for ck in (False, True):
+        s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype="bf16", activation_checkpointing=ck)
+        t = estimate(spec, s, cal=cal, hardware=gpu("h100")).time
+        assert t.forward_s == pytest.approx(flops / (0.5 * 989e12) + (2 * layers + 1 * loss) / 3.35e12)
+        rebuilt = recompute_flops / (0.5 * 989e12) + 2 * layers / 3.35e12 if ck else 0.0
+        assert t.backward_s == pytest.approx(2 * flops / (0.5 * 989e12) + (3 * layers + 0.5 * loss) / 3.35e12 + rebuilt)
+
+
+def test_a_head_with_an_unaligned_vocabulary_runs_at_its_own_efficiency():
+    # 32,001 rows of bf16 are not a multiple of 8: the head's matmul, 2·T·h·V FLOPs forward and twice that
+    # backward, at 0.1 of peak instead of 0.5; 32,000 rows (and 32,004 in fp32, 4 to 16 bytes) run as before
+    cal = with_time(unaligned_head_efficiency=0.1)
+    tokens = 2 * 2048
+    head = 2 * tokens * 4096 * 32001
+    times = {}
+    for vocab, dtype in ((32001, "bf16"), (32000, "bf16"), (32004, "fp32"), (32001, "fp32")):
+        spec = from_architecture(A.Architecture("hf-llama", vocab, 4096, 32, 32, 32, 11008, False))
+        s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype=dtype)
+        times[vocab, dtype] = (estimate(spec, s, cal=cal, hardware=gpu("h100")).time,
+                               estimate(spec, s, cal=CAL, hardware=gpu("h100")).time)
+    t, aligned = times[32001, "bf16"]
+    extra = head / 989e12 * (1 / 0.1 - 1 / 0.5)
+    assert t.forward_s == pytest.approx(aligned.forward_s + extra)
+    assert t.backward_s == pytest.approx(aligned.backward_s + 2 * extra)
+    for key in ((32000, "bf16"), (32004, "fp32")):
+        t, aligned = times[key]
+        assert (t.forward_s, t.backward_s) == (aligned.forward_s, aligned.backward_s)
+    t, aligned = times[32001, "fp32"]
+    assert t.forward_s > aligned.forward_s
+
+
+def test_stage_2_gradient_hooks_cost_the_host_beside_backward_and_the_device_their_copies():
+    # device-bound (no host constants): each gradient is read and written into its bucket, 2 bytes each
+    # way in bf16, at mu = 2 passes; host-bound (1 s per hook): the hooks are the backward
+    spec = from_architecture(A.preset("llama-2-7b"))
+    s = Setup(stage=Stage.GRADIENTS, dp=1, micro_batch=1, seq_len=1024, dtype="bf16")
+    plain = estimate(spec, Setup(stage=Stage.DISABLED, dp=1, micro_batch=1, seq_len=1024, dtype="bf16"),
+                     cal=with_time(activation_passes=2.0), hardware=gpu("h100")).time
+    t = estimate(spec, s, cal=with_time(activation_passes=2.0), hardware=gpu("h100")).time
+    assert t.backward_s == pytest.approx(plain.backward_s + 2 * (2 * 2 * spec.num_params) / 3.35e12)
+    hooked = estimate(spec, s, cal=with_time(grad_hook_s=1.0), hardware=gpu("h100")).time
+    assert hooked.backward_s == pytest.approx(len(spec.param_numels) * 1.0)   # 291 tensors: host-bound
+
+
 def test_checkpointing_costs_the_host_in_forward():
     # host-bound: forward = L·(1 s launches + 0.5 s checkpoint hooks) with checkpointing, L·1 s without
     a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)

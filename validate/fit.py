@@ -32,9 +32,13 @@ Constants (all named in the calibration JSON):
   `time.host_launch_s_fitted`, the rows' median host launch cost; a row probed before each timed step
   is fitted at its own (`rows.measured_host_launch_s`), of which the share `host_launch_share` of the
   host-side time follows (`timing.host_scale`; only the probed rows set it).
+  Measured, not fitted: HF Trainer's own loop (`trainer_host_constants`) and the device's constants
+  (`device_constants`: the traffic passes and an unaligned head's efficiency, from forwards and backwards
+  timed without DeepSpeed, data/h200-kernel-time.jsonl, the matmuls at `matmul_ceiling`).
 """
 import hashlib
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -154,6 +158,88 @@ def trainer_host_constants(rows: pd.DataFrame, cal: dict) -> dict:
             "trainer_zero_grad_s_per_tensor": float(f"{np.median(zero_grad):.4g}"), "trainer_rows": len(loop)}
 
 
+KERNEL_TIME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "h200-kernel-time.jsonl")
+# What `device_constants` measures, held as measured in the time fit
+DEVICE_CONSTANTS = ("efficiency", "activation_passes", "loss_passes", "backward_activation_passes", "loss_passes_backward",
+                    "unaligned_head_efficiency", "grad_copy_passes")
+# Stage-2 jobs timed beside the same models' plain backwards (`grad_copy_passes`)
+STAGE2_BESIDE_KERNEL_TIME = os.path.join(os.path.dirname(KERNEL_TIME), "h200-hf-types-timed.csv")
+
+
+def dense_and_fused(cfg: dict) -> bool:
+    """Whether a model runs only what the device term counts: dense matmuls (no MoE's grouped expert
+    matmuls) and attention in a fused kernel (no ALiBi bias). OLMoE's experts and Falcon-RW's ALiBi ran
+    29% and 16% slower than it (data/h200-kernel-time.jsonl): the device term has no cost for those
+    operators yet. Attention dropout costs little (StarCoder2's 0.1: -2%; Granite's: 4 of 55 ms)."""
+    from validate import hf_models
+    alibi = cfg.get("alibi") or cfg.get("model_type") in ("bloom", "mpt") or cfg.get("position_embedding_type") == "alibi"
+    return not (hf_models.moe_dims(cfg) or alibi)
+
+
+def device_constants(efficiency: float, path: str = KERNEL_TIME) -> dict:
+    """The device's traffic constants (`timing.phase_times`: μ, λ, μ_b, λ_b and an unaligned head's
+    efficiency) from forwards and backwards timed alone on the GPU without DeepSpeed
+    (`validate/gpu/kernel_time.py`: synchronized wall times of device-bound phases), by least squares on
+    the relative error over the `dense_and_fused` models, the matmuls at `efficiency` (`matmul_ceiling`:
+    with it free the rows cannot tell it from the traffic, 0.70-0.80 fit them alike):
+    forward = F/(η·peak) + H·(1/η_u - 1/η) + (μ·M_layers + λ·M_loss)/hbm, backward = B/(η·peak)
+    + 2·H·(1/η_u - 1/η) + (μ_b·M_layers + λ_b·M_loss + μ·M_recomputed)/hbm. {} without the file."""
+    from validate import hf_models
+    from validate.jobs import make_hf_job
+    from zerocalc.hardware import gpu
+    if not os.path.exists(path):
+        return {}
+    a, b = [], []
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    for r in rows:
+        if "error" in r or not dense_and_fused(hf_models.load_config(r["hf"]["config"], r["hf"].get("overrides"))[1]):
+            continue
+        job = make_hf_job(r["hf"], 1, stage=0, micro_batch=r["micro_batch"], seq_len=r["seq_len"],
+                          activation_checkpointing=r["checkpointing"], dtype="bf16")
+        spec, setup = to_zerocalc(job)
+        x = features(hf_models.traced_spec(job), setup, [], gpu("h200"))
+        layers, loss, head = x["traffic_at_hbm_s"], x["loss_traffic_at_hbm_s"], x["unaligned_head_at_peak_s"]
+        a += [[x["forward_at_peak_s"], layers, loss, 0.0, 0.0, head],
+              [x["backward_at_peak_s"], x["recompute_traffic_at_hbm_s"], 0.0, layers, loss, 2 * head]]
+        b += [r["forward"]["wall_s"], r["backward"]["wall_s"]]
+    a, b = np.array(a), np.array(b)
+    c, *_ = np.linalg.lstsq(a[:, 1:] / b[:, None], 1 - a[:, 0] / efficiency / b, rcond=None)
+    err = np.abs((a[:, 0] / efficiency + a[:, 1:] @ c) / b - 1)
+    out = {"efficiency": round(efficiency, 4), **{n: round(float(v), 3) for n, v in zip(DEVICE_CONSTANTS[1:5], c[:4])}}
+    if a[:, 5].any():
+        out["unaligned_head_efficiency"] = round(float(1 / (c[4] + 1 / efficiency)), 4)
+    copies = grad_copy_passes(rows)
+    return out | ({"grad_copy_passes": copies} if copies else {}) | {"device_rows": len(b),
+                                                                  "device_mean_abs_error": round(float(err.mean()), 4)}
+
+
+def grad_copy_passes(kernel_rows: list[dict], path: str = STAGE2_BESIDE_KERNEL_TIME) -> float | None:
+    """HBM passes of the stage-2 gradient hooks' device work over its 2·b·P bytes (each gradient read
+    and written into its bucket; the bucket's scaling and reduction pass over it again): the median over
+    the stage-2 jobs at N = 1 without checkpointing of their backward less the same model's plain
+    backward (`kernel_rows`, same tokens), over `grad_hook_at_hbm_s`. None without such pairs."""
+    from validate import hf_models
+    if not os.path.exists(path):
+        return None
+    def config(hf: dict) -> str:
+        return json.dumps(hf_models.load_config(hf["config"], hf.get("overrides"))[1], sort_keys=True)
+    plain = {(config(r["hf"]), r["micro_batch"], r["seq_len"]): r["backward"]["wall_s"]
+             for r in kernel_rows if "error" not in r and not r["checkpointing"]}
+    passes = []
+    df = load([path])
+    for _, r in df[(df["outcome"] == "ok") & (df["stage"].astype(int) == 2) & (df["nproc"].astype(int) == 1)
+                   & ~df["activation_checkpointing"].astype(bool)].iterrows():
+        job = job_from_row(r.to_dict())
+        key = (json.dumps(job["hf"]["config"], sort_keys=True), job["micro_batch"], job["seq_len"])
+        if key not in plain:
+            continue
+        spec, setup = to_zerocalc(job)
+        x = features(hf_models.traced_spec(job), setup, [], h200_of(r.to_dict(), 1))
+        passes.append((float(r["measured_backward_s"]) - plain[key]) / x["grad_hook_at_hbm_s"])
+    return round(float(np.median(passes)), 2) if passes else None
+
+
 def typical_host_launch_s(rows: pd.DataFrame) -> float:
     """The fitted hosts' launch cost, which the host-side constants are at: the median over the rows of
     each row's per-step probes, or the probe before its timed steps where it has none (noisy for one
@@ -181,6 +267,7 @@ def fit_time(train: pd.DataFrame, cal: dict | None = None, fixed: dict | None = 
     k = fit_constants(time_features(train, cal), measured, ceiling, fixed)
     rounded = {name: (round(v, 4) if name in _SHARES or name == "efficiency" else float(f"{v:.4g}")) for name, v in k.items()
                if not isinstance(v, dict)}
+    rounded.update({name: v for name, v in (fixed or {}).items() if name in DEVICE_CONSTANTS})
     rounded.update({name: {c: float(f"{x:.4g}") for c, x in k[name].items()}
                     for name in _PER_CLASS})
     return rounded | {"efficiency_max": round(ceiling, 4), "rows": int(len(train))}
@@ -192,8 +279,9 @@ def fit_time_section(train: pd.DataFrame, cal: dict) -> dict:
     launch_s = float(f"{typical_host_launch_s(train):.4g}")
     at = {**cal, "time": {k: v for k, v in cal["time"].items() if k != "host_launch_s"} | {"host_launch_s_fitted": launch_s}}
     trainer = trainer_host_constants(train, at)
-    fixed = {k: v for k, v in trainer.items() if k != "trainer_rows"}
-    return fit_time(train, at, fixed) | trainer | {"host_launch_s_fitted": launch_s}
+    device = device_constants(matmul_ceiling(train))
+    fixed = {k: v for k, v in (trainer | device).items() if k not in ("trainer_rows", "device_rows", "device_mean_abs_error")}
+    return fit_time(train, at, fixed) | trainer | device | {"host_launch_s_fitted": launch_s}
 
 
 def matmul_ceiling(rows: pd.DataFrame) -> float:
@@ -210,8 +298,12 @@ def matmul_ceiling(rows: pd.DataFrame) -> float:
 
 
 def fit_constants(feats: list[dict], measured: np.ndarray, efficiency_max: float = 1.0, fixed: dict | None = None) -> dict:
-    """`zerocalc.calibrate.fit_constants`: every time constant, from its usual start."""
-    return calibrate.fit_constants(feats, measured, efficiency_max, fixed)
+    """`zerocalc.calibrate.fit_constants`: every time constant but the `fixed` ones, from its usual start."""
+    fixed = fixed or {}
+    free = tuple(n for n in calibrate.PARAMS if n not in fixed)
+    start = {**calibrate.START, "efficiency": min(calibrate.START["efficiency"], efficiency_max / 2),
+             **{n: v for n, v in fixed.items() if n in calibrate.PARAMS}}
+    return calibrate.fit_constants(feats, measured, efficiency_max, fixed, free=free, start=start)
 
 
 def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:

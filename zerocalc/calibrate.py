@@ -15,12 +15,14 @@ import numpy as np
 from zerocalc.timing import STEP_CLASSES, phase_times, whole_step_s
 
 # The time constants, fitted in log space (all positive); the shares through a logistic (0 < ε, φ ≤ 1).
-SCALARS = ("efficiency", "activation_passes", "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "launch_s_per_op",
+SCALARS = ("efficiency", "activation_passes", "backward_activation_passes", "loss_passes", "loss_passes_backward",
+           "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "launch_s_per_op",
            "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s",
            "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s",
            "host_launch_share")
 SHARES = ("link_efficiency", "host_launch_share", "inter_node_link_efficiency")
-START = {"efficiency": 0.45, "activation_passes": 1.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
+START = {"efficiency": 0.45, "activation_passes": 1.0, "backward_activation_passes": 2.0, "loss_passes": 1.0,
+         "loss_passes_backward": 2.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
          "launch_s_per_op": 1e-5,
          "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5,
          "grad_hook_s": 3e-5, "grad_move_s": 3e-5,
@@ -173,6 +175,8 @@ ERROR_MAX = 0.5         # a constant the rows leave more uncertain than ±50% is
 # Rows that would determine each time constant, said beside one kept for want of them.
 NEEDS = {"efficiency": "device-bound rows (large models, long sequences)",
          "activation_passes": "device-bound rows (large models, long sequences)",
+         "backward_activation_passes": "device-bound rows", "loss_passes": "device-bound rows of models with large "
+         "vocabularies", "loss_passes_backward": "device-bound rows of models with large vocabularies",
          "launch_fwd_s_per_layer": "host-bound rows (small models)", "launch_bwd_s_per_layer": "host-bound rows",
          "launch_s_per_op": "host-bound rows of several models", "checkpoint_fwd_s_per_layer": "rows with activation "
          "checkpointing", "module_hook_s": "stage-3 rows", "gather_call_s": "stage-3 rows at N > 1",

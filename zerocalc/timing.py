@@ -2,13 +2,16 @@
 optimizer step), each the slower of what the GPU must compute and what the host must issue, plus
 what waits on communication:
 
-    forward   = max(F_fwd / (η·peak) + μ·M / hbm, host issue time) + stage-3 gather calls + exposed wire
-    backward  = the same with backward's FLOPs, traffic and operators (and the recomputation)
+    forward   = max(F_fwd / (η·peak) + (μ·M_layers + λ·M_loss) / hbm, host issue time)
+                + stage-3 gather calls + exposed wire
+    backward  = the same with backward's FLOPs, traffic (μ_b, λ_b) and operators (and the recomputation;
+                at stage 2 each gradient's copy into its bucket: device traffic, its hook: host time)
     step      = t_step[stage] + t_element[stage]·elements + t_tensor[stage]·n_tensors + wire
     step_s    = GAS·(forward + backward) + exposed reduction + step  (+ offload, + HF Trainer's loop)
 
-The constants are fitted on H200 runs (`python -m validate fit`, `zerocalc/calibration/h200.json`)
-and scaled to the host's launch cost (`host_scale`). The full formulas, every term's derivation
+The device constants (η, μ, λ, μ_b, λ_b) are measured on forwards and backwards run without DeepSpeed
+(`validate/gpu/kernel_time.py`, data/h200-kernel-time.jsonl); the others are fitted on H200 runs
+(`python -m validate fit`, `zerocalc/calibration/h200.json`) and scaled to the host's launch cost (`host_scale`). The full formulas, every term's derivation
 (FLOPs with non-reentrant checkpointing, HBM traffic, host dispatch, stage-3 gathers, overlap_comm,
 offload, HF Trainer) and the measurements behind each are in docs/step-time.md; the accuracy on the
 H200 rows is in docs/accuracy.md.
@@ -21,7 +24,7 @@ from functools import lru_cache
 from zerocalc import activations, calibration, stage3_trace
 from zerocalc.hardware import Hardware
 from zerocalc.partition import partition
-from zerocalc.training import Stage
+from zerocalc.training import DTYPE_BYTES, Stage
 
 STEP_CLASSES = ("stage0", "stage12", "stage3")
 
@@ -125,11 +128,23 @@ def optimizer_elements(model, setup) -> int:
 
 
 def activation_traffic_bytes(model, setup, cal: dict | None = None) -> tuple[float, float]:
-    """(M above, its layers' part): what one micro-step's forward writes outside the matmuls,
-    checkpointing or not, and the part of it recomputation writes again (the layers, not the loss path)."""
+    """(the layers' part of M above, the loss path's): what one micro-step's forward writes outside the
+    matmuls, checkpointing or not. The layers' part is also what recomputation writes again; the loss
+    path (the head's logits, their fp32 copy, log-softmax) writes 10 bytes per token per vocabulary entry."""
     full = activations.breakdown(model, replace(setup, activation_checkpointing=False), cal)
     tokens = setup.micro_batch * setup.seq_len
-    return full.layers_bytes + 10 * tokens * model.architecture.vocab_size, full.layers_bytes
+    return full.layers_bytes, 10 * tokens * model.architecture.vocab_size
+
+
+def unaligned_head_flops(model, setup) -> float:
+    """The forward's head matmul (2·T·h·V) where the vocabulary is not a multiple of 16 bytes' worth of
+    elements: cuBLAS cannot run it on its aligned tensor-core kernels (Granite-3.0's 49,155-row head took
+    13.6 ms more per forward at 4 × 2048 than the same model with 49,152 rows; data/h200-kernel-time.jsonl).
+    0 for an aligned vocabulary."""
+    a = model.architecture
+    if a.vocab_size % (16 // DTYPE_BYTES[setup.dtype]) == 0:
+        return 0.0
+    return 2 * setup.micro_batch * setup.seq_len * a.hidden_size * a.vocab_size
 
 
 def inter_node(setup, hw: Hardware) -> bool:
@@ -167,14 +182,16 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         elif not s3:
             by["reduce"] += c.wire_bytes
     gas = setup.gas
-    traffic, layers_traffic = activation_traffic_bytes(model, setup, cal)
+    layers_traffic, loss_traffic = activation_traffic_bytes(model, setup, cal)
     ops_fwd, ops_bwd = dispatched_ops(model, setup)
     return {
         "gas": gas,
         "inter_node": 1 if inter_node(setup, hw) else 0,
         "forward_at_peak_s": fwd / hw.peak_flops_per_s,
         "backward_at_peak_s": bwd / hw.peak_flops_per_s,
-        "traffic_at_hbm_s": traffic / hw.hbm_bytes_per_s,
+        "traffic_at_hbm_s": layers_traffic / hw.hbm_bytes_per_s,
+        "loss_traffic_at_hbm_s": loss_traffic / hw.hbm_bytes_per_s,
+        "unaligned_head_at_peak_s": unaligned_head_flops(model, setup) / hw.peak_flops_per_s,
         "recompute_traffic_at_hbm_s": layers_traffic / hw.hbm_bytes_per_s if ck else 0.0,
         "recompute": 1 if ck else 0,
         "layer_passes_fwd": model.architecture.num_layers,
@@ -196,6 +213,9 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         # step, unless overlap_comm puts it on ZeRO-2's path (stage_1_and_2.py:2290)
         "grad_hooks": len(model.trainable_numels) if setup.stage == Stage.GRADIENTS or stage12_overlap else 0,
         "grad_moves": len(model.trainable_numels) if setup.stage == Stage.OPTIMIZER_STATES and not stage12_overlap else 0,
+        # ... and each hooked gradient is read and written into its bucket on the device
+        "grad_hook_at_hbm_s": (2 * setup.grad_accum_bytes * model.num_trainable / hw.hbm_bytes_per_s
+                               if setup.stage == Stage.GRADIENTS or stage12_overlap else 0.0),
         # the optimizer step walks every parameter tensor in Python (module docstring)
         "param_tensors": len(model.trainable_numels),
         # HF Trainer's loop: per micro-step, and its zero_grad over the parameters per optimizer step
@@ -298,20 +318,28 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     """(forward, backward per micro-step, optimizer step, what else waits once per step: the exposed
     reduce, stage 1's gradient moves, HF Trainer's loop) in seconds from `features` and the time
     constants `k` (the calibration's "time" section)."""
-    eff, mu = link_efficiency(f, k), k.get("activation_passes", 0.0)
+    eff = link_efficiency(f, k)
+    mu, mu_b, lam, lam_b = traffic_passes(k)
     h = host_scale(f["host_launch_ratio"], k)   # the host-side constants below are the fitted hosts'; h × on this host
     t_op = k.get("launch_s_per_op", 0.0)
+    layers_traffic, loss_traffic = f["traffic_at_hbm_s"], f["loss_traffic_at_hbm_s"]
     host_fwd = h * (f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"] + f["ops_fwd"] * t_op + f["modules_fwd"] * k["module_hook_s"]
                     + f["recompute"] * f["layer_passes_fwd"] * k.get("checkpoint_fwd_s_per_layer", 0.0))
-    forward = max(f["forward_at_peak_s"] / k["efficiency"] + mu * f["traffic_at_hbm_s"], host_fwd) \
+    # an unaligned head's matmuls at their own efficiency: forward's one, backward's two (input and weight)
+    unaligned = f["unaligned_head_at_peak_s"] * (1 / k["unaligned_head_efficiency"] - 1 / k["efficiency"]) \
+        if k.get("unaligned_head_efficiency") else 0.0
+    forward = max(f["forward_at_peak_s"] / k["efficiency"] + unaligned + mu * layers_traffic + lam * loss_traffic,
+                  host_fwd) \
         + h * f["gathers_fwd"] * k["gather_call_s"] + f["gather_fwd_at_link_s"] / eff
-    backward = max(f["backward_at_peak_s"] / k["efficiency"]
-                   + mu * (2 * f["traffic_at_hbm_s"] + f["recompute_traffic_at_hbm_s"]),
+    # A stage-2 gradient's hook copies it into the bucket on the device and spends its Python on the host
+    # while earlier kernels run (a 1B model's 145 hooks added 4.4 ms to a 75 ms backward, not 15:
+    # data/h200-kernel-time.jsonl beside data/h200-hf-types-timed.csv).
+    backward = max(f["backward_at_peak_s"] / k["efficiency"] + 2 * unaligned + mu_b * layers_traffic + lam_b * loss_traffic
+                   + mu * f["recompute_traffic_at_hbm_s"] + k.get("grad_copy_passes", mu) * f["grad_hook_at_hbm_s"],
                    h * (f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["ops_bwd"] * t_op
                         + f["recompute"] * f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"]
-                        + f["modules_bwd"] * k["module_hook_s"])) \
-        + h * (f["gathers_bwd"] * k["gather_call_s"] + f["grad_hooks"] * k["grad_hook_s"]) \
-        + f["gather_bwd_at_link_s"] / eff
+                        + f["modules_bwd"] * k["module_hook_s"] + f["grad_hooks"] * k["grad_hook_s"])) \
+        + h * f["gathers_bwd"] * k["gather_call_s"] + f["gather_bwd_at_link_s"] / eff
     optimizer = k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"] \
         + h * k.get("optimizer_s_per_tensor", {}).get(f["step_class"], 0.0) * f["param_tensors"]
     t0 = h * k["step_overhead_s"][f["step_class"]]
@@ -330,6 +358,16 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
         # device idle.
         reduce = max(0.0, reduce - f["overlap_passes"] * backward) + t0
     return forward, backward, step, reduce + h * f["grad_moves"] * k["grad_move_s"] + trainer_host_s(f, k)
+
+
+def traffic_passes(k: dict) -> tuple[float, float, float, float]:
+    """(μ, μ_b, λ, λ_b): HBM passes per byte the forward writes outside the matmuls, of the layers' bytes
+    in forward and backward and of the loss path's (the logits in fp32, log-softmax: fewer passes per byte
+    than a layer's norms and activations). Where a calibration has only μ: backward twice forward, the
+    loss path as the layers."""
+    mu = k.get("activation_passes", 0.0)
+    lam = k.get("loss_passes", mu)
+    return mu, k.get("backward_activation_passes", 2 * mu), lam, k.get("loss_passes_backward", 2 * lam)
 
 
 def trainer_host_s(f: dict, k: dict) -> float:
