@@ -64,13 +64,15 @@ def test_calibrate_on_the_committed_rows_gives_back_the_committed_constants(comm
     """On the rows `python -m validate fit` fitted (its training split: every configuration but the
     held-out quarter), started from the validator's usual start, not from the answer: each constant
     the rows determine comes back within its fit error (one standard error); the two they leave
-    uncertain are kept at the committed value."""
+    uncertain are kept at the committed value. The device's constants held as that fit holds them
+    (measured without DeepSpeed, `validate.fit.device_constants`)."""
     pytest.importorskip("pandas")
-    from validate.fit import held_out
+    from validate.fit import DEVICE_CONSTANTS, held_out
     rows, raw = committed
     train = [r for r in rows if not held_out(raw[r.where])]
     shipped = calibration.default()
-    result = calibrate.calibrate(train, shipped, FITTED_ON, start={**calibrate.START, "efficiency": 0.45})
+    held = tuple(n for n in DEVICE_CONSTANTS if n in calibrate.PARAMS)
+    result = calibrate.calibrate(train, shipped, FITTED_ON, start={**calibrate.START, "efficiency": 0.45}, held=held)
     time = [f for f in result.fitted if f.name.startswith("time.")]
     assert len(time) >= 20
     for f in time:
@@ -144,11 +146,16 @@ def test_a_users_rows_fit_what_they_determine_and_keep_the_rest(tmp_path):
     fitted, kept = cal["calibrated"]["fitted"], cal["calibrated"]["kept"]
     assert "time.efficiency" in fitted and "time.module_hook_s" in kept and "time.host_adam_elements_per_s" in kept
     assert "stage-3 rows" in kept["time.module_hook_s"] and "Kept at the shipped" in r.output
-    # one factor for what these rows cannot tell apart: every time constant they move, × 1.25
-    assert fitted["time.launch_fwd_s_per_layer"]["scaled_with"] == "time.launch_bwd_s_per_layer"
+    # a slower device: the efficiency down, the device's passes per byte up by the same factor (tied: step
+    # times cannot tell them apart); the host's constants up (these rows fit exactly with several
+    # splits of the 25% between the per-layer and per-operator costs, so not each × 1.25)
+    factor = fitted["time.efficiency"]["shipped"] / fitted["time.efficiency"]["value"]
+    assert 1.1 < factor < 1.3
+    for name in ("activation_passes", "backward_activation_passes"):   # the loss path's moves none of these rows
+        assert fitted[f"time.{name}"]["scaled_with"] == "time.efficiency"
+        assert fitted[f"time.{name}"]["value"] == pytest.approx(factor * fitted[f"time.{name}"]["shipped"], rel=0.001)
     for name in ("launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "launch_s_per_op", "grad_hook_s"):
-        assert fitted[f"time.{name}"]["value"] == pytest.approx(1.25 * fitted[f"time.{name}"]["shipped"], rel=0.01)
-    assert fitted["time.efficiency"]["value"] == pytest.approx(calibration.default()["time"]["efficiency"] / 1.25, rel=0.01)
+        assert 1.0 < fitted[f"time.{name}"]["value"] / fitted[f"time.{name}"]["shipped"] < 1.35
     assert all(k in r.output for k in fitted) and all(k in r.output for k in kept)
     for name, f in fitted.items():
         assert {"value", "shipped", "rows", "relative_error"} <= set(f) and f["rows"] >= calibrate.MIN_ROWS

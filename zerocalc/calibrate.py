@@ -340,19 +340,38 @@ def _round(name: str, v: float) -> float:
     return round(v, 4) if name in SHARES or name == "efficiency" else float(f"{v:.4g}")
 
 
-def fit_time(rows, base: dict, start: dict | None = None) -> tuple[dict, list[Fitted], list[Kept], dict, dict]:
+# The device term's HBM passes per byte (`timing.traffic_passes`), measured on forwards and backwards
+# timed without DeepSpeed (validate.fit.device_constants): step times cannot tell them from the
+# efficiency, so a user's rows scale them with it, by one factor (a slower device, all of its work).
+MEASURED_PASSES = ("activation_passes", "backward_activation_passes", "loss_passes", "loss_passes_backward")
+
+
+def fit_time(rows, base: dict, start: dict | None = None, held: tuple = ()
+             ) -> tuple[dict, list[Fitted], list[Kept], dict, dict]:
     """(the time section, its fitted constants, those kept, accuracy before and after) on the timed rows;
     the fit starts from `start`'s time constants where given (else base's), a kept one stays base's.
-    A constant the fit leaves uncertain (ERROR_MAX) or on which it leaves under MIN_ROWS rows depending
-    is kept, with those tied to it, and the rest fitted again."""
+    `held`: kept, whatever the rows determine (as `python -m validate fit` holds those it measures). A
+    constant the fit leaves uncertain (ERROR_MAX) or on which it leaves under MIN_ROWS rows depending is
+    kept, with those tied to it, and the rest fitted again."""
     typical = typical_launch_s(rows)
     cal0 = {**base, "time": {**base["time"], INTER_NODE: base["time"].get(INTER_NODE, base["time"]["link_efficiency"])}}
     feats, times = time_features(rows, cal0, typical), measured_times(rows)
     k0 = cal0["time"]
     begin = {**k0, **(start or {})}
     ceiling = efficiency_ceiling(rows, rows[0].hardware.peak_flops_per_s, k0)
-    names = PARAMS + ((INTER_NODE,) if any(f["inter_node"] for f in feats) else ())
+    names = tuple(n for n in PARAMS if n not in held and n not in MEASURED_PASSES) \
+        + ((INTER_NODE,) if any(f["inter_node"] for f in feats) else ())
     free, tied, why = choose(sensitivities(feats, begin, names), times, names)
+    why.update({n: "held as given" for n in held})
+    passes = [n for n in MEASURED_PASSES if n not in held]
+    depend = dict(zip(passes, _moved(sensitivities(feats, begin, passes), times).sum(axis=0))) if passes else {}
+    for n in passes:
+        if depend[n] < MIN_ROWS:
+            why[n] = f"{int(depend[n])} rows' time depends on it by {ROW_SHARE:.0%} or more (needs {MIN_ROWS})"
+        elif "efficiency" in free:
+            tied[n] = ("efficiency", -1)
+        else:
+            why[n] = "moves with the efficiency, which is kept"
     k, errors, moved = k0, {}, {}
     for _ in range(len(names)):
         at = begin
@@ -477,10 +496,10 @@ VALIDATOR_ONLY = (
     Kept("time.trainer_zero_grad_s_per_tensor", "measured by the validator's HF Trainer probes"))
 
 
-def calibrate(rows, base: dict, paths, notes=(), start: dict | None = None) -> Result:
+def calibrate(rows, base: dict, paths, notes=(), start: dict | None = None, held: tuple = ()) -> Result:
     """The constants `rows` (`zerocalc.measured.Measured`) determine, fitted (from `start`'s time
-    constants where given); every other one kept at `base`'s (the shipped calibration). ValueError
-    where no row can be used."""
+    constants where given); every other one, and the `held` time constants, kept at `base`'s (the
+    shipped calibration). ValueError where no row can be used."""
     import copy
     timed = [r for r in rows if r.timed and r.model.architecture is not None and r.setup.seq_len]
     skipped = sum(r.timed for r in rows) - len(timed)
@@ -494,7 +513,7 @@ def calibrate(rows, base: dict, paths, notes=(), start: dict | None = None) -> R
     cal.update(memory)
     before = after = None
     if timed:
-        cal["time"], t_fitted, t_kept, before, after = fit_time(timed, base, start)
+        cal["time"], t_fitted, t_kept, before, after = fit_time(timed, base, start, held)
         fitted, kept = t_fitted + fitted, t_kept + kept
     else:
         kept.insert(0, Kept("time.*", "no row timed whole optimizer steps (measured_step_s with seq_len)"))

@@ -2,19 +2,16 @@
 optimizer step), each the slower of what the GPU must compute and what the host must issue, plus
 what waits on communication:
 
-    forward   = max(F_fwd / (η·peak) + (μ·M_layers + λ·M_loss) / hbm, host issue time)
-                + stage-3 gather calls + exposed wire
+    forward   = max(F_fwd / (η·peak) + (μ·M_layers + λ·M_loss) / hbm, host issue time) + gathers + wire
     backward  = the same with backward's FLOPs, traffic (μ_b, λ_b) and operators (and the recomputation;
-                at stage 2 each gradient's copy into its bucket: device traffic, its hook: host time)
+                at stage 2 each gradient's copy into its bucket on the device, its hook on the host)
     step      = t_step[stage] + t_element[stage]·elements + t_tensor[stage]·n_tensors + wire
     step_s    = GAS·(forward + backward) + exposed reduction + step  (+ offload, + HF Trainer's loop)
 
-The device constants (η, μ, λ, μ_b, λ_b) are measured on forwards and backwards run without DeepSpeed
-(`validate/gpu/kernel_time.py`, data/h200-kernel-time.jsonl); the others are fitted on H200 runs
-(`python -m validate fit`, `zerocalc/calibration/h200.json`) and scaled to the host's launch cost (`host_scale`). The full formulas, every term's derivation
-(FLOPs with non-reentrant checkpointing, HBM traffic, host dispatch, stage-3 gathers, overlap_comm,
-offload, HF Trainer) and the measurements behind each are in docs/step-time.md; the accuracy on the
-H200 rows is in docs/accuracy.md.
+The device's constants are measured on forwards and backwards run without DeepSpeed
+(data/h200-kernel-time.jsonl), the rest fitted on H200 runs (`python -m validate fit`, calibration/h200.json)
+and scaled to the host's launch cost (`host_scale`). Every term's derivation and the measurements behind
+it: docs/step-time.md; the accuracy on the H200 rows: docs/accuracy.md.
 """
 import json
 import os

@@ -1,12 +1,13 @@
 """Where an HF config's forward and backward spend their time on the GPU, without DeepSpeed: each phase's
-wall time (synchronized), the host's time to issue it (unsynchronized), and from one profiled step the
-device's kernel time launched in it (summed and as the union of busy intervals) and the kernels and
-operators it launched. The step-time model splits each phase into what the device must compute and what
-the host must issue (zerocalc/timing.py); this measures both halves for a model type directly.
+wall time (synchronized) and the host's time to issue it (unsynchronized). The step-time model splits each
+phase into what the device must compute and what the host must issue (zerocalc/timing.py); this measures
+both halves for a model type directly (`validate.fit.device_constants` reads the lines).
 
     python3 validate/gpu/kernel_time.py MICRO_BATCH SEQ_LEN MATRIX.json ...   (one JSON line per model)
 
-KERNEL_TIME_PROFILE=1 adds the profiled step (its kernels and operators per phase).
+KERNEL_TIME_PROFILE=1 adds one profiled step: per phase the kernels launched, their summed time and the
+device's busy time (forward's operators too; backward's run on autograd's thread and are not counted).
+It made a 1B model take minutes.
 
 Each distinct `hf` entry of the matrices, bf16, random weights, SDPA, plain and checkpointed as HF
 enables it; the loss is the validator's (cross entropy of the logits in fp32)."""
@@ -24,11 +25,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # the CPU only to try 
 PROFILE = os.environ.get("KERNEL_TIME_PROFILE") == "1"    # one more step under torch.profiler (slow)
 
 
+PHASES = ("forward", "backward")
+
+
 def _sync():
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-
-PHASES = ("forward", "backward")
 
 
 def _phase_step(model, inputs, labels, vocab, sync: bool) -> dict:
