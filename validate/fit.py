@@ -158,7 +158,8 @@ def trainer_host_constants(rows: pd.DataFrame, cal: dict) -> dict:
             "trainer_zero_grad_s_per_tensor": float(f"{np.median(zero_grad):.4g}"), "trainer_rows": len(loop)}
 
 
-KERNEL_TIME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "h200-kernel-time.jsonl")
+KERNEL_TIME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                           "h200-kernel-time.jsonl")
 # What `device_constants` measures, held as measured in the time fit
 DEVICE_CONSTANTS = ("efficiency", "activation_passes", "loss_passes", "backward_activation_passes", "loss_passes_backward",
                     "unaligned_head_efficiency", "grad_copy_passes")
@@ -172,7 +173,8 @@ def dense_and_fused(cfg: dict) -> bool:
     29% and 16% slower than it (data/h200-kernel-time.jsonl): the device term has no cost for those
     operators yet. Attention dropout costs little (StarCoder2's 0.1: -2%; Granite's: 4 of 55 ms)."""
     from validate import hf_models
-    alibi = cfg.get("alibi") or cfg.get("model_type") in ("bloom", "mpt") or cfg.get("position_embedding_type") == "alibi"
+    alibi = (cfg.get("alibi") or cfg.get("model_type") in ("bloom", "mpt")
+             or cfg.get("position_embedding_type") == "alibi")
     return not (hf_models.moe_dims(cfg) or alibi)
 
 

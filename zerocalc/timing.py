@@ -331,8 +331,9 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
     # A stage-2 gradient's hook copies it into the bucket on the device and spends its Python on the host
     # while earlier kernels run (a 1B model's 145 hooks added 4.4 ms to a 75 ms backward, not 15:
     # data/h200-kernel-time.jsonl beside data/h200-hf-types-timed.csv).
-    backward = max(f["backward_at_peak_s"] / k["efficiency"] + 2 * unaligned + mu_b * layers_traffic + lam_b * loss_traffic
-                   + mu * f["recompute_traffic_at_hbm_s"] + k.get("grad_copy_passes", mu) * f["grad_hook_at_hbm_s"],
+    backward = max(f["backward_at_peak_s"] / k["efficiency"] + 2 * unaligned
+                   + mu_b * layers_traffic + lam_b * loss_traffic + mu * f["recompute_traffic_at_hbm_s"]
+                   + k.get("grad_copy_passes", mu) * f["grad_hook_at_hbm_s"],
                    h * (f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["ops_bwd"] * t_op
                         + f["recompute"] * f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"]
                         + f["modules_bwd"] * k["module_hook_s"] + f["grad_hooks"] * k["grad_hook_s"])) \
