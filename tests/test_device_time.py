@@ -1,27 +1,17 @@
 """The step time's device constants against the forwards and backwards timed on the H200 without
 DeepSpeed (data/h200-kernel-time.jsonl, validate/gpu/kernel_time.py): the shipped calibration holds what
 they measure, and its device term predicts each phase of the models it covers."""
-import json
-import os
-
 import pytest
 
 pytest.importorskip("pandas")
 pytest.importorskip("torch")
 
-from validate import hf_models  # noqa: E402
-from validate.fit import DEVICE_CONSTANTS, KERNEL_TIME, dense_and_fused, device_constants  # noqa: E402
-from validate.jobs import make_hf_job, to_zerocalc  # noqa: E402
+from validate.fit import (DEVICE_CONSTANTS, dense_and_fused, device_constants, kernel_row_config,  # noqa: E402
+                          kernel_row_features, kernel_rows)
 from zerocalc import calibration  # noqa: E402
-from zerocalc.hardware import gpu  # noqa: E402
-from zerocalc.timing import features, phase_times  # noqa: E402
+from zerocalc.timing import phase_times  # noqa: E402
 
 pytestmark = pytest.mark.slow   # traces ten model types' configs
-
-
-def _rows():
-    with open(KERNEL_TIME) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def test_the_shipped_device_constants_are_the_measured_ones():
@@ -41,14 +31,11 @@ def test_each_covered_phase_is_predicted_within_13_percent_and_the_left_out_ones
     k = {**calibration.default()["time"], "launch_fwd_s_per_layer": 0.0, "launch_bwd_s_per_layer": 0.0,
          "launch_s_per_op": 0.0, "checkpoint_fwd_s_per_layer": 0.0}
     covered = left_out = 0
-    for r in _rows():
+    for r in kernel_rows():
         assert all(r[p]["issue_s"] < 0.8 * r[p]["wall_s"] for p in ("forward", "backward"))
-        job = make_hf_job(r["hf"], 1, stage=0, micro_batch=r["micro_batch"], seq_len=r["seq_len"],
-                          activation_checkpointing=r["checkpointing"], dtype="bf16")
-        spec, setup = to_zerocalc(job)
-        forward, backward, _, _ = phase_times(features(hf_models.traced_spec(job), setup, [], gpu("h200")), k)
+        forward, backward, _, _ = phase_times(kernel_row_features(r), k)
         err = (forward / r["forward"]["wall_s"] - 1, backward / r["backward"]["wall_s"] - 1)
-        if dense_and_fused(hf_models.load_config(r["hf"]["config"], r["hf"].get("overrides"))[1]):
+        if dense_and_fused(kernel_row_config(r)):
             covered += 1
             assert max(map(abs, err)) <= 0.13, (r["hf"], err)
         else:

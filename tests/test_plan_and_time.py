@@ -55,25 +55,8 @@ def test_element_wise_traffic_by_hand():
     # mu = 2 passes of what forward writes outside the matmuls, at the H100's 3.35 TB/s: every layer's
     # activations as if not checkpointed, b·T·(10h + 2kv + 4f) per layer (CAL's coefficients, sdpa), and
     # the loss path's 10·V bytes per token. Backward twice that; recomputing writes the layers' part again.
-    a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
-    spec = from_architecture(a)
-    tokens = 2 * 2048
-    flops = 2 * (spec.num_params - 32000 * 4096) * tokens + 4 * 32 * 4096 * 2048 * tokens
-    recompute_flops = 2 * 32 * (4 * 4096 * 4096 + 2 * 4096 * 11008 + 2 * 4096) * tokens + 4 * 32 * 4096 * 2048 * tokens
-    layers = 32 * 2 * tokens * (10 * 4096 + 2 * 4096 + 4 * 11008)
-    traffic = layers + 10 * tokens * 32000
-    cal = with_time(activation_passes=2.0)
-    for ck in (False, True):
-        s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype="bf16", activation_checkpointing=ck)
-        t = estimate(spec, s, cal=cal, hardware=gpu("h100")).time
-        assert t.forward_s == pytest.approx(flops / (0.5 * 989e12) + 2 * traffic / 3.35e12)
-        rebuilt = recompute_flops / (0.5 * 989e12) + 2 * layers / 3.35e12 if ck else 0.0
-        assert t.backward_s == pytest.approx(2 * (flops / (0.5 * 989e12) + 2 * traffic / 3.35e12) + rebuilt)
-
-
-def test_the_loss_path_and_backward_have_their_own_traffic_passes():
-    # the same model with mu = 2 passes over the layers' bytes in forward, mu_b = 3 in backward, lambda = 1
-    # and lambda_b = 0.5 over the loss path's 10·V bytes per token; recomputation writes the layers' again at mu
+    # With their own passes: mu_b = 3 over the layers' bytes in backward, lambda = 1 and lambda_b = 0.5 over
+    # the loss path's; recomputation still at mu.
     a = A.Architecture("hf-llama", 32000, 4096, 32, 32, 32, 11008, False)
     spec = from_architecture(a)
     tokens = 2 * 2048
@@ -81,13 +64,18 @@ def test_the_loss_path_and_backward_have_their_own_traffic_passes():
     recompute_flops = 2 * 32 * (4 * 4096 * 4096 + 2 * 4096 * 11008 + 2 * 4096) * tokens + 4 * 32 * 4096 * 2048 * tokens
     layers = 32 * 2 * tokens * (10 * 4096 + 2 * 4096 + 4 * 11008)
     loss = 10 * tokens * 32000
-    cal = with_time(activation_passes=2.0, backward_activation_passes=3.0, loss_passes=1.0, loss_passes_backward=0.5)
-    for ck in (False, True):
-        s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype="bf16", activation_checkpointing=ck)
-        t = estimate(spec, s, cal=cal, hardware=gpu("h100")).time
-        assert t.forward_s == pytest.approx(flops / (0.5 * 989e12) + (2 * layers + 1 * loss) / 3.35e12)
-        rebuilt = recompute_flops / (0.5 * 989e12) + 2 * layers / 3.35e12 if ck else 0.0
-        assert t.backward_s == pytest.approx(2 * flops / (0.5 * 989e12) + (3 * layers + 0.5 * loss) / 3.35e12 + rebuilt)
+    for passes, (mu_b, lam, lam_b) in (({}, (4.0, 2.0, 4.0)),
+                                       ({"backward_activation_passes": 3.0, "loss_passes": 1.0,
+                                         "loss_passes_backward": 0.5}, (3.0, 1.0, 0.5))):
+        cal = with_time(activation_passes=2.0, **passes)
+        for ck in (False, True):
+            s = Setup(stage=Stage.DISABLED, dp=1, micro_batch=2, seq_len=2048, dtype="bf16",
+                      activation_checkpointing=ck)
+            t = estimate(spec, s, cal=cal, hardware=gpu("h100")).time
+            assert t.forward_s == pytest.approx(flops / (0.5 * 989e12) + (2 * layers + lam * loss) / 3.35e12)
+            rebuilt = recompute_flops / (0.5 * 989e12) + 2 * layers / 3.35e12 if ck else 0.0
+            assert t.backward_s == pytest.approx(2 * flops / (0.5 * 989e12) + (mu_b * layers + lam_b * loss) / 3.35e12
+                                                 + rebuilt)
 
 
 def test_a_head_with_an_unaligned_vocabulary_runs_at_its_own_efficiency():

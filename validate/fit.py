@@ -178,6 +178,32 @@ def dense_and_fused(cfg: dict) -> bool:
     return not (hf_models.moe_dims(cfg) or alibi)
 
 
+def kernel_rows(path: str = KERNEL_TIME) -> list[dict]:
+    """The phases `validate/gpu/kernel_time.py` measured, one line per model and checkpointing (a line
+    that failed left out); [] without the file."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if "error" not in r]
+
+
+def kernel_row_config(r: dict) -> dict:
+    """The config.json a kernel-time line ran (its matrix entry's overrides applied)."""
+    from validate import hf_models
+    return hf_models.load_config(r["hf"]["config"], r["hf"].get("overrides"))[1]
+
+
+def kernel_row_features(r: dict) -> dict:
+    """`timing.features` of a kernel-time line: its model traced, stage 0 on one H200, its tokens."""
+    from validate import hf_models
+    from validate.jobs import make_hf_job
+    from zerocalc.hardware import gpu
+    job = make_hf_job(r["hf"], 1, stage=0, micro_batch=r["micro_batch"], seq_len=r["seq_len"],
+                      activation_checkpointing=r["checkpointing"], dtype="bf16")
+    return features(hf_models.traced_spec(job), to_zerocalc(job)[1], [], gpu("h200"))
+
+
 def device_constants(efficiency: float, path: str = KERNEL_TIME) -> dict:
     """The device's traffic constants (`timing.phase_times`: μ, λ, μ_b, λ_b and an unaligned head's
     efficiency) from forwards and backwards timed alone on the GPU without DeepSpeed
@@ -186,21 +212,14 @@ def device_constants(efficiency: float, path: str = KERNEL_TIME) -> dict:
     with it free the rows cannot tell it from the traffic, 0.70-0.80 fit them alike):
     forward = F/(η·peak) + H·(1/η_u - 1/η) + (μ·M_layers + λ·M_loss)/hbm, backward = B/(η·peak)
     + 2·H·(1/η_u - 1/η) + (μ_b·M_layers + λ_b·M_loss + μ·M_recomputed)/hbm. {} without the file."""
-    from validate import hf_models
-    from validate.jobs import make_hf_job
-    from zerocalc.hardware import gpu
-    if not os.path.exists(path):
+    rows = kernel_rows(path)
+    if not rows:
         return {}
     a, b = [], []
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
     for r in rows:
-        if "error" in r or not dense_and_fused(hf_models.load_config(r["hf"]["config"], r["hf"].get("overrides"))[1]):
+        if not dense_and_fused(kernel_row_config(r)):
             continue
-        job = make_hf_job(r["hf"], 1, stage=0, micro_batch=r["micro_batch"], seq_len=r["seq_len"],
-                          activation_checkpointing=r["checkpointing"], dtype="bf16")
-        spec, setup = to_zerocalc(job)
-        x = features(hf_models.traced_spec(job), setup, [], gpu("h200"))
+        x = kernel_row_features(r)
         layers, loss, head = x["traffic_at_hbm_s"], x["loss_traffic_at_hbm_s"], x["unaligned_head_at_peak_s"]
         a += [[x["forward_at_peak_s"], layers, loss, 0.0, 0.0, head],
               [x["backward_at_peak_s"], x["recompute_traffic_at_hbm_s"], 0.0, layers, loss, 2 * head]]
@@ -216,18 +235,17 @@ def device_constants(efficiency: float, path: str = KERNEL_TIME) -> dict:
                                                                   "device_mean_abs_error": round(float(err.mean()), 4)}
 
 
-def grad_copy_passes(kernel_rows: list[dict], path: str = STAGE2_BESIDE_KERNEL_TIME) -> float | None:
+def grad_copy_passes(plain_rows: list[dict], path: str = STAGE2_BESIDE_KERNEL_TIME) -> float | None:
     """HBM passes of the stage-2 gradient hooks' device work over its 2·b·P bytes (each gradient read
     and written into its bucket; the bucket's scaling and reduction pass over it again): the median over
     the stage-2 jobs at N = 1 without checkpointing of their backward less the same model's plain
-    backward (`kernel_rows`, same tokens), over `grad_hook_at_hbm_s`. None without such pairs."""
+    backward (`plain_rows`, kernel-time lines of the same tokens), over `grad_hook_at_hbm_s`. None
+    without such pairs."""
     from validate import hf_models
     if not os.path.exists(path):
         return None
-    def config(hf: dict) -> str:
-        return json.dumps(hf_models.load_config(hf["config"], hf.get("overrides"))[1], sort_keys=True)
-    plain = {(config(r["hf"]), r["micro_batch"], r["seq_len"]): r["backward"]["wall_s"]
-             for r in kernel_rows if "error" not in r and not r["checkpointing"]}
+    plain = {(json.dumps(kernel_row_config(r), sort_keys=True), r["micro_batch"], r["seq_len"]): r["backward"]["wall_s"]
+             for r in plain_rows if not r["checkpointing"]}
     passes = []
     df = load([path])
     for _, r in df[(df["outcome"] == "ok") & (df["stage"].astype(int) == 2) & (df["nproc"].astype(int) == 1)
@@ -301,11 +319,7 @@ def matmul_ceiling(rows: pd.DataFrame) -> float:
 
 def fit_constants(feats: list[dict], measured: np.ndarray, efficiency_max: float = 1.0, fixed: dict | None = None) -> dict:
     """`zerocalc.calibrate.fit_constants`: every time constant but the `fixed` ones, from its usual start."""
-    fixed = fixed or {}
-    free = tuple(n for n in calibrate.PARAMS if n not in fixed)
-    start = {**calibrate.START, "efficiency": min(calibrate.START["efficiency"], efficiency_max / 2),
-             **{n: v for n, v in fixed.items() if n in calibrate.PARAMS}}
-    return calibrate.fit_constants(feats, measured, efficiency_max, fixed, free=free, start=start)
+    return calibrate.fit_constants(feats, measured, efficiency_max, fixed)
 
 
 def time_accuracy(timed: pd.DataFrame, cal: dict) -> dict:

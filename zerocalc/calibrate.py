@@ -132,10 +132,10 @@ def fit_constants(feats: list[dict], measured: np.ndarray, efficiency_max: float
     """The time constants minimizing the weighted log ratios of `predict(feats)` to `measured` (rows ×
     forward, backward, optimizer step, whole step; NaN: not measured, left out), the efficiency at most
     `efficiency_max`; `fixed` constants held as given. `free`: the names (`PARAMS`, `INTER_NODE`) to
-    fit, the others held at `start` (default: every one of PARAMS, from START); `tied`: {name: (a free
-    name, ±1)}, a constant scaled with another, by the same factor or its inverse (`choose`)."""
+    fit but the fixed ones, the others held at `start` (default: every one of PARAMS, from START); `tied`:
+    {name: (a free name, ±1)}, a constant scaled with another, by the same factor or its inverse (`choose`)."""
     fixed = fixed or {}
-    names = PARAMS if free is None else tuple(free)
+    names = tuple(n for n in (PARAMS if free is None else free) if n not in fixed)
     start = start or {**START, "efficiency": min(START["efficiency"], efficiency_max / 2)}
     z0 = pack(start, efficiency_max, names)
     base = {**start, **fixed}
