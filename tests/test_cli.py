@@ -255,7 +255,12 @@ def test_a_field_whose_effect_is_not_modelled_is_named(tmp_path, zero, top, name
     ("LLAMA-2-7B", "llama-2-7b"), ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
     ("meta-llama/Meta-Llama-3-8B", "llama-3-8b"),            # Meta's prefix on the Hub
     ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),               # the HF conversion: the same tensors
-    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"), ("google/gemma-2-9b-it", "gemma-2-9b")])
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"), ("google/gemma-2-9b-it", "gemma-2-9b"),
+    ("allenai/OLMo-2-1124-7B", "olmo-2-7b"),                 # the repository the profile was read from
+    ("ALLENAI/olmo-2-1124-7b-instruct", "olmo-2-7b"),        # ... its instruction-tuned release
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),  # a variant token inside the name
+    ("google/gemma-3-27b-it", "gemma-3-27b"),                # read from -pt, asked for as -it
+    ("CohereForAI/c4ai-command-r-v01", "command-r")])
 def test_model_takes_any_case_and_hub_ids(given, name):
     doc = lambda out: json.loads(out[out.index("{"):])  # noqa: E731  (a traced profile's note comes first)
     by_hub = doc(run("--model", given, "--dp", "8", "--stage", "3", "--format", "json").output)
@@ -263,8 +268,24 @@ def test_model_takes_any_case_and_hub_ids(given, name):
     assert by_hub["inputs"]["model"] == name and by_hub["estimates"] == by_name["estimates"]
 
 
+def test_every_shipped_model_is_named_by_its_own_hub_repository():
+    """The repository each profile's values were read from (zerocalc/hf/sources.json), as the Hub spells
+    it and in lower case, is that model (27 of them had names `--model` did not take: OLMo-2-1124-7B,
+    Mixtral-8x7B-v0.1, Phi-3-mini-4k-instruct, ...)."""
+    from zerocalc import resolve
+    with open(resolve.SOURCES) as f:
+        sources = json.load(f)
+    assert set(sources) == set(resolve.names()) - {"seed-gpt"}
+    for name, source in sources.items():
+        assert resolve.canonical_name(source["repo"]) == name, source["repo"]
+        assert resolve.canonical_name(source["repo"].lower()) == name, source["repo"]
+
+
 @pytest.mark.parametrize("given, near", [("llama3-8b", "did you mean llama-3-8b"), ("qwen-2.5-7b", "did you mean qwen2.5-7b"),
-                                         ("Foo/Bar", "is not a shipped model; `zerocalc models`")])
+                                         ("Foo/Bar", "is not a shipped model; `zerocalc models`"),
+                                         # another release (a longer context, its own rotary tables)
+                                         ("microsoft/Phi-3-mini-128k-instruct", "did you mean phi-3-mini"),
+                                         ("Qwen/Qwen3-30B-A3B-Instruct-2507", "did you mean qwen3-30b-a3b")])
 def test_an_unknown_model_says_the_nearest_and_how_to_bring_one(given, near):
     r = CliRunner().invoke(main, ["estimate", "--model", given, "--dp", "8"])
     assert r.exit_code == 2 and "Traceback" not in r.output

@@ -950,16 +950,18 @@ def report_cmd(csv_paths, gpu_name, calibration_name, figure_path):
 def models_cmd(fmt):
     """The models --model names: the shipped profiles, read from each model's own code
     (`zerocalc/profiles/`), with P, layers, hidden size and experts; "family" where the validator's
-    family is the model at its sizes (its measured stream and activation formula: `zerocalc.family`)."""
+    family is the model at its sizes (its measured stream and activation formula: `zerocalc.family`);
+    and the Hub repository its config was read from, which --model takes too (as its -Instruct, -chat,
+    -it, -Base releases)."""
     rows = resolve.listing()
     if fmt == "json":
         click.echo(json.dumps(rows, indent=1))
         return
-    click.echo(f"{'name':22s} {'model_type':13s} {'P':>16s} {'layers':>6s} {'hidden':>6s} {'experts':>8s}  read from")
+    click.echo(f"{'name':22s} {'model_type':13s} {'P':>16s} {'layers':>6s} {'hidden':>6s} {'experts':>8s}  {'read from':9s}  Hub id")
     for r in rows:
         experts = f"{r['experts_per_token']}/{r['num_experts']}" if r["num_experts"] else "-"
         click.echo(f"{r['name']:22s} {r['model_type']:13s} {r['num_params']:>16,} {r['num_layers']:>6d} "
-                   f"{r['hidden_size']:>6d} {experts:>8s}  {r['source']}")
+                   f"{r['hidden_size']:>6d} {experts:>8s}  {r['source']:9s}  {r['hub_id']}")
 
 
 if __name__ == "__main__":

@@ -27,20 +27,29 @@ def names() -> list[str]:
     return sorted(_profile.shipped())
 
 
-# What a Hub repository's name adds to the model's: its organisation ("meta-llama/"), Meta's own
-# prefix, and the suffixes of a variant with the same tensors (an instruction-tuned or HF-converted copy).
-_HUB_PREFIXES = ("meta-",)
-_HUB_SUFFIXES = ("-instruct", "-chat", "-hf", "-base", "-it")
+# Where each shipped profile's values were read: its Hub repository (`{"name": {"repo": ...}}`).
+SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf", "sources.json")
+# Tokens of a Hub repository's name that mark a release with the same tensors: instruction- or chat-tuned
+# (`-Instruct`, `-chat`, Gemma's `-it`), base or pretrained (`-Base`, Gemma 3's `-pt`), the HF conversion
+# (`-hf`); and Meta's `Meta-` prefix.
+_VARIANT_TOKENS = frozenset(("instruct", "chat", "it", "base", "pt", "hf"))
 
 
 def canonical_name(given: str) -> str | None:
-    """The --model name `given` stands for: a shipped name in any case, or a Hugging Face Hub id
-    (`Qwen/Qwen2.5-7B-Instruct`, `meta-llama/Meta-Llama-3-8B`); None if it stands for none."""
-    known = set(names())
-    for candidate in _hub_variants(_repo_name(given)):
-        if candidate in known:
-            return candidate
-    return None
+    """The --model name `given` stands for, in any case: a shipped name; the Hub repository a profile was
+    read from (`mistralai/Mixtral-8x7B-v0.1`, `allenai/OLMo-2-1124-7B`); or a release of either that
+    differs only by `_VARIANT_TOKENS` (`Qwen/Qwen2.5-7B-Instruct`, `google/gemma-3-27b-it`). None if it
+    stands for none, or for more than one."""
+    text = given.strip().lower()
+    if text in set(names()):
+        return text
+    return _hub_ids().get(text) or _releases().get(release_key(_repo_name(text)))
+
+
+def release_key(name: str) -> str:
+    """A Hub repository's name without its variant tokens ("Meta-Llama-3-8B-Instruct" -> "llama-3-8b")."""
+    name = name.lower().removeprefix("meta-")
+    return "-".join(t for t in name.split("-") if t not in _VARIANT_TOKENS)
 
 
 def _repo_name(given: str) -> str:
@@ -48,22 +57,30 @@ def _repo_name(given: str) -> str:
     return given.strip().lower().rsplit("/", 1)[-1]
 
 
-def _hub_variants(name: str):
-    yield name
-    for prefix in _HUB_PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-            yield name
-    for suffix in _HUB_SUFFIXES:
-        if name.endswith(suffix):
-            yield name[:-len(suffix)]
+@lru_cache(maxsize=1)
+def _hub_ids() -> dict[str, str]:
+    """{lower-case Hub id of the repository a profile was read from: its shipped name}."""
+    with open(SOURCES) as f:
+        return {v["repo"].lower(): name for name, v in json.load(f).items() if v.get("repo")}
+
+
+@lru_cache(maxsize=1)
+def _releases() -> dict[str, str]:
+    """{release key of a shipped name or of its repository's name: the shipped name}, keys that two
+    shipped models share left out (such a name is not guessed)."""
+    by_key: dict[str, set] = {}
+    for name in names():
+        by_key.setdefault(release_key(name), set()).add(name)
+    for repo, name in _hub_ids().items():
+        by_key.setdefault(release_key(_repo_name(repo)), set()).add(name)
+    return {key: next(iter(found)) for key, found in by_key.items() if len(found) == 1}
 
 
 def unknown_model(given: str) -> str:
     """What to say of a --model name that stands for no shipped model: the nearest names, and how to
     bring any model (for a Hub id, the address of its config.json)."""
     import difflib
-    near = difflib.get_close_matches(_repo_name(given), names(), n=3, cutoff=0.6)
+    near = difflib.get_close_matches(release_key(_repo_name(given)), names(), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(near)}? " if near else ""
     repo = given.strip()
     where = (f"download https://huggingface.co/{repo}/resolve/main/config.json" if repo.count("/") == 1
@@ -301,14 +318,18 @@ def _reserved_note(spec: ModelSpec, attention: str, untraced: dict) -> str:
 
 def listing() -> list[dict]:
     """One row per --model name, from its shipped profile; source "family" where the validator's family
-    is that model at its dimensions (its stream and activations are the family's), else "profile"."""
+    is that model at its dimensions (its stream and activations are the family's), else "profile"; the
+    Hub repository its values were read from ("" for the case study's GPT)."""
+    with open(SOURCES) as f:
+        repos = {name: v["repo"] for name, v in json.load(f).items()}
     rows = []
     for name in names():
         p = _profile.shipped_profile(name)
         rows.append({"name": name, "model_type": p.model_type, "num_params": p.num_params,
                      "num_layers": p.dims["num_layers"], "hidden_size": p.dims["hidden_size"],
                      "num_experts": p.dims.get("num_experts", 0), "experts_per_token": p.dims.get("experts_per_token", 0),
-                     "source": "family" if _family.FAMILY in _shipped_spec(name).profile.source else "profile"})
+                     "source": "family" if _family.FAMILY in _shipped_spec(name).profile.source else "profile",
+                     "hub_id": repos.get(name, "")})
     return rows
 
 
