@@ -58,10 +58,15 @@ def _repo_name(given: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _hub_ids() -> dict[str, str]:
-    """{lower-case Hub id of the repository a profile was read from: its shipped name}."""
+def hub_repos() -> dict[str, str]:
+    """{shipped name: the Hub repository its values were read from} (the case study's GPT has none)."""
     with open(SOURCES) as f:
-        return {v["repo"].lower(): name for name, v in json.load(f).items() if v.get("repo")}
+        return {name: v["repo"] for name, v in json.load(f).items() if v.get("repo")}
+
+
+def _hub_ids() -> dict[str, str]:
+    """{lower-case Hub id: its shipped name}."""
+    return {repo.lower(): name for name, repo in hub_repos().items()}
 
 
 @lru_cache(maxsize=1)
@@ -320,8 +325,6 @@ def listing() -> list[dict]:
     """One row per --model name, from its shipped profile; source "family" where the validator's family
     is that model at its dimensions (its stream and activations are the family's), else "profile"; the
     Hub repository its values were read from ("" for the case study's GPT)."""
-    with open(SOURCES) as f:
-        repos = {name: v["repo"] for name, v in json.load(f).items()}
     rows = []
     for name in names():
         p = _profile.shipped_profile(name)
@@ -329,7 +332,7 @@ def listing() -> list[dict]:
                      "num_layers": p.dims["num_layers"], "hidden_size": p.dims["hidden_size"],
                      "num_experts": p.dims.get("num_experts", 0), "experts_per_token": p.dims.get("experts_per_token", 0),
                      "source": "family" if _family.FAMILY in _shipped_spec(name).profile.source else "profile",
-                     "hub_id": repos.get(name, "")})
+                     "hub_id": hub_repos().get(name, "")})
     return rows
 
 
