@@ -143,12 +143,68 @@ def _qwen():
 
 @pytest.mark.parametrize("key, value", [("intermediate_size", 18432), ("attention_dropout", 0.1),
                                         ("hidden_act", "gelu"), ("tie_word_embeddings", True),
-                                        ("num_key_value_heads", 8), ("a_key_nobody_knows", 1)])
+                                        ("num_key_value_heads", 8),
+                                        ("quantization_config", {"quant_method": "bitsandbytes", "load_in_4bit": True})])
 def test_a_deciding_key_changed_without_torch_names_the_key_and_the_model(key, value, tmp_path, no_trace):
     r = _run("estimate", "--hf-config", _write(tmp_path, {**_qwen(), key: value}))
     assert r.exit_code == 2
     assert f" {key} " in r.output.split("differs in", 1)[1] and "--model qwen2-7b answers without torch" in r.output
     assert "pip install 'zerocalc[trace]'" in r.output and "Traceback" not in r.output
+
+
+def test_a_key_transformers_only_stores_and_the_model_never_reads_is_ignored(tmp_path):
+    """A key no record names, that no keyword of Qwen2's config class takes and its code never reads
+    (BLOOM's files carry several: `offset_alibi`, `masked_softmax_fusion`), answers as the shipped model
+    without torch, saying it was ignored and why; one the code reads (`attention_dropout`, above) or a
+    keyword of the class (`num_labels`: sets `id2label`) is not ignored."""
+    d = {**_qwen(), "a_key_nobody_knows": 1, "seq_length": 4096}
+    r = _run(*ARGS, "--hf-config", _write(tmp_path, d))
+    _as_model(r, _run(*ARGS, "--model", "qwen2-7b"), "qwen2-7b")
+    assert "ignored: a_key_nobody_knows" in r.stderr and "seq_length" in r.stderr
+    record = M.records()["qwen2-7b"]
+    assert M.unread("a_key_nobody_knows", record) and M.UNREAD in M.ignored(d, record).values()
+    assert not M.unread("attention_dropout", record) and not M.unread("num_labels", record)
+    assert not M.unread("quantization_config", record)     # how a checkpoint loads: `LOADING`
+
+
+def test_the_keys_found_unread_in_the_hubs_files_are_unread_by_transformers():
+    """Where a Hub file holds keys the records call unread, transformers (a) builds the same config with
+    each of them at another value, but for that key, and (b) traces the same model with and without them
+    (two layers), so the rule that ignores them without torch is right on the files people download."""
+    pytest.importorskip("transformers")
+    from zerocalc.hf import trace
+    checked = set()
+    for file in sorted(f for f in os.listdir(HUB) if f != "sources.json"):
+        with open(os.path.join(HUB, file)) as f:
+            d = json.load(f)
+        names, _, _ = M.match(d)
+        keys = [k for k in d if names and M.ignored(d, M.records()[names[0]]).get(k) == M.UNREAD]
+        if not keys or (d["model_type"], *keys) in checked:     # once per model type and keys
+            continue
+        base = ship.resolved(d)
+        for k in keys:
+            other = ship.resolved({**d, k: "zerocalc-probe"})
+            assert {x: v for x, v in other.items() if x != k} == {x: v for x, v in base.items() if x != k}, (file, k)
+        layers = {"num_hidden_layers": 2} if "num_hidden_layers" in d else {"n_layer": 2}
+        if isinstance(d.get("layer_types"), list):
+            layers["layer_types"] = d["layer_types"][:2]
+        small, without = {**d, **layers}, {k: v for k, v in {**d, **layers}.items() if k not in keys}
+        a, b = (P.to_json(trace.trace(c, "x")) for c in (small, without))
+        for j in (a, b):
+            j.pop("source")
+        assert a == b, (file, keys)
+        checked.add((d["model_type"], *keys))
+    assert len(checked) >= 10
+
+
+def test_a_multimodal_file_whose_text_model_is_shipped_says_so(no_trace):
+    """Gemma 3's Hub files are the text model and a vision tower (`Gemma3ForConditionalGeneration`,
+    which AutoModelForCausalLM builds): not the shipped text model, which the message names. The file:
+    sgl-project/ome pkg/hfutil/modelconfig/testdata/gemma3.json as added (8de82852's parent), the 27B's
+    (it may be gemma-3-27b-it's)."""
+    r = _run("estimate", "--hf-config", os.path.join(HUB, "..", "multimodal", "gemma-3-27b.json"), "--dp", "8")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "its text model (text_config) is the shipped gemma-3-27b: --model gemma-3-27b answers" in r.output
 
 
 def test_a_deciding_key_changed_with_torch_is_traced(tmp_path, monkeypatch):

@@ -6,7 +6,9 @@ model NAME when, for every key zerocalc does not ignore (IGNORED, IGNORED_IF), t
 the same config from it as from NAME's: each such key the file gives holds a value that
 `zerocalc.hf.ship.match_record` found, with transformers, to resolve NAME's config unchanged
 (`accept`), and every key NAME's config needs is given (`required`: those whose default differs).
-Any other key, or another value, decides: the config is then traced, or refused naming the key.
+A key no record names decides unless transformers keeps it as a bare attribute that NAME's code never
+reads (`unread`). Any other key, or another value, decides: the config is then traced, or refused naming
+the key.
 
 Torch-free: the records are JSON (`zerocalc/hf/matching.json`), made by `python -m zerocalc.hf.ship`.
 """
@@ -66,6 +68,9 @@ def _window_off(d: dict) -> bool:
     return d.get("model_type") in _QWEN_TYPES and d.get("use_sliding_window", False) is False
 
 
+# Checkpoint formats transformers dequantizes into the model's own layers for training; any other
+# quant_method (bitsandbytes, GPTQ, AWQ, ...) builds quantized layers and decides (`LOADING`).
+DEQUANTIZED = ("fp8", "mxfp4")
 # Keys ignored only where a condition on the config holds: (condition, why).
 IGNORED_IF = {
     "max_position_embeddings": (
@@ -76,7 +81,31 @@ IGNORED_IF = {
     "max_window_layers": (_window_off, "Qwen with use_sliding_window false: every layer attends fully"),
     "hidden_act": (lambda d: d.get("model_type") in ("gemma2", "gemma3_text"),
                    "Gemma's MLP reads hidden_activation; hidden_act is read by no module"),
+    "quantization_config": (
+        lambda d: isinstance(d.get("quantization_config"), dict)
+        and d["quantization_config"].get("quant_method") in DEQUANTIZED,
+        "the checkpoint's storage format (DeepSeek's fp8 blocks, GPT-OSS's MXFP4 experts), which transformers "
+        "dequantizes to train (`dequantize=True`, how these models are fine-tuned): the training dtype is the "
+        "setup's"),
 }
+
+
+# A key no record names is ignored where transformers stores it as a plain attribute of the config (it
+# is no keyword of the model type's config class: `matching.json`'s "keywords", `ship.config_keywords`)
+# and the model's code never reads it (the record's "reads", `ship.model_reads`): OPT's `prefix`,
+# StarCoder2's `norm_type`, DeepSeek's `ep_size`, GPT-OSS's `experts_per_token`. Checked on the Hub's
+# files by tests/test_configmatch.py. But these, which change how a checkpoint is loaded, not the config:
+LOADING = {"quantization_config": "a quantized checkpoint: from_pretrained builds quantized layers "
+                                  "(bitsandbytes' 4/8-bit, GPTQ, AWQ), which zerocalc does not model"}
+UNREAD = "transformers keeps it as an attribute that the model's code never reads"
+
+
+def unread(key: str, record: dict) -> bool:
+    """Whether `key` decides nothing for the shipped model of `record`: no keyword of its config class,
+    never read by its code (`LOADING` keys excepted). False where the record cannot tell."""
+    reads, keywords = record.get("reads"), recorded().get("keywords", {}).get(record["model_type"])
+    return reads is not None and keywords is not None and key not in LOADING and key != "model_type" \
+        and key not in keywords and key not in reads
 
 
 def why_ignored(key: str, d: dict) -> str | None:
@@ -87,9 +116,11 @@ def why_ignored(key: str, d: dict) -> str | None:
     return why if cond is not None and cond(d) else None
 
 
-def ignored(d: dict) -> dict[str, str]:
-    """The keys of config `d` zerocalc ignores, with why."""
-    return {k: why for k in d if (why := why_ignored(k, d)) is not None}
+def ignored(d: dict, record: dict | None = None) -> dict[str, str]:
+    """The keys of config `d` zerocalc ignores, with why (those `unread` by the shipped model of `record`
+    too, where given)."""
+    return {k: why for k in d
+            if (why := why_ignored(k, d) or (UNREAD if record and unread(k, record) else None)) is not None}
 
 
 def same(a, b) -> bool:
@@ -112,7 +143,7 @@ def differences(d: dict, record: dict) -> list[str]:
         return ["model_type"]
     accept, inert = record["accept"], set(record.get("inert", ()))
     out = {k for k, v in d.items() if k != "model_type" and k not in inert and why_ignored(k, d) is None
-           and not any(same(v, a) for a in accept.get(k, ()))}
+           and not any(same(v, a) for a in accept.get(k, ())) and not unread(k, record)}
     out |= {k for k in record["required"] if k not in d and why_ignored(k, d) is None}
     return sorted(out)
 
@@ -123,12 +154,18 @@ RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf", "matchi
 @lru_cache(maxsize=1)
 def recorded() -> dict:
     """matching.json: {"transformers": the version that made it, "model_types": those it implements,
-    "profiles": {name: record}} ({} before `python -m zerocalc.hf.ship --matching` made it)."""
+    "profiles": {name: record}, "keywords": {model_type: its config class's keywords}} ({} before
+    `python -m zerocalc.hf.ship --matching` made it)."""
     try:
         with open(RECORDS) as f:
-            return json.load(f)
+            out = json.load(f)
     except OSError:
         return {}
+    for record in out.get("profiles", {}).values():      # looked up per key of every file matched
+        if record.get("reads") is not None:
+            record["reads"] = frozenset(record["reads"])
+    out["keywords"] = {kind: frozenset(names) for kind, names in out.get("keywords", {}).items()}
+    return out
 
 
 def records() -> dict:

@@ -185,6 +185,15 @@ def _nearest(near: str | None, diff: list[str], d: dict) -> str:
             f"keys do not matter to you, --model {near} answers without torch")
 
 
+def _text_model(d: dict) -> str:
+    """What to say of a multimodal config whose text model is a shipped one (Gemma 3's Hub files: the
+    text model and a vision tower, which AutoModelForCausalLM builds together)."""
+    text = d.get("text_config")
+    names = _configmatch.match(text)[0] if isinstance(text, dict) else []
+    return (f"; its text model (text_config) is the shipped {names[0]}: --model {names[0]} answers that "
+            "alone, without torch (the other towers not counted)") if names else ""
+
+
 def _failure_file(d: dict) -> str | None:
     """Where a failed trace of `d` is kept (beside the trace cache, under its key: another torch,
     transformers or TRACE_VERSION tries again), or None without the extra."""
@@ -239,14 +248,14 @@ def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
     if names:
         name = names[0]
         spec = preset_spec(name, {})
-        ignored = sorted(_configmatch.ignored(d))
+        ignored = sorted(_configmatch.ignored(d, _configmatch.records()[name]))
         same = f", the same model as {', '.join(names[1:])}" if names[1:] else ""
         said = f"{file} is the shipped {name}{same} (the keys that build the model are equal" + \
             (f"; ignored: {', '.join(ignored)})" if ignored else ")")
         return (replace(spec, name=label) if overrides else spec), said
     if _family.reads(d):
         return from_architecture(_family.from_config(d), label), None
-    nearest = _nearest(near, diff, d)
+    nearest = _nearest(near, diff, d) or _text_model(d)
     spec = _traced(d, label, file, nearest)
     said = f"{file} traced: it is not the shipped {near}, which differs in " \
         f"{_configmatch.describe(d, near, diff)}" if near else None
@@ -357,7 +366,7 @@ def profile_for(model: str | None, hf_config: str | None, overrides: dict, spec:
     bitsandbytes' 4/8-bit layers are not modelled)."""
     if hf_config is not None:
         d, file = read_config(hf_config)
-        if d.get("quantization_config"):
+        if d.get("quantization_config") and _configmatch.why_ignored("quantization_config", d) is None:
             raise ValueError(f"{file}: quantization_config {d['quantization_config'].get('quant_method', '')!r}: a "
                              "quantized base (QLoRA, bitsandbytes 4/8-bit) is not modelled; give the unquantized config")
     if model is not None and not overrides and model in _profile.shipped():

@@ -53,25 +53,57 @@ HUB_KEYS = ("rope_scaling", "attention_bias", "mlp_bias", "head_dim", "attention
 _PROBES = (None, False, True, 0, 1, 2, 6, 4096, 0.1, "x")
 
 
-def model_reads(d: dict) -> set[str]:
+def model_reads(d: dict) -> set[str] | None:
     """The config attributes the model's own code reads while it is built and runs one forward (on fake
-    tensors), through the config's attribute map too (gpt2's hidden_size is n_embd)."""
+    tensors), with SDPA and with eager attention, through the config's attribute map too (gpt2's
+    hidden_size is n_embd). The generation config's copy of the whole config (`from_model_config`,
+    which keeps only generation settings) is left out; None if anything else reads the config whole
+    (its `__dict__` or `to_dict`): then no key can be said unread."""
     import torch
-    cfg = T.hf_config(d)
-    reads, cls = set(), type(cfg)
+    from unittest import mock
+    from transformers import GenerationConfig
+    reads = set()
+    for attention in (None, "eager"):
+        cfg = T.hf_config(d)
+        if attention:
+            cfg._attn_implementation = attention
+        cls = type(cfg)
 
-    class Spy(cls):
-        def __getattribute__(self, name):
-            reads.add(name)
-            if not name.startswith("__") and name != "attribute_map":
-                reads.add(cls.__getattribute__(self, "attribute_map").get(name, name))
-            return cls.__getattribute__(self, name)
-    Spy.__name__ = Spy.__qualname__ = cls.__name__     # AutoModelForCausalLM looks the class up by name
-    cfg.__class__ = Spy
-    model, mode = T.build(cfg)
-    with mode:
-        model(input_ids=torch.zeros(1, T.TRACE_TOKENS, dtype=torch.long), use_cache=False)
-    return reads
+        class Spy(cls):
+            def __getattribute__(self, name):
+                reads.add(name)
+                if not name.startswith("__") and name != "attribute_map":
+                    reads.add(cls.__getattribute__(self, "attribute_map").get(name, name))
+                return cls.__getattribute__(self, name)
+        Spy.__name__ = Spy.__qualname__ = cls.__name__     # AutoModelForCausalLM looks the class up by name
+        cfg.__class__ = Spy
+        with mock.patch.object(GenerationConfig, "from_model_config", classmethod(lambda c, config: c())):
+            model, mode = T.build(cfg)
+        with mode:
+            model(input_ids=torch.zeros(1, T.TRACE_TOKENS, dtype=torch.long), use_cache=False)
+    return None if reads & {"__dict__", "to_dict"} else reads
+
+
+def config_keywords(kind: str) -> list[str]:
+    """The keys the model type's config class takes by name, so that one may change other attributes:
+    its fields (`__init__`'s parameters), its attribute map's names both ways, and the keyword
+    arguments its own and its bases' `__post_init__` and rope conversion read (legacy names, rope's
+    keys). Any other key of a config.json transformers stores as an attribute and nothing else."""
+    import re
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    cls = CONFIG_MAPPING[kind]
+    names = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    names |= set(cls.attribute_map) | set(cls.attribute_map.values())
+    for klass in cls.__mro__:
+        for method in ("__post_init__", "__init__", "convert_rope_params_to_dict"):
+            f = klass.__dict__.get(method)
+            try:
+                src = inspect.getsource(f) if f else ""
+            except (OSError, TypeError):       # a generated __init__: its parameters are above
+                continue
+            names |= set(re.findall(r"kwargs(?:\.(?:pop|get|setdefault)\(|\[)\s*[\"']([^\"']+)[\"']", src))
+            names |= set(re.findall(r"[\"']([^\"']+)[\"']\s+in\s+kwargs", src))
+    return sorted(names)
 
 
 def match_record(d: dict) -> dict:
@@ -80,8 +112,9 @@ def match_record(d: dict) -> dict:
     value of `d`, the one transformers resolves it to, the class default, null), each tried, or that
     change only that key where the model never reads it; inert: the keys the model never reads whose
     every probed value changes nothing but themselves (any value then); required: the keys of `d`
-    whose absence changes the config (but for a key the model never reads). Keys zerocalc ignores
-    whatever the model are left out."""
+    whose absence changes the config (but for a key the model never reads); reads: what the model's
+    code reads (`model_reads`, None: all), by which `configmatch` finds a key no record names unread.
+    Keys zerocalc ignores whatever the model are left out."""
     base = resolved(d)
     if base is None:
         raise ValueError(f"transformers refuses the shipped config of model_type {d.get('model_type')!r}")
@@ -110,19 +143,24 @@ def match_record(d: dict) -> dict:
             accept[key] = tried
         if key in d and not same_model(resolved({k: v for k, v in d.items() if k != key})):
             required.append(key)
-    return {"model_type": d["model_type"], "config": d, "accept": accept, "required": required, "inert": inert}
+    return {"model_type": d["model_type"], "config": d, "accept": accept, "required": required, "inert": inert,
+            "reads": sorted(r for r in reads if not r.startswith("__")) if reads is not None else None}
 
 
 def write_matching() -> None:
-    """zerocalc/hf/matching.json: every shipped config's match record, and the model types this
-    transformers implements."""
+    """zerocalc/hf/matching.json: every shipped config's match record, the keys each model type's config
+    class takes by name (`config_keywords`), and the model types this transformers implements."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     transformers.logging.set_verbosity_error()    # the tried values' warnings (a token id out of range)
-    out = {"transformers": transformers.__version__, "model_types": sorted(CONFIG_MAPPING.keys()), "profiles": {}}
+    out = {"transformers": transformers.__version__, "model_types": sorted(CONFIG_MAPPING.keys()), "profiles": {},
+           "keywords": {}}
     for name, path in configs().items():
         with open(path) as f:
-            out["profiles"][name] = match_record(json.load(f))
+            out["profiles"][name] = record = match_record(json.load(f))
+        out["keywords"].setdefault(record["model_type"], config_keywords(record["model_type"]))
+        print(f"{name:24s} {len(record['accept']):3d} keys accepted, reads "
+              f"{'all' if record['reads'] is None else len(record['reads'])}", flush=True)
     tmp = configmatch.RECORDS + ".tmp"
     with open(tmp, "w") as f:
         json.dump(out, f, separators=(",", ":"), sort_keys=True)
