@@ -260,7 +260,8 @@ def test_a_field_whose_effect_is_not_modelled_is_named(tmp_path, zero, top, name
     ("ALLENAI/olmo-2-1124-7b-instruct", "olmo-2-7b"),        # ... its instruction-tuned release
     ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),  # a variant token inside the name
     ("google/gemma-3-27b-it", "gemma-3-27b"),                # read from -pt, asked for as -it
-    ("CohereForAI/c4ai-command-r-v01", "command-r")])
+    ("CohereForAI/c4ai-command-r-v01", "command-r"),
+    ("https://huggingface.co/Qwen/Qwen3-8B/tree/main", "qwen3-8b")])   # the page's address, pasted
 def test_model_takes_any_case_and_hub_ids(given, name):
     doc = lambda out: json.loads(out[out.index("{"):])  # noqa: E731  (a traced profile's note comes first)
     by_hub = doc(run("--model", given, "--dp", "8", "--stage", "3", "--format", "json").output)

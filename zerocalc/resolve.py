@@ -43,7 +43,7 @@ def canonical_name(given: str) -> str | None:
     text = given.strip().lower()
     if text in set(names()):
         return text
-    return _hub_ids().get(text) or _releases().get(release_key(_repo_name(text)))
+    return _hub_ids().get(_hub_id(text)) or _releases().get(release_key(_repo_name(text)))
 
 
 def release_key(name: str) -> str:
@@ -53,8 +53,18 @@ def release_key(name: str) -> str:
 
 
 def _repo_name(given: str) -> str:
-    """A Hub id's repository name, lower case ("meta-llama/Llama-3.1-8B" -> "llama-3.1-8b")."""
-    return given.strip().lower().rsplit("/", 1)[-1]
+    """A Hub id's repository name, lower case ("meta-llama/Llama-3.1-8B" -> "llama-3.1-8b"), also from
+    its address ("https://huggingface.co/meta-llama/Llama-3.1-8B/tree/main")."""
+    return _hub_id(given).rsplit("/", 1)[-1]
+
+
+def _hub_id(given: str, lower: bool = True) -> str:
+    """"org/name" from a Hub id or its address (the page, a file's, a branch's), in lower case."""
+    text = given.strip()
+    for prefix in ("https://", "http://", "huggingface.co/", "hf.co/"):
+        text = text[len(prefix):] if text.lower().startswith(prefix) else text
+    text = "/".join(text.strip("/").split("/")[:2])
+    return text.lower() if lower else text
 
 
 @lru_cache(maxsize=1)
@@ -87,7 +97,7 @@ def unknown_model(given: str) -> str:
     import difflib
     near = difflib.get_close_matches(release_key(_repo_name(given)), names(), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(near)}? " if near else ""
-    repo = given.strip()
+    repo = _hub_id(given, lower=False)
     where = (f"download https://huggingface.co/{repo}/resolve/main/config.json" if repo.count("/") == 1
              else "download its config.json from the Hub")
     return (f"{given!r} is not a shipped model; {hint}`zerocalc models` lists them. Any other model: {where} "
