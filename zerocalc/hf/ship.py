@@ -119,9 +119,11 @@ def match_record(d: dict) -> dict:
     if base is None:
         raise ValueError(f"transformers refuses the shipped config of model_type {d.get('model_type')!r}")
     defaults = _defaults(d["model_type"])
-    reads = model_reads(d)
+    seen = model_reads(d)
+    keys = set(d) | set(base) | set(defaults) | set(HUB_KEYS)
+    reads = seen if seen is not None else keys      # read whole: every key may be read
     accept, required, inert = {}, [], []
-    for key in sorted(set(d) | set(base) | set(defaults) | set(HUB_KEYS)):
+    for key in sorted(keys):
         if key in configmatch.IGNORED or key == "model_type":
             continue
 
@@ -144,7 +146,7 @@ def match_record(d: dict) -> dict:
         if key in d and not same_model(resolved({k: v for k, v in d.items() if k != key})):
             required.append(key)
     return {"model_type": d["model_type"], "config": d, "accept": accept, "required": required, "inert": inert,
-            "reads": sorted(r for r in reads if not r.startswith("__")) if reads is not None else None}
+            "reads": sorted(r for r in seen if not r.startswith("__")) if seen is not None else None}
 
 
 def write_matching() -> None:
