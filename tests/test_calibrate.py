@@ -4,8 +4,6 @@ step times × 1.3) the calibration fitted on three quarters predicts the held-ou
 shipped one predicts the H200's, where the shipped one is 20-odd % off; rows that cannot determine a
 constant leave it at the shipped value and say why; bad input is one line and exit 2."""
 import csv
-import dataclasses
-import hashlib
 import json
 import os
 
@@ -60,19 +58,21 @@ def test_zerocalc_reads_a_row_as_the_validator_does(committed):
         np.allclose(calibrate.measured_times(timed)[:, 3], times[:, 3])
 
 
-def test_calibrate_on_the_committed_rows_gives_back_the_committed_constants(committed):
+@pytest.fixture(scope="module")
+def checks(committed):
+    """`validate.fit.calibrate_checks` on the committed rows: what docs/your-cluster.md shows."""
+    pytest.importorskip("pandas")
+    from validate.fit import calibrate_checks
+    return calibrate_checks(FITTED_ON)
+
+
+def test_calibrate_on_the_committed_rows_gives_back_the_committed_constants(checks):
     """On the rows `python -m validate fit` fitted (its training split: every configuration but the
     held-out quarter), started from the validator's usual start, not from the answer: each constant
     the rows determine comes back within its fit error (one standard error); the two they leave
     uncertain are kept at the committed value. The device's constants held as that fit holds them
     (measured without DeepSpeed, `validate.fit.device_constants`)."""
-    pytest.importorskip("pandas")
-    from validate.fit import DEVICE_CONSTANTS, held_out
-    rows, raw = committed
-    train = [r for r in rows if not held_out(raw[r.where])]
-    shipped = calibration.default()
-    held = tuple(n for n in DEVICE_CONSTANTS if n in calibrate.PARAMS)
-    result = calibrate.calibrate(train, shipped, FITTED_ON, start={**calibrate.START, "efficiency": 0.45}, held=held)
+    result, shipped = checks["committed"], calibration.default()
     time = [f for f in result.fitted if f.name.startswith("time.")]
     assert len(time) >= 20
     for f in time:
@@ -86,37 +86,16 @@ def test_calibrate_on_the_committed_rows_gives_back_the_committed_constants(comm
     assert result.after["mean_abs_error"] == pytest.approx(shipped["time"]["accuracy"]["mean_abs_error"], abs=0.01)
 
 
-def _held(r) -> bool:
-    return int(hashlib.sha1(r.key.encode()).hexdigest(), 16) % 4 == 0
-
-
-def _slower(rows, factor):
-    return [dataclasses.replace(r, values={k: v * factor if k in measured.TIME_COLUMNS else v
-                                           for k, v in r.values.items()}) for r in rows]
-
-
-def _held_out_error(train, test, base):
-    cal = calibrate.calibrate(train, base, ["rows.csv"]).calibration
-    typical = calibrate.typical_launch_s(train)
-    shipped = calibrate.accuracy(test, calibrate.time_features(test, base, typical), base["time"])
-    fitted = calibrate.accuracy(test, calibrate.time_features(test, cal, typical), cal["time"])
-    return shipped["mean_abs_error"], fitted["mean_abs_error"]
-
-
-def test_on_a_slower_cluster_the_calibration_beats_the_shipped_constants_on_rows_it_never_saw(committed):
+def test_on_a_slower_cluster_the_calibration_beats_the_shipped_constants_on_rows_it_never_saw(checks):
     """The committed timed rows, their step times × 1.3 (a cluster 30% slower), split by a hash of each
     row's key: fitted on three quarters, the held-out quarter's mean |error| falls from the shipped
     constants' (22%) to what the shipped constants achieve on the H200's own rows (11%)."""
-    rows = [r for r in committed[0] if r.timed]
-    base = calibration.default()
-    train, test = [r for r in rows if not _held(r)], [r for r in rows if _held(r)]
-    as_h200 = _held_out_error(train, test, base)
-    slower = _held_out_error(_slower(train, 1.3), _slower(test, 1.3), base)
-    print(f"held-out mean |error|: H200 rows shipped {as_h200[0]:.1%}, calibrated {as_h200[1]:.1%}; "
-          f"× 1.3 shipped {slower[0]:.1%}, calibrated {slower[1]:.1%}")
-    assert slower[0] > 0.2
-    assert slower[1] <= as_h200[0] + 0.01 and slower[1] < slower[0] / 1.8
-    assert as_h200[1] <= as_h200[0] + 0.01       # on the rows it was fitted for, no worse than shipped
+    own, slower = (checks["held_out"][k] for k in ("as measured", "× 1.3"))
+    shipped, calibrated = (slower[k]["mean_abs_error"] for k in ("shipped", "calibrated"))
+    assert shipped > 0.2
+    assert calibrated <= own["shipped"]["mean_abs_error"] + 0.01 and calibrated < shipped / 1.8
+    # on the rows it was fitted for, no worse than shipped
+    assert own["calibrated"]["mean_abs_error"] <= own["shipped"]["mean_abs_error"] + 0.01
 
 
 # A user's own jobs, written as they would write them: a --model name, the setup, the step time.

@@ -19,7 +19,7 @@ from validate import results_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ("README.md", "docs/hf-validation.md", "docs/accuracy.md", "docs/speed.md", "docs/scale.md",
-             "docs/planning.md", "docs/lora.md", "docs/inputs.md", "docs/models.md")
+             "docs/planning.md", "docs/lora.md", "docs/inputs.md", "docs/models.md", "docs/your-cluster.md")
 SPEED = os.path.join(ROOT, "data", "speed.json")   # `python benchmarks/run_all.py --json data/speed.json`
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 
@@ -375,6 +375,42 @@ def ds_corpus() -> str:
     return "\n".join(lines)
 
 
+def calibrate_check() -> str:
+    """docs/your-cluster.md's account of `zerocalc calibrate` on the committed rows (`fit.calibrate_checks`,
+    what tests/test_calibrate.py holds)."""
+    from validate.fit import calibrate_checks
+    from zerocalc import calibration
+    c = calibrate_checks([os.path.join(ROOT, p) for p in calibration.default()["fitted_on"]])
+    fitted = {f.name: f for f in c["committed"].fitted}
+    shipped = calibration.default()["allocator"]["reserved_over_allocated"]
+
+    def ms(name):
+        f = fitted[f"time.{name}"]
+        return f"{f.value * 1e3:.3g} ms ± {f.error:.0%}"
+    ratio = fitted["allocator.reserved_over_allocated"]
+    kept = ", ".join(f"`{k.name.removeprefix('time.')}`" for k in c["committed"].kept if "uncertain" in k.why)
+    ho, n = c["held_out"], c["test_rows"]
+    own, slow = ho["as measured"], ho[f"× {c['factor']}"]
+
+    def err(a):
+        return f"{a['mean_abs_error']:.1%}"
+    return (f"On the rows the shipped calibration was fitted on (its training split of the H200 rows: {c['train_rows']} "
+            "timed rows), started from the validator's usual starting point rather than from the answer, and with "
+            "the device's constants held as `python -m validate fit` holds them (measured without DeepSpeed), "
+            "`calibrate` gives back every step-time constant those rows determine within its fit error (the "
+            f"backward launch cost per layer {ms('launch_bwd_s_per_layer')}, the stage-3 hook "
+            f"{ms('module_hook_s')}, ...), keeps those they leave uncertain ({kept}) at the shipped values, and "
+            f"finds the reserved/allocated ratio {ratio.value:.4g} ± {ratio.error:.1%} against the shipped "
+            f"{shipped:.4g} (the HF configs' rows count in it here).\n\n"
+            f"On a cluster {c['factor'] - 1:.0%} slower (every timed H200 row's step times × {c['factor']}), "
+            f"fitted on three quarters of the rows (by a hash of each row's key) and judged on the other quarter "
+            f"({n} rows), the shipped constants are {err(slow['shipped'])} off on average "
+            f"({slow['shipped']['within_15pct']} of {n} within 15%), the calibrated ones {err(slow['calibrated'])} "
+            f"({slow['calibrated']['within_15pct']} of {n}), as close as the shipped constants are on the H200's own "
+            f"held-out rows ({err(own['shipped'])}, {own['shipped']['within_15pct']} of {n}; calibrated there, "
+            f"{err(own['calibrated'])}). `tests/test_calibrate.py` holds both.")
+
+
 def generate(name: str, rows) -> str:
     """The text of block `name`; `rows()` gives the re-predicted committed rows (only called when needed)."""
     if name == "models":
@@ -397,6 +433,8 @@ def generate(name: str, rows) -> str:
         return _scale(name.split(":", 1)[1])
     if name == "lora:rows":
         return _lora_rows()
+    if name == "calibrate:check":
+        return calibrate_check()
     if name.startswith("speed:"):
         import json
         with open(SPEED) as f:

@@ -552,3 +552,40 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
             raise CannotWrite(f"could not write {out_path}: {err.strerror or err}; it is as it was before") from err
         lines.append(f"wrote {out_path}")
     return cal, "\n".join(lines)
+
+
+def calibrate_checks(paths, factor: float = 1.3) -> dict:
+    """What `zerocalc calibrate` gives on the committed H200 rows (`paths`, the shipped calibration's
+    `fitted_on`), held by tests/test_calibrate.py and shown in docs/your-cluster.md:
+    "committed": the calibration of the fit's training split (started from the usual start, the device's
+    constants held as `fit` holds them), beside the shipped one; "held_out": the mean |error| on a quarter
+    of the timed rows (by a hash of each key) of the shipped constants and of those calibrated on the other
+    three quarters, on the rows as measured and with every time × `factor` (a slower cluster)."""
+    import dataclasses
+    from zerocalc import measured
+    from zerocalc.hardware import gpu
+    rows, _ = measured.read(paths, gpu("h200"))
+    raw = {r["_where"]: r for p in paths for r in measured.read_csv(p)[1]}
+    shipped = calibration.default()
+    held = tuple(n for n in DEVICE_CONSTANTS if n in calibrate.PARAMS)
+    train = [r for r in rows if not held_out(raw[r.where])]
+    committed = calibrate.calibrate(train, shipped, paths, start={**calibrate.START, "efficiency": 0.45}, held=held)
+
+    def quarter(r) -> bool:
+        return int(hashlib.sha1(r.key.encode()).hexdigest(), 16) % 4 == 0
+
+    def times(rs, f):
+        return [dataclasses.replace(r, values={k: v * f if k in measured.TIME_COLUMNS else v
+                                               for k, v in r.values.items()}) for r in rs]
+
+    def errors(fit_rows, test_rows) -> dict:
+        cal = calibrate.calibrate(fit_rows, shipped, ["rows.csv"]).calibration
+        typical = calibrate.typical_launch_s(fit_rows)
+        return {name: calibrate.accuracy(test_rows, calibrate.time_features(test_rows, c, typical), c["time"])
+                for name, c in (("shipped", shipped), ("calibrated", cal))}
+    timed = [r for r in rows if r.timed]
+    fit_rows, test_rows = [r for r in timed if not quarter(r)], [r for r in timed if quarter(r)]
+    return {"committed": committed, "train_rows": len([r for r in train if r.timed]),
+            "held_out": {"as measured": errors(fit_rows, test_rows),
+                         f"× {factor}": errors(times(fit_rows, factor), times(test_rows, factor))},
+            "factor": factor, "test_rows": len(test_rows)}
