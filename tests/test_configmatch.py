@@ -262,6 +262,28 @@ def test_a_failed_trace_is_kept_with_its_reason_until_its_file_is_deleted(tmp_pa
     assert len(calls) == 2
 
 
+def test_a_trace_that_cannot_follow_a_branch_on_a_value_says_so(tmp_path, monkeypatch):
+    """Phi-3.5-MoE's Hub file (its LongRoPE factors) makes its code branch on a tensor's value, which fake
+    tensors do not hold: the message says that, not that the model is broken, and names the shipped model
+    whose factors are left out (a long value cut)."""
+    pytest.importorskip("transformers")
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from zerocalc.hf import trace
+
+    def failing(d, name=""):
+        raise DataDependentOutputException("aten._local_scalar_dense.default")
+    monkeypatch.setattr(trace, "cached_trace", failing)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with open(ship.configs()["phi-3.5-moe"]) as f:
+        d = {**json.load(f), "rope_scaling": {"type": "longrope", "long_factor": [1.5] * 48, "short_factor": [1.0] * 48}}
+    r = _run("estimate", "--hf-config", _write(tmp_path, d))
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    out = " ".join(r.output.split())
+    assert "branches on a tensor's value, which zerocalc's trace on fake tensors cannot follow" in out
+    assert "differs in rope_scaling" in out and "--model phi-3.5-moe answers without torch" in out
+    assert "1.5, 1.5, 1.5" in out and "[1.5] * 48" not in out and out.count("1.5,") < 20
+
+
 def test_infinity_and_nan_are_read_as_transformers_reads_them(tmp_path, no_trace):
     """Nemotron-H's config.json holds `"time_step_limit": [0.0, Infinity]`: Python's json (which
     transformers uses) reads it; zerocalc then says the model needs the trace, not that it is bad JSON."""

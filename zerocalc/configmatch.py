@@ -206,9 +206,13 @@ def describe(d: dict, name: str, keys: list[str], most: int = 4) -> str:
     record = records()[name]
     shipped = record["config"]
 
+    def value(v) -> str:      # a long one (LongRoPE's factor lists) cut
+        text = json.dumps(v, allow_nan=True)
+        return text if len(text) <= 80 else text[:77] + "..."
+
     def show(k):
-        mine = json.dumps(d[k], allow_nan=True) if k in d else "absent"
-        theirs = json.dumps(shipped[k], allow_nan=True) if k in shipped else "absent"
+        mine = value(d[k]) if k in d else "absent"
+        theirs = value(shipped[k]) if k in shipped else "absent"
         return f"{k} {mine} ({name}: {theirs})"
     more = f" and {len(keys) - most} more" if len(keys) > most else ""
     return ", ".join(show(k) for k in keys[:most]) + more

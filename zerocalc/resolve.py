@@ -227,7 +227,7 @@ def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
     if os.path.exists(failed):
         with open(failed, encoding="utf-8", errors="replace") as f:
             reason = f.read().strip()
-        raise ValueError(f"{given}: transformers could not build model_type {d.get('model_type')!r} when last "
+        raise ValueError(f"{given}: the trace of model_type {d.get('model_type')!r} failed when last "
                          f"traced: {reason} {retry}{nearest}")
     from zerocalc.hf import trace
     try:
@@ -237,10 +237,13 @@ def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
                          f"or give --params P, or the shape flags {SHAPE_FLAGS}" + nearest)
     except Exception as err:     # whatever the model's own code raises on this config
         reason = f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
+        if "DataDependent" in type(err).__name__:     # torch's fake tensors hold no values to branch on
+            reason = (f"{type(err).__name__}: its code branches on a tensor's value, which zerocalc's trace "
+                      "on fake tensors cannot follow")
         os.makedirs(os.path.dirname(failed), exist_ok=True)
         with open(failed, "w", encoding="utf-8") as f:
             f.write(reason + "\n")
-        raise ValueError(f"{given}: transformers could not build model_type {d.get('model_type')!r}: {reason} "
+        raise ValueError(f"{given}: the trace of model_type {d.get('model_type')!r} failed: {reason} "
                          f"{retry}{nearest}")
     return from_profile(p, label)
 
