@@ -207,6 +207,23 @@ def test_a_multimodal_file_whose_text_model_is_shipped_says_so(no_trace):
     assert "its text model (text_config) is the shipped gemma-3-27b: --model gemma-3-27b answers" in r.output
 
 
+def test_lora_on_a_quantized_base_is_refused_before_any_trace(tmp_path, monkeypatch):
+    """QLoRA's bitsandbytes base is not modelled: LoRA on it is refused at once, before the config (which
+    differs from every shipped one in its quantization_config) is traced; GPT-OSS's MXFP4 checkpoint,
+    dequantized to train, takes LoRA as its shipped model does."""
+    pytest.importorskip("transformers")
+    from zerocalc.hf import trace
+    traced = []
+    monkeypatch.setattr(trace, "cached_trace", lambda d, name="": traced.append(d))
+    d = {**_qwen(), "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}
+    r = _run("estimate", "--hf-config", _write(tmp_path, d), "--dp", "8", "--lora-rank", "16")
+    assert r.exit_code == 2 and "quantization_config 'bitsandbytes': a quantized base (QLoRA" in r.output
+    assert traced == []
+    lora = ("--dp", "8", "--stage", "3", "--lora-rank", "16", "--lora-targets", "q_proj,v_proj", "--format", "json")
+    _as_model(_run("estimate", "--hf-config", os.path.join(HUB, "gpt-oss-20b.json"), *lora),
+              _run("estimate", "--model", "gpt-oss-20b", *lora), "gpt-oss-20b")
+
+
 def test_a_deciding_key_changed_with_torch_is_traced(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from zerocalc.hf import trace

@@ -269,6 +269,15 @@ def _lora(rank, alpha, dropout, targets, peft_config):
     return lora
 
 
+def _adaptable(hf_config, lora, freeze) -> None:
+    """Before the model is read (a trace takes seconds): LoRA and --freeze refuse a quantized base."""
+    if hf_config is not None and (lora is not None or freeze):
+        try:
+            resolve.refuse_quantized_base(hf_config)
+        except ValueError as err:
+            raise InputFailure(str(err))
+
+
 def _adapted(spec, model_name, hf_config, overrides, lora, freeze, stages):
     """The model with LoRA applied and/or modules frozen (`zerocalc.adapters`); the model itself without."""
     from zerocalc import adapters
@@ -529,12 +538,13 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
                                "or make them agree")
     if opts["dp"] is None:
         check_int("dp", opts["nodes"] * opts["gpus_per_node"], "--nodes × --gpus-per-node")
+    lora = _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config)
+    _adaptable(hf_config, lora, freeze)
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings)
     stages = _stages(stage_text)
     overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, tie_embeddings=tie_embeddings)
-    lora = _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config)
     spec = _adapted(spec, model_name, hf_config, overrides, lora, freeze, stages or [0, 1, 2, 3])
     ds = None
     if ds_config is not None:
@@ -643,11 +653,12 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
       zerocalc plan --hf-config config.json --ds-config ds_config.json --gpu a100-80g --max-gpus 64 --seq-len 2048
     """
     from zerocalc import plan
+    lora = _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config)
+    _adaptable(hf_config, lora, freeze)
     spec = _spec(params, model_name, hf_config, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                  ffn_hidden_size, tie_embeddings)
     overrides = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, tie_embeddings=tie_embeddings)
-    lora = _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config)
     spec = _adapted(spec, model_name, hf_config, overrides, lora, freeze, [0, 1, 2, 3])   # plan tries every stage
     if spec.architecture is None:   # activations and step time need a shape: a Llama-like one of exactly P
         spec = _shaped(spec.num_params)
@@ -789,6 +800,7 @@ def sweep_cmd(params_list, model_name, hf_config, dp_list, stage_list, dtype_lis
         raise click.UsageError("give --params (a list), or one --model or --hf-config")
     lora = _lora(lora_rank, lora_alpha, lora_dropout, lora_targets, peft_config)
     if params_list is None:
+        _adaptable(hf_config, lora, freeze)
         spec = _adapted(_model(None, model_name, hf_config, {}), model_name, hf_config, {}, lora, freeze, stage_list)
         params_list = [spec.num_params]
     elif lora is not None or freeze:

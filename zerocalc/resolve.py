@@ -372,16 +372,23 @@ def config_of(model: str | None, hf_config: str | None, overrides: dict) -> dict
     return _override_config(d, overrides) if overrides else d
 
 
+def refuse_quantized_base(hf_config: str) -> None:
+    """ValueError where a config.json's base is quantized into layers of its own (QLoRA's bitsandbytes
+    4/8-bit, GPTQ, AWQ: not modelled); DeepSeek's fp8 and GPT-OSS's MXFP4 are dequantized to train."""
+    d, file = read_config(hf_config)
+    if d.get("quantization_config") and _configmatch.why_ignored("quantization_config", d) is None:
+        method = d["quantization_config"].get("quant_method", "") if isinstance(d["quantization_config"], dict) else ""
+        raise ValueError(f"{file}: quantization_config {method!r}: a quantized base (QLoRA, bitsandbytes 4/8-bit) "
+                         "is not modelled; give the unquantized config")
+
+
 def profile_for(model: str | None, hf_config: str | None, overrides: dict, spec: ModelSpec):
     """The profile LoRA and --freeze are computed from: a shipped model's profile as shipped (with its
     traced activations), a config.json's shipped one, else the model's own (traced, or its family's).
     ValueError where the model has no modules to name (--params) or its base is quantized (QLoRA:
     bitsandbytes' 4/8-bit layers are not modelled)."""
     if hf_config is not None:
-        d, file = read_config(hf_config)
-        if d.get("quantization_config") and _configmatch.why_ignored("quantization_config", d) is None:
-            raise ValueError(f"{file}: quantization_config {d['quantization_config'].get('quant_method', '')!r}: a "
-                             "quantized base (QLoRA, bitsandbytes 4/8-bit) is not modelled; give the unquantized config")
+        refuse_quantized_base(hf_config)
     if model is not None and not overrides and model in _profile.shipped():
         return _profile.shipped_profile(model)
     if hf_config is not None and not overrides:
