@@ -197,6 +197,19 @@ def test_the_keys_found_unread_in_the_hubs_files_are_unread_by_transformers():
     assert len(checked) >= 10
 
 
+def test_a_key_under_another_name_of_its_model_type_is_read_as_the_field():
+    """BLOOM's Hub file says `n_embed` and `num_attention_heads` where BloomConfig's fields are
+    `hidden_size` (a legacy keyword its __post_init__ reads) and `n_head` (its attribute map); GPT-2's
+    attribute map goes the other way (`hidden_size` is `n_embd`). One given under both names is kept
+    where the two disagree, and so decides."""
+    assert M.canonical({"model_type": "bloom", "n_embed": 14336, "num_attention_heads": 112}) == \
+        {"model_type": "bloom", "hidden_size": 14336, "n_head": 112}
+    assert M.canonical({"model_type": "gpt2", "hidden_size": 768}) == {"model_type": "gpt2", "n_embd": 768}
+    assert M.canonical({"model_type": "gpt2", "hidden_size": 768, "n_embd": 768}) == {"model_type": "gpt2", "n_embd": 768}
+    assert M.canonical({"model_type": "gpt2", "hidden_size": 1, "n_embd": 768}) == \
+        {"model_type": "gpt2", "hidden_size": 1, "n_embd": 768}
+
+
 def test_a_multimodal_file_whose_text_model_is_shipped_says_so(no_trace):
     """Gemma 3's Hub files are the text model and a vision tower (`Gemma3ForConditionalGeneration`,
     which AutoModelForCausalLM builds): not the shipped text model, which the message names. The file:

@@ -182,11 +182,26 @@ def _closeness(d: dict, record: dict, skip=()) -> tuple[int, int]:
     return len(both) - same_value, -same_value
 
 
+def canonical(d: dict) -> dict:
+    """Config `d` with each key given under another name of its model type (`matching.json`'s "aliases":
+    BLOOM's `n_embed` and `num_attention_heads` are `hidden_size` and `n_head`) under the field's own,
+    as transformers reads it; an alias whose field `d` also gives is dropped where the two agree."""
+    aliases = recorded().get("aliases", {}).get(d.get("model_type"), {})
+    out = dict(d)
+    for alias, field in aliases.items():
+        if alias in out and field not in out:
+            out[field] = out.pop(alias)
+        elif alias in out and same(out[alias], out[field]):
+            del out[alias]
+    return out
+
+
 def match(d: dict) -> tuple[list[str], str | None, list[str]]:
     """(the shipped names `d` is: several where shipped models are one architecture, as Llama-3.1-70B and
     Llama-3.3-70B, the nearest first, by the values of the keys zerocalc ignores too (Qwen2-7B's file
     is qwen2-7b, not qwen2.5-7b); else [], the nearest shipped name of its model_type and the keys it
     differs in)."""
+    d = canonical(d)
     names, others = [], []
     for name, record in sorted(records().items()):
         diff = differences(d, record)

@@ -257,6 +257,7 @@ def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
     label = f"{file} ({describe_overrides(overrides)})" if overrides else file
     if overrides:
         d = _override_config(d, overrides)
+    d = _configmatch.canonical(d)
     names, near, diff = _configmatch.match(d)
     if names:
         name = names[0]

@@ -106,6 +106,23 @@ def config_keywords(kind: str) -> list[str]:
     return sorted(names)
 
 
+def config_aliases(d: dict) -> dict[str, str]:
+    """{another name: the field it sets} of config `d`'s model type: its attribute map (BLOOM's
+    `num_attention_heads` is `n_head`) and the legacy keywords found, by setting each to a probe value,
+    to set exactly one field (BLOOM's `n_embed` is `hidden_size`)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    cls = CONFIG_MAPPING[d["model_type"]]
+    out = dict(cls.attribute_map)
+    fields = set(inspect.signature(cls.__init__).parameters)
+    base = resolved(d)
+    for key in sorted(set(config_keywords(d["model_type"])) - fields - set(out)):
+        r = resolved({**d, key: 12347})
+        hit = [f for f, v in (r or {}).items() if v == 12347 and base.get(f) != 12347 and f != key]
+        if len(hit) == 1:
+            out[key] = hit[0]
+    return out
+
+
 def match_record(d: dict) -> dict:
     """What a config.json may hold and still be the model of config `d` (`configmatch.differences`):
     accept: per key, the values that leave transformers' config of `d` unchanged when set in `d` (the
@@ -151,16 +168,18 @@ def match_record(d: dict) -> dict:
 
 def write_matching() -> None:
     """zerocalc/hf/matching.json: every shipped config's match record, the keys each model type's config
-    class takes by name (`config_keywords`), and the model types this transformers implements."""
+    class takes by name (`config_keywords`) and their other names (`config_aliases`), and the model types
+    this transformers implements."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     transformers.logging.set_verbosity_error()    # the tried values' warnings (a token id out of range)
     out = {"transformers": transformers.__version__, "model_types": sorted(CONFIG_MAPPING.keys()), "profiles": {},
-           "keywords": {}}
+           "keywords": {}, "aliases": {}}
     for name, path in configs().items():
         with open(path) as f:
             out["profiles"][name] = record = match_record(json.load(f))
         out["keywords"].setdefault(record["model_type"], config_keywords(record["model_type"]))
+        out["aliases"].setdefault(record["model_type"], config_aliases(record["config"]))
         print(f"{name:24s} {len(record['accept']):3d} keys accepted, reads "
               f"{'all' if record['reads'] is None else len(record['reads'])}", flush=True)
     tmp = configmatch.RECORDS + ".tmp"
