@@ -104,7 +104,7 @@ def test_the_hubs_config_json_of_every_shipped_model_answers_as_model_name(file)
     """The files as published (tests/data/hub-configs/sources.json: the repository of each). Two
     shipped names are one architecture (Llama-3.1-70B, Llama-3.3-70B): the file is read as the first,
     the numbers are the same."""
-    name = HUB_NAMES.get(file, file.removesuffix("-instruct"))
+    name = HUB_NAMES.get(file, file.removesuffix("-instruct").removesuffix("-it"))
     _as_model(_run(*ARGS, "--hf-config", os.path.join(HUB, file + ".json")), _run(*ARGS, "--model", name), name)
 
 
