@@ -172,6 +172,7 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
     ck = setup.activation_checkpointing
     it = stage3_trace.simulate(model, setup) if s3 else None
     stage12_overlap = setup.stage in (Stage.OPTIMIZER_STATES, Stage.GRADIENTS) and setup.overlap
+    hooked = setup.stage == Stage.GRADIENTS or stage12_overlap   # each gradient copied into its bucket in its hook
     by = {"forward": 0, "backward": 0, "step": 0, "reduce": 0}
     for c in collectives:
         if c.op == "all_gather_into_tensor":
@@ -208,11 +209,10 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         # ZeRO-2 copies each gradient into the bucket in its hook, during backward; ZeRO-1 keeps the
         # gradients and moves them into buckets at the end of backward (stage_1_and_2.py:971), once per
         # step, unless overlap_comm puts it on ZeRO-2's path (stage_1_and_2.py:2290)
-        "grad_hooks": len(model.trainable_numels) if setup.stage == Stage.GRADIENTS or stage12_overlap else 0,
+        "grad_hooks": len(model.trainable_numels) if hooked else 0,
         "grad_moves": len(model.trainable_numels) if setup.stage == Stage.OPTIMIZER_STATES and not stage12_overlap else 0,
         # ... and each hooked gradient is read and written into its bucket on the device
-        "grad_hook_at_hbm_s": (2 * setup.grad_accum_bytes * model.num_trainable / hw.hbm_bytes_per_s
-                               if setup.stage == Stage.GRADIENTS or stage12_overlap else 0.0),
+        "grad_hook_at_hbm_s": 2 * setup.grad_accum_bytes * model.num_trainable / hw.hbm_bytes_per_s if hooked else 0.0,
         # the optimizer step walks every parameter tensor in Python (module docstring)
         "param_tensors": len(model.trainable_numels),
         # HF Trainer's loop: per micro-step, and its zero_grad over the parameters per optimizer step
