@@ -106,16 +106,16 @@ def config_keywords(kind: str) -> list[str]:
     return sorted(names)
 
 
-def config_aliases(d: dict) -> dict[str, str]:
+def config_aliases(d: dict, keywords: list[str]) -> dict[str, str]:
     """{another name: the field it sets} of config `d`'s model type: its attribute map (BLOOM's
-    `num_attention_heads` is `n_head`) and the legacy keywords found, by setting each to a probe value,
-    to set exactly one field (BLOOM's `n_embed` is `hidden_size`)."""
+    `num_attention_heads` is `n_head`) and the legacy keywords among `keywords` (`config_keywords`) found,
+    by setting each to a probe value, to set exactly one field (BLOOM's `n_embed` is `hidden_size`)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     cls = CONFIG_MAPPING[d["model_type"]]
     out = dict(cls.attribute_map)
     fields = set(inspect.signature(cls.__init__).parameters)
     base = resolved(d)
-    for key in sorted(set(config_keywords(d["model_type"])) - fields - set(out)):
+    for key in sorted(set(keywords) - fields - set(out)):
         r = resolved({**d, key: 12347})
         hit = [f for f, v in (r or {}).items() if v == 12347 and base.get(f) != 12347 and f != key]
         if len(hit) == 1:
@@ -178,8 +178,10 @@ def write_matching() -> None:
     for name, path in configs().items():
         with open(path) as f:
             out["profiles"][name] = record = match_record(json.load(f))
-        out["keywords"].setdefault(record["model_type"], config_keywords(record["model_type"]))
-        out["aliases"].setdefault(record["model_type"], config_aliases(record["config"]))
+        kind = record["model_type"]
+        if kind not in out["keywords"]:      # once per model type, from its first config
+            out["keywords"][kind] = config_keywords(kind)
+            out["aliases"][kind] = config_aliases(record["config"], out["keywords"][kind])
         print(f"{name:24s} {len(record['accept']):3d} keys accepted, reads "
               f"{'all' if record['reads'] is None else len(record['reads'])}", flush=True)
     tmp = configmatch.RECORDS + ".tmp"
