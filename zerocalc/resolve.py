@@ -386,10 +386,8 @@ def refuse_quantized_base(hf_config: str) -> None:
 def profile_for(model: str | None, hf_config: str | None, overrides: dict, spec: ModelSpec):
     """The profile LoRA and --freeze are computed from: a shipped model's profile as shipped (with its
     traced activations), a config.json's shipped one, else the model's own (traced, or its family's).
-    ValueError where the model has no modules to name (--params) or its base is quantized (QLoRA:
-    bitsandbytes' 4/8-bit layers are not modelled)."""
-    if hf_config is not None:
-        refuse_quantized_base(hf_config)
+    ValueError where the model has no modules to name (--params). A quantized base is refused before
+    the model is read (`refuse_quantized_base`, which the CLI calls first)."""
     if model is not None and not overrides and model in _profile.shipped():
         return _profile.shipped_profile(model)
     if hf_config is not None and not overrides:
