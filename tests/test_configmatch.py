@@ -26,7 +26,8 @@ IGNORED_VALUES = {"_name_or_path": "someone/fine-tune", "architectures": ["Somet
                   "pad_token_id": 3, "initializer_range": 0.5, "cache_implementation": "static", "use_cache": False,
                   "rope_theta": 1234.0, "rope_local_base_freq": 99.0, "task_specific_params": {"x": {}},
                   "output_past": False, "rms_norm_eps": 0.01, "layer_norm_eps": 0.01, "layer_norm_epsilon": 0.01,
-                  "router_aux_loss_coef": 0.5}
+                  "router_aux_loss_coef": 0.5, "id2label": {"0": "NEGATIVE", "1": "NEUTRAL", "2": "POSITIVE"},
+                  "label2id": {"NEGATIVE": 0, "NEUTRAL": 1, "POSITIVE": 2}, "num_labels": 3}
 
 
 def _run(*args):

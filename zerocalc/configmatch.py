@@ -45,6 +45,9 @@ IGNORED = {
     "layer_norm_eps": "a constant inside the norm's operators",
     "layer_norm_epsilon": "a constant inside the norm's operators",
     "router_aux_loss_coef": "weighs the router's auxiliary loss, computed only with output_router_logits",
+    "id2label": "the labels of a sequence-classification head: the causal LM zerocalc builds has none",
+    "label2id": "the labels of a sequence-classification head: the causal LM zerocalc builds has none",
+    "num_labels": "the size of a sequence-classification head: the causal LM zerocalc builds has none",
 }
 
 # Rope types whose rotary tables depend on max_position_embeddings only in their values: the others
