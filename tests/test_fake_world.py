@@ -61,20 +61,20 @@ def test_rows_at_scale_state_and_communication_exact(fake):
     assert rows["num_params"].astype(float).max() > 60e9
 
 
-# Open (docs/scale.md): jobs whose two runs reserved different amounts, one within 8% and one under-predicted
-# by more. The replay frees a released gathered parameter when the host releases it; the GPU returns its
-# block once the kernels using it are done, and where the host has run ahead by then the next gather takes a
-# new segment (the 405B's allocator history, data/snapshots/fake-405b/, shows the frees; which step grows
-# reserved is the run's timing). Llama-2-70B at N = 256 (1 x 4096): 19.87 and 20.80 GiB, -4.6% and -8.9%;
-# Llama-3.1-405B's shape at N = 1,024 (1 x 1024): 27.01 and 28.63 GiB, -6.0% and -11.4%. Each key: the worst
-# under-prediction allowed.
+# Open (docs/scale.md): jobs whose runs reserved different amounts, one under-predicted by more than 8%.
+# The replay frees a released gathered parameter when the host releases it; the GPU returns its block once
+# the kernels using it are done, and where the host has run ahead by then the next gather takes a new
+# segment (the 405B's allocator history, data/snapshots/fake-405b/, shows the frees; which step grows
+# reserved is the run's timing). Llama-2-70B at N = 256 (1 x 4096): 19.87 and 20.80 GiB beside other jobs
+# on the GPU, 20.23 alone (-4.6%, -8.9%, -6.3%); Llama-3.1-405B's shape at N = 1,024 (1 x 1024): 27.01 and
+# 28.63 GiB, -6.0% and -11.4%. Each key: the worst under-prediction allowed.
 OPEN_RESERVED = {"hf-llama-h8192-l80-s3-bf16-n256fake-b1x4096-gas1-3600880dbc": 0.10,
                  "hf-llama-h16384-l126-s3-bf16-n1024fake-b1x1024-gas1-d2de94cfaa": 0.12}
 
 
 def test_rows_at_scale_peaks_within_3_and_8_percent(fake):
     """Fake-world rows at N >= 8: peak allocated within 3% on every row; reserved within 8% on every
-    row but one run of each `OPEN_RESERVED` job (under-predicted, within its bound)."""
+    row but one run of each `OPEN_RESERVED` job (under-predicted, within its bound; its other runs within 8%)."""
     rows = _at_scale(fake)
     alloc = _err(rows["now_peak_allocated_bytes"], rows["measured_peak_allocated_bytes"]).abs()
     reserved = _err(rows["now_peak_reserved_bytes"], rows["measured_peak_reserved_bytes"])
@@ -83,7 +83,7 @@ def test_rows_at_scale_peaks_within_3_and_8_percent(fake):
     assert (reserved[~open_].abs() <= 0.08).all(), rows.loc[~open_ & (reserved.abs() > 0.08), "key"].tolist()
     for key, bound in OPEN_RESERVED.items():
         runs = reserved[rows["key"] == key]
-        assert len(runs) == 2 and ((runs < 0) & (runs >= -bound)).all() and (runs.abs() <= 0.08).sum() == 1, key
+        assert len(runs) >= 2 and ((runs < 0) & (runs >= -bound)).all() and (runs.abs() > 0.08).sum() == 1, key
 
 
 def _reserved_on_time_and_late(spec, setup) -> tuple[int, int]:
