@@ -114,6 +114,31 @@ def test_direct_and_trainer_paths_on_cpu(tmp_path):
     assert exact and "State and communication exact from the recorded tensors: 2 of 2 rows" in text
 
 
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+@pytest.mark.skipif(shutil.which("deepspeed") is None, reason="DeepSpeed's launcher is not on PATH")
+def test_a_trainer_job_profiles_one_more_step_untimed(tmp_path):
+    """With VALIDATE_PROFILE_DIR, the Trainer path runs one step more than its warm-up, comm-logged,
+    phased and timed ones, profiles it on rank 0 (the host's operators on a CPU) and keeps it out of the
+    timed steps, as the direct path does."""
+    pytest.importorskip("accelerate")
+    from validate.worker import PHASE_STEPS, WARMUP_STEPS
+    matrix, out, prof = tmp_path / "m.json", tmp_path / "rows.csv", tmp_path / "prof"
+    matrix.write_text(json.dumps({"nproc": 1, "hf_models": [{"config": TINY_QWEN2}], "hf_axes": [
+        {"path": ["trainer"], "ds_config": ["zero3-auto"], "seq_len": [16], "micro_batch": [2], "timed_steps": [2]}]}))
+    proc = subprocess.run([sys.executable, "-m", "validate", "run", "--backend", "cpu", "--nproc", "1", "--matrix",
+                           str(matrix), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VALIDATE_PROFILE_DIR": str(prof)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import pandas as pd
+    row = pd.read_csv(out).iloc[0]
+    assert row["outcome"] == "ok", row["error"]
+    assert len(json.loads(row["losses"])) == WARMUP_STEPS + 1 + PHASE_STEPS + 2 + 1
+    assert len(json.loads(row["measured_trainer_host_s"])["whole"]) == 2      # the timed steps' clock (a GPU's step times too)
+    with open(prof / (row["key"] + ".txt")) as f:
+        assert "== by self_cpu_time_total" in f.read()
+
 # Rows whose run recorded its calls before the recorder kept which are dropouts at p > 0 and which are
 # stage-3 leaves (`zerocalc.probe.record`): from those calls GPT-2 XL checkpointed is 5,120,000 B a step
 # short and Mixtral at N = 256 12,451,840 B over; from the traced configs both are exact

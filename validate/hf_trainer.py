@@ -11,7 +11,9 @@ Trainer's logging every step. The ds_config gets the comms logger added (measure
 but for one step). Step times are whole optimizer steps, synchronized at both ends.
 With VALIDATE_SNAPSHOT_DIR set, rank 0's allocator history is recorded as the direct path records it
 (`worker._memory_history`): VALIDATE_SNAPSHOT_SCOPE=warmup from before the model is built to the end
-of the warm-up steps, =step over the comm-logged step.
+of the warm-up steps, =step over the comm-logged step. With VALIDATE_PROFILE_DIR set, one more step after
+the timed ones is profiled on rank 0 (`worker._profiled`: DIR/KEY.txt), as the direct path profiles one,
+and is not timed.
 
 Where a Trainer step's time goes (`TrainerClock`): after the comm-logged step, PHASE_STEPS steps
 synchronize before and after each call the Trainer makes into the model and the engine (its loss
@@ -30,7 +32,7 @@ import time
 import torch
 
 from validate import hf_models, measure
-from validate.worker import PHASE_STEPS, TIMED_STEPS, WARMUP_STEPS, _memory_history
+from validate.worker import PHASE_STEPS, PROFILE_DIR, TIMED_STEPS, WARMUP_STEPS, _memory_history, _profiled
 
 COMMS_LOGGER = {"enabled": True, "prof_all": True, "verbose": False, "debug": True}
 
@@ -104,11 +106,12 @@ def _callback_class():
         """Peaks per phase (init; the warm-up steps as first_step; the rest as step), one comm-logged
         steady-state step with the resident state read after it, PHASE_STEPS steps with every call
         Trainer makes synchronized (`TrainerClock`), then whole steps timed, each after a launch probe,
-        with the same calls' host time."""
+        with the same calls' host time; with VALIDATE_PROFILE_DIR, one more step profiled (`profile_step`)."""
 
-        def __init__(self, rec, cuda, device, key="", history=None):
+        def __init__(self, rec, cuda, device, key="", history=None, profile_step=None):
             self.rec, self.cuda, self.device, self.trainer, self.key = rec, cuda, device, None, key
             self.history = history or contextlib.ExitStack()     # the warm-up's, open; closed here
+            self.profile_step, self.profile = profile_step, contextlib.ExitStack()
             self.comm = self.state = None
             self.step_s, self.losses, self._t0 = [], [], None
             self.clock, self.host_issue_s, self._t_end = TrainerClock(cuda), [], None
@@ -132,6 +135,11 @@ def _callback_class():
             if self._t_end is not None:            # logging and the next batch, after the last step
                 self.clock.add("between", time.perf_counter() - self._t_end)
             self.clock.stop()
+            if step == self.profile_step:          # profiled, not timed
+                self._t_end = None
+                self.profile.enter_context(_profiled(self.key, self.cuda))
+                self.rec.mark()
+                return
             if step == WARMUP_STEPS:
                 comms_logger.reset_data()
                 comms_logger.enabled = True
@@ -150,6 +158,9 @@ def _callback_class():
             seconds = time.perf_counter() - self._t0
             done = state.global_step - 1           # the step that just ended, from 0
             self.rec.phase("step", record=done >= WARMUP_STEPS)
+            if done == self.profile_step:
+                self.profile.close()
+                return
             if done in (WARMUP_STEPS - 1, WARMUP_STEPS):
                 self.history.close()                 # the warm-up's history, then the comm-logged step's
             if done == WARMUP_STEPS:
@@ -170,8 +181,9 @@ def _callback_class():
 
 
 def steps(job: dict) -> int:
-    """Optimizer steps of a Trainer job: the warm-up, the comm-logged one, the phased, the timed."""
-    return WARMUP_STEPS + 1 + PHASE_STEPS + job.get("timed_steps", TIMED_STEPS)
+    """Optimizer steps of a Trainer job: the warm-up, the comm-logged one, the phased, the timed, and with
+    VALIDATE_PROFILE_DIR the profiled one."""
+    return WARMUP_STEPS + 1 + PHASE_STEPS + job.get("timed_steps", TIMED_STEPS) + (1 if PROFILE_DIR else 0)
 
 
 def training_arguments(job: dict, ds: dict, output_dir: str, cuda: bool):
@@ -209,7 +221,7 @@ def run_job(job: dict, device) -> dict:
         recorder = hf_models.SpecRecorder(model)
         n = steps(job) * job["micro_batch"] * job["gas"]
         data = RandomTokens(job["arch"]["vocab_size"], job["seq_len"], n, 1234 + dist.get_rank())
-        cb = _callback_class()(rec, cuda, device, job["key"], history)
+        cb = _callback_class()(rec, cuda, device, job["key"], history, steps(job) - 1 if PROFILE_DIR else None)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[cb])
         cb.trainer = trainer
         trainer.train()

@@ -120,13 +120,13 @@ PROFILE_DIR = os.environ.get("VALIDATE_PROFILE_DIR")   # diagnostics: rank 0's p
 
 @contextlib.contextmanager
 def _profiled(key, cuda):
-    """With VALIDATE_PROFILE_DIR set, profile the block on rank 0 (host and device activity) and write
-    DIR/KEY.txt: the operators by host time, by device time and by host time with children."""
-    if not (cuda and int(os.environ.get("RANK", 0)) == 0):
+    """With VALIDATE_PROFILE_DIR set, profile the block on rank 0 (host activity, and the device's on a
+    GPU) and write DIR/KEY.txt: the operators by host time, by device time and by host time with children."""
+    if not (PROFILE_DIR and int(os.environ.get("RANK", 0)) == 0):
         yield
         return
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         yield
     table = prof.key_averages()
     os.makedirs(PROFILE_DIR, exist_ok=True)
