@@ -9,7 +9,8 @@
 #   or:    bash validate/gpu/lanes.sh SECONDS --pack ROOM_GIB ITEM...  (validate/gpu/pack.py: each matrix
 #   started as soon as the GPU has room for it; ITEM: NPROC[f]:MATRIX:GIB[:VAR=VALUE,...])
 #   LANE:  items separated by ";", each NPROC[f]:MATRIX[:VAR=VALUE,...]  (f: --fake-world; the
-#          variables are set for that item alone, e.g. VALIDATE_SNAPSHOT_DIR=$OUT/snap)
+#          variables are set for that item alone, e.g. VALIDATE_SNAPSHOT_DIR=$OUT/snap; a value cannot hold
+#          "," or ";": export VALIDATE_STEPS=2,1,1 for the whole command instead)
 #   e.g.   bash validate/gpu/lanes.sh 540 "64f:validate/matrices/a.json;256f:validate/matrices/b.json" "2f:..."
 # Everything under $OUT is packed into $OUT/lanes.tar.gz at the end (the device returns 8 files).
 set -u
