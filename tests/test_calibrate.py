@@ -49,7 +49,7 @@ def test_zerocalc_reads_a_row_as_the_validator_does(committed):
     df = load(FITTED_ON)
     df = df[(df["outcome"] == "ok") & df["measured_peak_allocated_bytes"].notna()]
     df = df[timed_whole_steps(df)]
-    assert len(timed) == len(df) == 357
+    assert len(timed) == len(df) == 374
     ours = calibrate.time_features(timed, calibration.default())
     theirs = time_features(df, calibration.default())
     assert ours == theirs
@@ -69,8 +69,8 @@ def checks(committed):
 def test_calibrate_on_the_committed_rows_gives_back_the_committed_constants(checks):
     """On the rows `python -m validate fit` fitted (its training split: every configuration but the
     held-out quarter), started from the validator's usual start, not from the answer: each constant
-    the rows determine comes back within its fit error (one standard error); the two they leave
-    uncertain are kept at the committed value. The device's constants held as that fit holds them
+    the rows determine comes back within its fit error (one standard error); stage 1's gradient
+    move, which they leave uncertain, is kept at the committed value. The device's constants held as that fit holds them
     (measured without DeepSpeed, `validate.fit.device_constants`)."""
     result, shipped = checks["committed"], calibration.default()
     time = [f for f in result.fitted if f.name.startswith("time.")]
@@ -79,7 +79,7 @@ def test_calibrate_on_the_committed_rows_gives_back_the_committed_constants(chec
         committed_value = calibrate._get(shipped["time"], f.name.removeprefix("time."))
         assert abs(np.log(f.value / committed_value)) <= f.error, (f.name, f.value, committed_value, f.error)
     kept = {k.name for k in result.kept}
-    assert {"time.grad_move_s", "time.step_overhead_s.stage3"} <= kept
+    assert "time.grad_move_s" in kept
     ratio = next(f for f in result.fitted if f.name == "allocator.reserved_over_allocated")
     # the HF configs' rows count here too (validate fit leaves them out of this ratio)
     assert abs(np.log(ratio.value / shipped["allocator"]["reserved_over_allocated"])) <= ratio.error

@@ -161,6 +161,22 @@ def test_stage_3_hooks_and_gathers():
     assert e.time.hooks_s == pytest.approx(modules + len(spec.backward(False)))
 
 
+def test_stage_3_reduce_calls_cost_the_host_in_backward():
+    # h 1,024, 4 layers. HF's auto bucket, h² = 1,048,576 elements, is no larger than any of a layer's
+    # matrices (q, k, v, o 1,048,576; gate, up, down 2,883,584), and a norm (1,024) beside one of them
+    # overflows it: each of the 39 tensors (9 a layer, the embedding, the final norm, the untied head)
+    # is reduced alone. DeepSpeed's default (5e8) holds all 116M elements: one call. 1 s a call.
+    a = A.Architecture("hf-llama", 32000, 1024, 4, 8, 8, 2816, False)
+    spec = from_architecture(a)
+    assert len(spec.param_numels) == 4 * 9 + 3 and spec.num_params < 5e8
+
+    def backward_s(bucket):
+        s = Setup(stage=Stage.PARAMETERS, dp=1, micro_batch=1, seq_len=128, reduce_bucket_size=bucket)
+        return estimate(spec, s, cal=with_time(reduce_call_s=1.0), hardware=gpu("h100")).time.backward_s
+
+    assert backward_s(1024 * 1024) - backward_s(500_000_000) == pytest.approx(39 - 1)
+
+
 def test_stage_2_communication_is_exposed_and_costs_wire_over_bandwidth():
     spec = from_architecture(A.preset("llama-2-7b"))
     s = Setup(stage=Stage.GRADIENTS, dp=8, micro_batch=1, seq_len=1024)

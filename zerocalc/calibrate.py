@@ -17,14 +17,15 @@ from zerocalc.timing import STEP_CLASSES, phase_times, whole_step_s
 # The time constants, fitted in log space (all positive); the shares through a logistic (0 < ε, φ ≤ 1).
 SCALARS = ("efficiency", "activation_passes", "backward_activation_passes", "loss_passes", "loss_passes_backward",
            "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "launch_s_per_op",
-           "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "link_efficiency", "grad_hook_s",
-           "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s",
+           "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "reduce_call_s", "link_efficiency",
+           "grad_hook_s", "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s",
            "host_launch_share")
 SHARES = ("link_efficiency", "host_launch_share", "inter_node_link_efficiency")
 START = {"efficiency": 0.45, "activation_passes": 1.0, "backward_activation_passes": 2.0, "loss_passes": 1.0,
          "loss_passes_backward": 2.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,
          "launch_s_per_op": 1e-5,
-         "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "link_efficiency": 0.5,
+         "checkpoint_fwd_s_per_layer": 5e-4, "module_hook_s": 5e-4, "gather_call_s": 2e-4, "reduce_call_s": 3e-4,
+         "link_efficiency": 0.5,
          "grad_hook_s": 3e-5, "grad_move_s": 3e-5,
          "host_link_bytes_per_s": 25e9, "host_adam_elements_per_s": 1e9, "host_pageable_bytes_per_s": 10e9,
          "host_launch_share": 0.9,
@@ -180,6 +181,7 @@ NEEDS = {"efficiency": "device-bound rows (large models, long sequences)",
          "launch_fwd_s_per_layer": "host-bound rows (small models)", "launch_bwd_s_per_layer": "host-bound rows",
          "launch_s_per_op": "host-bound rows of several models", "checkpoint_fwd_s_per_layer": "rows with activation "
          "checkpointing", "module_hook_s": "stage-3 rows", "gather_call_s": "stage-3 rows at N > 1",
+         "reduce_call_s": "stage-3 rows with a reduce bucket smaller than the layers' tensors (HF's auto)",
          "link_efficiency": "rows at N > 1 whose step waits on the wire", INTER_NODE: "rows of jobs across nodes",
          "grad_hook_s": "stage-2 rows", "grad_move_s": "stage-1 rows", "host_link_bytes_per_s": "offload rows",
          "host_adam_elements_per_s": "optimizer-offload rows", "host_pageable_bytes_per_s": "stage-3 optimizer-offload rows",

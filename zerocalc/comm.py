@@ -80,6 +80,21 @@ def _coll(op, phase, calls, elements, elem_bytes, n) -> Collective:
     return Collective(op, phase, calls, elements, elements * elem_bytes, _wire(op, elements * elem_bytes, n))
 
 
+def stage3_reduce_calls(model: ModelSpec, setup: Setup) -> int:
+    """Stage 3's reduce-scatters per micro-step. DeepSpeed adds each gradient to the bucket as backward
+    finishes it (`ModelSpec.gradient_order`), reducing the bucket first where the gradient would take it
+    past reduce_bucket_size elements (`reduce_independent_p_g_buckets_and_remove_grads`), and what is left
+    at the end of backward. A tensor larger than the bucket goes alone: HF's "auto" bucket (h², smaller
+    than most of a layer's matrices) reduces a layer tensor by tensor."""
+    calls, filled = 0, 0
+    for i in model.gradient_order(setup.activation_checkpointing):
+        numel = model.param_numels[i]
+        if filled and filled + numel > setup.reduce_bucket_size:
+            calls, filled = calls + 1, 0
+        filled += numel
+    return calls + (1 if filled else 0)
+
+
 def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     """Gradients are reduced for the trained tensors only (`ModelSpec.trainable_numels`: frozen ones get
     no gradient; the engine's `_get_gradients_for_reduction` skips them at stage 0, stages 1-3 hook
@@ -124,7 +139,7 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
             gather = _coll("all_gather_into_tensor", phase, k * calls, k * elements, b, n)
             wide = getattr(it, phase + "_wide_elements") if widen and not it.copies else 0
             out.append(_widened(gather, k * wide * (4 - b), n) if wide else gather)
-    out.append(_coll("reduce_scatter_tensor", "backward", k * ceil(n * tpart.stage3_shard / setup.reduce_bucket_size),
+    out.append(_coll("reduce_scatter_tensor", "backward", k * stage3_reduce_calls(model, setup),
                      k * n * tpart.stage3_shard, c, n))
     # The gradient norm per sub-group: fp64 (8 B) on the device, fp32 (4 B) when the optimizer is offloaded.
     norm_bytes = 4 if setup.offload_optimizer != "none" else 8

@@ -57,6 +57,13 @@ class ModelSpec:
             return self.checkpointed_recomputed
         return (False,) * steps
 
+    def gradient_order(self, checkpointing: bool) -> tuple[int, ...]:
+        """The trained tensors (indices into param_numels) in the order backward finishes their
+        gradients: each at its last step of `backward(checkpointing)` that is not a recomputation (a
+        tensor used twice, a tied embedding, at its first use in forward), within a step in `parameters()`
+        order. The order of stage 3's reduce-scatters on every committed row (tests/test_comm_calls.py)."""
+        return self._gradient_orders[bool(checkpointing)]
+
     # The model is frozen, so what is derived from it is computed once and kept on it (functools'
     # cached_property writes the instance's __dict__, which the frozen dataclass's fields, equality
     # and `replace` never see). `plan` asks for these hundreds of times per model.
@@ -73,6 +80,17 @@ class ModelSpec:
         if self.trainable is None:
             return self.param_numels
         return tuple(n for n, t in zip(self.param_numels, self.trainable) if t)
+
+    @cached_property
+    def _gradient_orders(self) -> dict[bool, tuple[int, ...]]:
+        orders = {}
+        for checkpointing in (False, True):
+            done = {}
+            for step, (module, recomputed) in enumerate(zip(self.backward(checkpointing), self.recomputed(checkpointing))):
+                if not recomputed:
+                    done.update((i, step) for i in module)
+            orders[checkpointing] = tuple(sorted((i for i in done if self._trains(i)), key=lambda i: (done[i], i)))
+        return orders
 
     @cached_property
     def trained_indices(self) -> tuple[int, ...]:

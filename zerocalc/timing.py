@@ -201,6 +201,9 @@ def features(model, setup, collectives, hw: Hardware, cal: dict | None = None) -
         # collective calls only (a copy under parameter offload at N = 1 is `host_fetch_bytes` below)
         "gathers_fwd": it.all_gathers("forward")[0] if s3 else 0,
         "gathers_bwd": it.all_gathers("backward")[0] if s3 else 0,
+        # stage 3's reduce-scatters: each bucket's host work in backward (HF's auto bucket, h², reduces
+        # tensor by tensor: 195 calls a step for Pythia-410M instead of 1, +41%: data/h200-hf-s3-knob-split.csv)
+        "reduce_calls": sum(c.calls for c in collectives if c.op == "reduce_scatter_tensor") // gas if s3 else 0,
         # per micro-step: the collectives are summed over GAS micro-steps
         "gather_fwd_at_link_s": by["forward"] / gas / link,
         "gather_bwd_at_link_s": by["backward"] / gas / link,
@@ -336,7 +339,8 @@ def phase_times(f: dict, k: dict) -> tuple[float, float, float, float]:
                    + k.get("grad_copy_passes", mu) * f["grad_hook_at_hbm_s"],
                    h * (f["layer_passes_bwd"] * k["launch_bwd_s_per_layer"] + f["ops_bwd"] * t_op
                         + f["recompute"] * f["layer_passes_fwd"] * k["launch_fwd_s_per_layer"]
-                        + f["modules_bwd"] * k["module_hook_s"] + f["grad_hooks"] * k["grad_hook_s"])) \
+                        + f["modules_bwd"] * k["module_hook_s"] + f["grad_hooks"] * k["grad_hook_s"]
+                        + f["reduce_calls"] * k.get("reduce_call_s", 0.0))) \
         + h * f["gathers_bwd"] * k["gather_call_s"] + f["gather_bwd_at_link_s"] / eff
     optimizer = k["optimizer_s_per_element"][f["step_class"]] * f["optimizer_elements"] \
         + h * k.get("optimizer_s_per_tensor", {}).get(f["step_class"], 0.0) * f["param_tensors"]
