@@ -70,7 +70,8 @@ def test_the_reduce_scatter_calls_are_those_deepspeed_made_on_every_committed_st
     from validate.rows import job_from_row
     from zerocalc.estimate import estimate
 
-    paths = sorted(glob.glob(os.path.join(ROOT, "data", "*.csv")) + glob.glob(os.path.join(ROOT, "tests", "data", "cpu-*.csv")))
+    paths = sorted(glob.glob(os.path.join(ROOT, "data", "*.csv"))
+                   + glob.glob(os.path.join(ROOT, "tests", "data", "cpu-*.csv")))
     df = load(paths)
     df = df[(df["outcome"] == "ok") & (df["stage"] == 3) & df["measured_comm_detail"].astype(str).str.startswith("{")]
     checked, bucket_bound = 0, 0

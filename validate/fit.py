@@ -519,7 +519,8 @@ def fit(paths, out_path=None) -> tuple[dict, str]:
                      f"{t['launch_bwd_s_per_layer'] * 1e3:.2f} (backward) ms per layer pass, + {t['launch_s_per_op'] * 1e6:.1f} us "
                      "per dispatched operator; stage-3 hook "
                      f"{t['module_hook_s'] * 1e3:.3f} ms per module step, {t['gather_call_s'] * 1e3:.3f} ms per all-gather "
-                     f"call, {t.get('reduce_call_s', 0.0) * 1e3:.3f} ms per reduce-scatter call; link efficiency {t['link_efficiency']:.3f}; gradient hook {t['grad_hook_s'] * 1e6:.1f} us "
+                     f"call, {t.get('reduce_call_s', 0.0) * 1e3:.3f} ms per reduce-scatter call; link efficiency "
+                     f"{t['link_efficiency']:.3f}; gradient hook {t['grad_hook_s'] * 1e6:.1f} us "
                      f"per tensor (stage 2), end-of-backward move {t['grad_move_s'] * 1e6:.1f} us per tensor (stage 1); offload host: link {t['host_link_bytes_per_s'] / 1e9:.1f} GB/s, CPU Adam "
                      f"{t['host_adam_elements_per_s'] / 1e9:.2f}e9 elements/s, pageable upload "
                      f"{t['host_pageable_bytes_per_s'] / 1e9:.1f} GB/s ({int(timed['offload_optimizer'].ne('none').sum())} offload rows); optimizer step " + ", ".join(

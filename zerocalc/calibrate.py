@@ -18,8 +18,8 @@ from zerocalc.timing import STEP_CLASSES, phase_times, whole_step_s
 SCALARS = ("efficiency", "activation_passes", "backward_activation_passes", "loss_passes", "loss_passes_backward",
            "launch_fwd_s_per_layer", "launch_bwd_s_per_layer", "launch_s_per_op",
            "checkpoint_fwd_s_per_layer", "module_hook_s", "gather_call_s", "reduce_call_s", "link_efficiency",
-           "grad_hook_s", "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s", "host_pageable_bytes_per_s",
-           "host_launch_share")
+           "grad_hook_s", "grad_move_s", "host_link_bytes_per_s", "host_adam_elements_per_s",
+           "host_pageable_bytes_per_s", "host_launch_share")
 SHARES = ("link_efficiency", "host_launch_share", "inter_node_link_efficiency")
 START = {"efficiency": 0.45, "activation_passes": 1.0, "backward_activation_passes": 2.0, "loss_passes": 1.0,
          "loss_passes_backward": 2.0, "launch_fwd_s_per_layer": 1.5e-3, "launch_bwd_s_per_layer": 2.5e-3,

@@ -86,7 +86,8 @@ class ModelSpec:
         orders = {}
         for checkpointing in (False, True):
             done = {}
-            for step, (module, recomputed) in enumerate(zip(self.backward(checkpointing), self.recomputed(checkpointing))):
+            steps = zip(self.backward(checkpointing), self.recomputed(checkpointing))
+            for step, (module, recomputed) in enumerate(steps):
                 if not recomputed:
                     done.update((i, step) for i in module)
             orders[checkpointing] = tuple(sorted((i for i in done if self._trains(i)), key=lambda i: (done[i], i)))
