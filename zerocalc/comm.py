@@ -147,7 +147,9 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     if setup.dtype == "fp16":
         out.append(_coll("all_reduce", "step", 1, 1, 1, n))
     if part.persistent_shard and n > 1:
-        gather = _coll("all_gather_into_tensor", "step", 1, part.persistent_shard, b, n)
+        # one call per persistent tensor (`_allgather_params_coalesced` loops over them)
+        persistent = sum(persistent_mask(model.param_numels, setup))
+        gather = _coll("all_gather_into_tensor", "step", persistent, part.persistent_shard, b, n)
         wide = _wide_persistent_shard(model, setup) if widen else 0
         out.append(_widened(gather, wide * (4 - b), n) if wide else gather)
     return tuple(out)
