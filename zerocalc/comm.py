@@ -80,12 +80,13 @@ def _coll(op, phase, calls, elements, elem_bytes, n) -> Collective:
     return Collective(op, phase, calls, elements, elements * elem_bytes, _wire(op, elements * elem_bytes, n))
 
 
-def stage3_reduce_calls(model: ModelSpec, setup: Setup) -> int:
-    """Stage 3's reduce-scatters per micro-step. DeepSpeed adds each gradient to the bucket as backward
-    finishes it (`ModelSpec.gradient_order`), reducing the bucket first where the gradient would take it
-    past reduce_bucket_size elements (`reduce_independent_p_g_buckets_and_remove_grads`), and what is left
-    at the end of backward. A tensor larger than the bucket goes alone: HF's "auto" bucket (h², smaller
-    than most of a layer's matrices) reduces a layer tensor by tensor."""
+def bucket_calls(model: ModelSpec, setup: Setup) -> int:
+    """The gradient reductions of one backward at stages 1-3. DeepSpeed adds each gradient to the bucket
+    as backward finishes it (`ModelSpec.gradient_order`), reducing the bucket first where the gradient
+    would take it past reduce_bucket_size elements (`reduce_independent_p_g_buckets_and_remove_grads` in
+    stage3.py and stage_1_and_2.py), and what is left at the end of backward. A tensor larger than the
+    bucket goes alone: HF's "auto" bucket (h², smaller than most of a layer's matrices) reduces a layer
+    tensor by tensor."""
     calls, filled = 0, 0
     for i in model.gradient_order(setup.activation_checkpointing):
         numel = model.param_numels[i]
@@ -115,7 +116,7 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
         # Gradients all-reduced in reduce_bucket_size buckets: once per step at stage 1 (and in
         # BF16_Optimizer), every micro-step at stage 2. Then each rank's updated slice is all-gathered.
         times = k if setup.stage == Stage.GRADIENTS and not setup.bf16_optimizer else 1
-        grads = _coll("all_reduce", "backward", times * ceil(p / setup.reduce_bucket_size), times * p, c, n)
+        grads = _coll("all_reduce", "backward", times * bucket_calls(model, setup), times * p, c, n)
         # At N = 1 DeepSpeed skips the all-gather: the partition is the whole flat buffer.
         gather = _coll("all_gather_into_tensor", "step", 1, tpart.flat_shard, b, n) if n > 1 else None
         if not setup.bf16_optimizer:
@@ -139,7 +140,7 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
             gather = _coll("all_gather_into_tensor", phase, k * calls, k * elements, b, n)
             wide = getattr(it, phase + "_wide_elements") if widen and not it.copies else 0
             out.append(_widened(gather, k * wide * (4 - b), n) if wide else gather)
-    out.append(_coll("reduce_scatter_tensor", "backward", k * stage3_reduce_calls(model, setup),
+    out.append(_coll("reduce_scatter_tensor", "backward", k * bucket_calls(model, setup),
                      k * n * tpart.stage3_shard, c, n))
     # The gradient norm per sub-group: fp64 (8 B) on the device, fp32 (4 B) when the optimizer is offloaded.
     norm_bytes = 4 if setup.offload_optimizer != "none" else 8
