@@ -292,6 +292,10 @@ def build():
 
 def execute(nb, timeout_s=900):
     import nbclient
+    # The kernel computing the cross-validation imports transformers, whose tqdm warns when ipywidgets is
+    # missing: a line of stderr that depends on the machine, not on the notebook (the tests' kernel reads
+    # the cross-validation computed beside it and never imports it).
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found")
     nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": HERE}}).execute()
     return nb
 

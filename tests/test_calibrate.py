@@ -70,7 +70,8 @@ def test_calibrate_on_the_committed_rows_gives_back_the_committed_constants(chec
     """On the rows `python -m validate fit` fitted (its training split: every configuration but the
     held-out quarter), started from the validator's usual start, not from the answer: each constant
     the rows determine comes back within its fit error (one standard error); stage 1's gradient
-    move, which they leave uncertain, is kept at the committed value. The device's constants held as that fit holds them
+    move, which they leave uncertain, is kept at the committed value. The device's constants held as
+    that fit holds them
     (measured without DeepSpeed, `validate.fit.device_constants`)."""
     result, shipped = checks["committed"], calibration.default()
     time = [f for f in result.fitted if f.name.startswith("time.")]

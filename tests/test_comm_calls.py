@@ -73,12 +73,9 @@ def _unmodelled(row) -> bool:
         return False
     return any((dskeys.lookup(path) or ("",))[0] == dskeys.W for path, _ in dskeys.leaves(json.loads(extra)))
 
-
-@pytest.mark.slow
-def test_every_collectives_calls_are_those_deepspeed_made_on_every_committed_stage3_row():
-    """Calls of each op per step: the reduce-scatters above, the all-gathers of each module fetch (one
-    per fetch, the prefetched tensors coalesced into it) and of the persistent tensors after the step
-    (one per tensor), the norm's all-reduce."""
+def _committed(stages):
+    """(row, zerocalc's estimate, setup) of every committed ok row at these stages whose comms logger
+    detail was recorded: the GPU rows in data/, the gloo CPU rows in tests/data/."""
     pytest.importorskip("pandas")
     from validate import hf_models
     from validate.jobs import to_zerocalc
@@ -89,15 +86,29 @@ def test_every_collectives_calls_are_those_deepspeed_made_on_every_committed_sta
     paths = sorted(glob.glob(os.path.join(ROOT, "data", "*.csv"))
                    + glob.glob(os.path.join(ROOT, "tests", "data", "cpu-*.csv")))
     df = load(paths)
-    df = df[(df["outcome"] == "ok") & (df["stage"] == 3) & df["measured_comm_detail"].astype(str).str.startswith("{")]
-    checked, bucket_bound, gathered = 0, 0, 0
+    df = df[(df["outcome"] == "ok") & df["stage"].isin(stages)
+            & df["measured_comm_detail"].astype(str).str.startswith("{")]
     for _, r in df.iterrows():
         job = job_from_row(r.to_dict())
         model, setup = to_zerocalc(job)[:2]
-        e = estimate(hf_models.traced_spec(job) if job.get("hf") else model, setup)
-        predicted = {}
-        for c in e.collectives:
-            predicted[c.op] = predicted.get(c.op, 0) + c.calls
+        yield r, estimate(hf_models.traced_spec(job) if job.get("hf") else model, setup), setup
+
+
+def _predicted_calls(e) -> dict:
+    calls = {}
+    for c in e.collectives:
+        calls[c.op] = calls.get(c.op, 0) + c.calls
+    return calls
+
+
+@pytest.mark.slow
+def test_every_collectives_calls_are_those_deepspeed_made_on_every_committed_stage3_row():
+    """Calls of each op per step: the reduce-scatters above, the all-gathers of each module fetch (one
+    per fetch, the prefetched tensors coalesced into it) and of the persistent tensors after the step
+    (one per tensor), the norm's all-reduce."""
+    checked, bucket_bound, gathered = 0, 0, 0
+    for r, e, setup in _committed([3]):
+        predicted = _predicted_calls(e)
         measured = _measured_calls(r)
         assert predicted["reduce_scatter_tensor"] == measured["reduce_scatter_tensor"], r["key"]
         if not _unmodelled(r):   # stage3_module_granularity_threshold fetches differently: warned
@@ -117,29 +128,12 @@ def test_stage_1_and_2_reduce_their_buckets_as_deepspeed_did_on_the_committed_ro
     reduced apart: one call more than the rule on the Llama-3-8B rows), an MoE's experts (their gradients
     arrive in routing order, which the trace does not hold: one call fewer on Qwen1.5-MoE), and a key
     zerocalc warns it does not model."""
-    pytest.importorskip("pandas")
-    from validate import hf_models
-    from validate.jobs import to_zerocalc
-    from validate.report import load
-    from validate.rows import job_from_row
-    from zerocalc.estimate import estimate
-
-    paths = sorted(glob.glob(os.path.join(ROOT, "data", "*.csv"))
-                   + glob.glob(os.path.join(ROOT, "tests", "data", "cpu-*.csv")))
-    df = load(paths)
-    df = df[(df["outcome"] == "ok") & df["stage"].isin([1, 2])
-            & df["measured_comm_detail"].astype(str).str.startswith("{")]
     checked, several = 0, 0
-    for _, r in df.iterrows():
-        job = job_from_row(r.to_dict())
-        model, setup = to_zerocalc(job)[:2]
-        e = estimate(hf_models.traced_spec(job) if job.get("hf") else model, setup)
+    for r, e, setup in _committed([1, 2]):
         moe = float(r.get("hf_num_experts") or 0) > 0
         if max(e.model.trainable_numels) > setup.reduce_bucket_size or moe or _unmodelled(r):
             continue
-        predicted = {}
-        for c in e.collectives:
-            predicted[c.op] = predicted.get(c.op, 0) + c.calls
+        predicted = _predicted_calls(e)
         assert predicted == _measured_calls(r), r["key"]
         checked += 1
         several += predicted["all_reduce"] > 4
