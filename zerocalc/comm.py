@@ -149,8 +149,7 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
         out.append(_coll("all_reduce", "step", 1, 1, 1, n))
     if part.persistent_shard and n > 1:
         # one call per persistent tensor (`_allgather_params_coalesced` loops over them)
-        persistent = sum(persistent_mask(model.param_numels, setup))
-        gather = _coll("all_gather_into_tensor", "step", persistent, part.persistent_shard, b, n)
+        gather = _coll("all_gather_into_tensor", "step", part.persistent_tensors, part.persistent_shard, b, n)
         wide = _wide_persistent_shard(model, setup) if widen else 0
         out.append(_widened(gather, wide * (4 - b), n) if wide else gather)
     return tuple(out)

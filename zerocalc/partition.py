@@ -23,6 +23,7 @@ class Partition:
     persistent: int            # Σ N·⌈nᵢ/N⌉ over stage-3 parameters kept whole on every rank: the gathered
                                # copy is the padded all-gather output, narrowed to nᵢ (storage keeps the pad)
     persistent_shard: int      # Σ ⌈nᵢ / N⌉ over those parameters
+    persistent_tensors: int    # how many they are (the step all-gathers them one call each)
     gathered_shard: int        # Σ ⌈nᵢ / N⌉ over the others: what the forward all-gather fetches per rank
     num_sub_groups: int        # stage-3 optimizer sub-groups (`_create_fp16_sub_groups`)
     largest_sub_group: int     # elements of the largest one: its flatten and fp32 cast set the step peak
@@ -79,6 +80,7 @@ def _partition(numels, n, param_threshold, model_threshold, sub_group_size) -> P
         # at N = 1 a parameter is a view of its partition: no separate whole copy
         persistent=sum(n * s for s, m in zip(shards, mask) if m) if n > 1 else 0,
         persistent_shard=sum(s for s, m in zip(shards, mask) if m),
+        persistent_tensors=sum(mask),
         gathered_shard=sum(s for s, m in zip(shards, mask) if not m),
         num_sub_groups=len(groups),
         largest_sub_group=max(groups),
