@@ -294,9 +294,9 @@ def test_a_failed_trace_is_kept_with_its_reason_until_its_file_is_deleted(tmp_pa
 
 
 def test_a_trace_that_cannot_follow_a_branch_on_a_value_says_so(tmp_path, monkeypatch):
-    """Phi-3.5-MoE's Hub file (its LongRoPE factors) makes its code branch on a tensor's value, which fake
-    tensors do not hold: the message says that, not that the model is broken, and names the shipped model
-    whose factors are left out (a long value cut)."""
+    """A model whose code branches on a tensor's value, which fake tensors do not hold (beyond the position
+    ids, `trace.known_positions`): the message says that, not that the model is broken, and names the
+    shipped model it differs from and the key (a long value cut)."""
     pytest.importorskip("transformers")
     from torch._subclasses.fake_tensor import DataDependentOutputException
     from zerocalc.hf import trace

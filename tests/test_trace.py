@@ -80,6 +80,66 @@ def test_a_buffer_keeps_its_dtype_under_zero_init_where_deepspeed_leaves_it():
     assert dtypes(bigcode) == {"bias": ("bool", "")}
 
 
+def _phimoe_longrope(**rope):
+    """A tiny Phi-3.5-MoE with LongRoPE as its Hub file has it: factors per rotary frequency (head 8: 4),
+    the scale picked by the positions (`short_mscale` up to `original_max_position_embeddings`)."""
+    return transformers.PhimoeConfig(**{**SMALL, "max_position_embeddings": 64, "original_max_position_embeddings": 32,
+                                        "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
+                                                         "long_factor": [1.5, 2.0, 3.0, 4.0], "short_mscale": 1.2,
+                                                         "long_mscale": 1.3, **rope}}).to_dict()
+
+
+@pytest.mark.slow
+def test_a_rotary_embedding_that_branches_on_its_positions_is_traced(monkeypatch):
+    """Phi-3.5-MoE's rotary embedding picks its LongRoPE scale in Python from `torch.max(position_ids) + 1`:
+    a fake tensor holds no value to branch on, so the trace hands each rotary embedding position ids
+    whose values it knows (`trace.known_positions`, 0 … s − 1). Without that the forward cannot run."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    p = T.trace(_phimoe_longrope())
+    assert "untraced" not in p.source and p.stream and p.steps and p.activations
+    monkeypatch.setattr(T, "known_positions", lambda model: None)
+    with pytest.raises(DataDependentOutputException):
+        T.trace(_phimoe_longrope(), activations=False, steps=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["llama", "phi3"])
+def test_known_positions_add_no_operator_and_no_byte(config, monkeypatch):
+    """Where the code does not branch on the positions (Llama's rotary embedding; Phi-3's LongRoPE, which
+    picks its factors with `torch.where`), the profile is the same with and without known positions:
+    the same tensor is marked known, nothing is allocated or dispatched for it."""
+    d = (transformers.LlamaConfig(**SMALL) if config == "llama" else transformers.Phi3Config(**{
+        **SMALL, "max_position_embeddings": 64, "original_max_position_embeddings": 32,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.5, 2.0, 3.0, 4.0]}
+    })).to_dict()
+    known = P.to_json(T.trace(d))
+    monkeypatch.setattr(T, "known_positions", lambda model: None)
+    assert known == P.to_json(T.trace(d))
+
+
+@pytest.mark.slow
+def test_a_multimodal_model_is_traced_as_its_text_model_beside_a_vision_tower():
+    """Gemma 3's Hub files above 1B are the text model (`text_config`) and a SigLIP vision tower, whose
+    encoder layers are `GradientCheckpointingLayer`s too. A batch of tokens runs the text model only: its
+    3 decoder layers are the profile's layers (`trace.decoder_layer`), the shallow copies cut its
+    `text_config` (`memtrace.stack`, `_shallow`), and the kept bytes, stream and operators are traced, the
+    kept bytes those of the text model alone; the tower's and projector's tensors are the parameters added."""
+    from zerocalc.hf import memtrace
+    text = {**{k: SMALL[k] for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                     "intermediate_size", "head_dim", "pad_token_id", "bos_token_id", "eos_token_id")},
+            "num_hidden_layers": 3, "max_position_embeddings": 64, "sliding_window": 16}
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    d = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4).to_dict()
+    assert memtrace.stack(d) == (3, 0) and memtrace._shallow(d, 2)["text_config"]["num_hidden_layers"] == 2
+    both, alone = T.trace(d), T.trace({**text, "model_type": "gemma3_text"})
+    assert "untraced" not in both.source and both.stream and both.steps
+    assert sum(m.layer for m in both.modules) == 3
+    assert both.activations == alone.activations
+    added = {t.name for t in both.params} - {"model.language_model." + t.name.removeprefix("model.") for t in alone.params}
+    assert added and all(n.startswith(("model.vision_tower.", "model.multi_modal_projector.")) for n in added)
+
+
 def test_tied_weights_are_listed_once_and_owned_by_both_modules():
     """GPT-2 ties lm_head.weight to transformer.wte.weight: one tensor, the embedding's name, and the
     head's call fetches it (the transcribed trace's leaf(0))."""

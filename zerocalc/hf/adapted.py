@@ -61,7 +61,7 @@ def build(d: dict, layers: int, lora, trainable: tuple[bool, ...] | None, zero3:
                     m._parameters[name] = torch.nn.Parameter(fake)
     params = list(model.parameters())
     if trainable is not None:
-        total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
+        total = memtrace.stack(d)[0]
         mask = shallow_mask(trainable, memtrace._layer_params(model)[1], len(params), total)
         for p, train in zip(params, mask):
             p.requires_grad_(train)
@@ -93,8 +93,8 @@ def record(d: dict, lora, trainable, name: str, attention: str | None = None) ->
     from zerocalc.hf import familystream, memtrace
     from zerocalc.hf.trace import hf_checkpointing
     checkpointing, zero3 = VARIANTS[name]
-    total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
-    k = min(memtrace.STREAM_LAYERS + int(d.get("first_k_dense_replace") or 0), total)
+    total, leading = memtrace.stack(d)
+    k = min(memtrace.STREAM_LAYERS + leading, total)
     model, mode = build(d, k, lora, trainable, zero3)
     base = model.get_base_model() if lora is not None else model
 

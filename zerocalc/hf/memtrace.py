@@ -15,7 +15,7 @@ import weakref
 from contextlib import contextmanager
 
 from zerocalc.hf.cudaops import allocation_order, cuda_dispatch
-from zerocalc.hf.trace import _imports, hf_checkpointing, module_calls
+from zerocalc.hf.trace import _imports, decoder_layer, hf_checkpointing, module_calls
 
 
 def _new_storages(out, alive: dict, func=None):
@@ -205,9 +205,22 @@ def layer_activations(model, mode, seqs=(32, 64)) -> dict:
             "head_bytes_per_token": round(head2 / s2, 3), "dtype": "bfloat16", "traced_at": [s1, s2]}
 
 
+def stack(d: dict) -> tuple[int, int]:
+    """(decoder layers, leading dense layers of an MoE stack: `first_k_dense_replace`) of the model a
+    config.json describes, as transformers builds it: a multimodal file's text model (Gemma 3's
+    `text_config`, beside its vision tower), its config class's default where the file gives none."""
+    from zerocalc.hf.trace import _get, hf_config
+    text = hf_config(d).get_text_config()
+    return _get(text, "num_hidden_layers", "n_layer", "num_layers"), int(getattr(text, "first_k_dense_replace", 0) or 0)
+
+
 def _shallow(d: dict, layers: int) -> dict:
-    """The config with its first `layers` decoder layers (per-layer lists cut to match)."""
+    """The config with its first `layers` decoder layers (per-layer lists cut to match); a multimodal
+    file's text model cut so."""
     d = dict(d)
+    if isinstance(d.get("text_config"), dict) and not any(k in d for k in ("num_hidden_layers", "n_layer", "num_layers")):
+        d["text_config"] = _shallow(d["text_config"], layers)
+        return d
     for key in ("num_hidden_layers", "n_layer", "num_layers"):
         if key in d:
             d[key] = layers
@@ -226,7 +239,7 @@ def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str |
     equals tracing the whole stack at a fraction of the time. `attention`: traced under that one
     (`dispatching`), else the config's own."""
     from zerocalc.hf.trace import build, hf_config
-    n = min(num_layers, 1 + int(d.get("first_k_dense_replace") or 0))
+    n = min(num_layers, 1 + stack(d)[1])
     shallow = []
     for layers in sorted({n, min(n + 1, num_layers)}):
         model, mode = build(hf_config(_shallow(d, layers)))
@@ -277,7 +290,6 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
     (its logits), `set_checkpointing(model, on)` and `is_layer(module)` (its decoder layers)."""
     torch, _ = _imports()
     from torch.utils._python_dispatch import TorchDispatchMode
-    from transformers.modeling_layers import GradientCheckpointingLayer
 
     events, alive, handed, taken = [], {}, set(), set()
     state = {"phase": "forward", "next": 0, "backward_from": 0, "linear": 0}
@@ -381,7 +393,7 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
         return hook
 
     hooks = [p.register_post_accumulate_grad_hook(grad_hook(i)) for i, p in enumerate(params) if p.requires_grad]
-    layers = [m for m in model.modules() if (is_layer or (lambda m: isinstance(m, GradientCheckpointingLayer)))(m)]
+    layers = [m for m in model.modules() if (is_layer or decoder_layer(model))(m)]
     index = {id(m): i for i, m in enumerate(layers)}
 
     def pre(m, args):
@@ -528,10 +540,9 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
 def _layer_params(model, is_layer=None):
     """(the parameters, each decoder layer's parameter indices), checked to be consecutive runs, equal
     but for leading ones (an MoE stack's dense layers, `first_k_dense_replace`: `leading_layers`)."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
     params = list(model.parameters())
     pid = {id(p): i for i, p in enumerate(params)}
-    is_layer = is_layer or (lambda m: isinstance(m, GradientCheckpointingLayer))
+    is_layer = is_layer or decoder_layer(model)
     layer_params = [[pid[id(p)] for p in m.parameters()] for m in model.modules() if is_layer(m)]
     at = layer_params[0][0]
     for ps in layer_params:
@@ -589,8 +600,8 @@ def step_stream(d: dict, attention: str | None = None) -> dict:
     (`zerocalc.sequence._TracedStep`). `attention`: traced under that one (`dispatching`), else
     the config's own."""
     from zerocalc.hf.trace import build, hf_config
-    layers_total = d.get("num_hidden_layers") or d.get("n_layer") or d.get("num_layers")
-    k = min(STREAM_LAYERS + int(d.get("first_k_dense_replace") or 0), layers_total)
+    layers_total, leading = stack(d)
+    k = min(STREAM_LAYERS + leading, layers_total)
     model, mode = build(hf_config(_shallow(d, k)))
     with dispatching(model, attention):
         return _step_stream(model, mode, k)

@@ -232,9 +232,9 @@ def config_steps(d: dict, num_layers: int, attentions=("sdpa", "eager")) -> dict
     `stack_counts`} for SDPA (flash dispatches one attention operator as SDPA does) and eager attention,
     those the model supports (transformers refuses SDPA for Gemma-2), on the model cut to its first n
     and n + 1 layers (`memtrace._shallow`)."""
-    from zerocalc.hf.memtrace import _shallow
+    from zerocalc.hf.memtrace import _shallow, stack
     from zerocalc.hf.trace import build, hf_config
-    n = min(num_layers, 1 + int(d.get("first_k_dense_replace") or 0))
+    n = min(num_layers, 1 + stack(d)[1])
     built = {}
 
     def build_layers(k, attention):

@@ -138,7 +138,50 @@ def build(cfg):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         model.tie_weights()   # skipped with the initialisation (`init_weights` ties)
     model.train()
+    known_positions(model)
     return model, mode
+
+
+def known_positions(model) -> None:
+    """Each rotary embedding is handed its position ids as values the fake tensors know: 0 … s − 1 in
+    every row, as in a batch of whole sequences. Some branch on them in Python (Phi-3.5-MoE's LongRoPE
+    picks its scale by `torch.max(position_ids) + 1`), which a fake tensor, holding no values, cannot
+    answer; a known one answers it (FakeTensorMode computes an operator whose inputs are all known, and
+    keeps a one-element result known). The same tensor is marked, so the operators and the memory
+    traced are the same either way."""
+    import inspect
+    torch, _ = _imports()
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def know(ids):
+        if getattr(ids, "constant", 0) is None:      # a fake tensor whose values are not known
+            with _disable_current_modes():      # made outside every mode: not the model's operators or memory
+                ids.constant = torch.arange(ids.shape[-1], dtype=ids.dtype).expand(tuple(ids.shape)).clone()
+
+    for m in model.modules():
+        params = list(inspect.signature(m.forward).parameters)
+        if type(m).__name__.endswith("RotaryEmbedding") and "position_ids" in params:
+            at = params.index("position_ids")
+
+            def hook(m, args, kwargs, at=at):
+                ids = kwargs.get("position_ids", args[at] if len(args) > at else None)
+                if ids is not None:
+                    know(ids)
+            m.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def decoder_layer(model):
+    """is_layer(module) for `model`: its decoder layers, the `GradientCheckpointingLayer`s of its text
+    model (`get_decoder`). A multimodal model's vision tower has its own, which a batch of tokens never
+    runs (Gemma 3's SigLIP encoder layers)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    try:
+        text = model.get_decoder()
+    except Exception:     # a model with no rule for finding its decoder: every such layer
+        text = model
+    ids = {id(m) for m in text.modules() if isinstance(m, GradientCheckpointingLayer)} \
+        or {id(m) for m in model.modules() if isinstance(m, GradientCheckpointingLayer)}
+    return lambda m: id(m) in ids
 
 
 ZERO_INIT_CONSTRUCTORS = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
@@ -168,8 +211,8 @@ def zero_init_kept(d: dict, layer_names: list[str], buffer_names: list[str]) -> 
     Read from a shallow copy (`layer_names`: the decoder layers; deeper ones as its last) built with
     the constructors so wrapped to a marker dtype, fp16."""
     torch, _ = _imports()
-    from zerocalc.hf.memtrace import _shallow
-    n = min(len(layer_names), 2 + int(d.get("first_k_dense_replace") or 0))
+    from zerocalc.hf.memtrace import _shallow, stack
+    n = min(len(layer_names), 2 + stack(d)[1])
     originals = {c: getattr(torch, c) for c in ZERO_INIT_CONSTRUCTORS}
 
     def wrapped(fn):
@@ -261,18 +304,43 @@ def record(model, forward, is_layer, is_moe=lambda m: "experts" in dict(m.named_
     return tuple(Tensor(n, tuple(p.shape)) for n, p in named), modules, roots[0]
 
 
+@contextmanager
+def quiet():
+    """Transformers' warnings about the config (its rope keys, a decoder used alone) and torch's log,
+    with a traceback, of an operator the fake tensors could not run, kept off the user's terminal: what
+    the trace could not read is said once, in the estimate's notes or its error."""
+    import logging
+    import warnings
+    _, transformers = _imports()
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level, verbosity = fake_log.level, transformers.logging.get_verbosity()
+    fake_log.setLevel(logging.CRITICAL)
+    transformers.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        fake_log.setLevel(level)
+        transformers.logging.set_verbosity(verbosity)
+
+
 def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True) -> Profile:
     """The Profile of a config.json's contents (a dict); activations: also the layers' kept bytes
     (`memtrace.config_activations`: four forwards of one or two layers); steps: the operators and FLOPs
     of a micro-step (`optrace.config_steps`: eight forwards and backwards of one or two layers)."""
+    with quiet():
+        return _trace(d, name, activations, steps)
+
+
+def _trace(d: dict, name: str, activations: bool, steps: bool) -> Profile:
     torch, transformers = _imports()
-    from transformers.modeling_layers import GradientCheckpointingLayer
     cfg = hf_config(d)
     model, mode = build(cfg)
     with mode:
         params, modules, root = record(model, lambda: model(input_ids=torch.zeros(1, TRACE_TOKENS, dtype=torch.long),
                                                             use_cache=False),
-                                       lambda m: isinstance(m, GradientCheckpointingLayer))
+                                       decoder_layer(model))
     layer_names = [m.name for m in modules if m.layer]
     kept = zero_init_kept(d, layer_names, [n for n, _ in model.named_buffers()])
     fp32 = keep_in_fp32(model)         # DeepSpeed's engine makes these fp32 at every stage
