@@ -4,6 +4,10 @@ config is built for real on the CPU and on fake tensors; the traced parameter te
 recorded forward calls use every parameter. Tiny configs (hidden 32, 2 layers, 96 tokens of
 vocabulary): about a second per model type on a loaded core, so all but four are marked slow."""
 import functools
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -140,6 +144,26 @@ def test_a_multimodal_model_is_traced_as_its_text_model_beside_a_vision_tower():
     assert added and all(n.startswith(("model.vision_tower.", "model.multi_modal_projector.")) for n in added)
 
 
+@pytest.mark.slow
+def test_the_trace_prints_only_zerocalcs_own_lines(tmp_path):
+    """What transformers warns of while a config is traced (LongRoPE's `short_mscale`, a token id past a
+    tiny vocabulary) and torch's logged traceback of an operator the fake tensors could not run (CodeGen's
+    rotary width past its head width) stay off the terminal: an estimate prints its notes, a failure one
+    Error line."""
+    def run(d):
+        f = tmp_path / "config.json"
+        f.write_text(json.dumps(d))
+        return subprocess.run([sys.executable, "-m", "zerocalc.cli", "estimate", "--hf-config", str(f), "--dp", "8"],
+                              capture_output=True, text=True, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
+    ok = run(_phimoe_longrope())
+    assert ok.returncode == 0 and "[transformers]" not in ok.stderr
+    assert all(line.startswith("note: ") for line in ok.stderr.splitlines())
+    bad = run(transformers.CodeGenConfig(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                         rotary_dim=64).to_dict())
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "[transformers]" not in bad.stderr
+    assert [line for line in bad.stderr.splitlines() if line.startswith("Error: ")] and "fake_tensor.py" not in bad.stderr
+
+
 def test_tied_weights_are_listed_once_and_owned_by_both_modules():
     """GPT-2 ties lm_head.weight to transformer.wte.weight: one tensor, the embedding's name, and the
     head's call fetches it (the transcribed trace's leaf(0))."""
@@ -215,13 +239,9 @@ def test_a_function_that_kernels_made_a_module_is_not_a_call():
 
 
 def test_a_cached_profile_is_read_without_importing_torch(tmp_path):
-    import json
-    import subprocess
-    import sys
     d = transformers.LlamaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                  intermediate_size=40).to_dict()
     env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    import os
     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", os.getcwd())
     code = ("import json, sys; from zerocalc.hf import trace; d = json.loads(sys.argv[1]); "
             "p = trace.cached_trace(d); print(p.num_params, 'torch' in sys.modules)")
@@ -241,9 +261,6 @@ def test_the_committed_hf_traces_are_current(monkeypatch):
     recorded in tracer.json, traced by the tracer code of this checkout (its digest in tracer.json).
     Fails after a change to the tracer or to the rows: `python tests/hf_traces.py` regenerates them."""
     pytest.importorskip("pandas")
-    import json
-    import os
-
     import hf_traces
     made = hf_traces.manifest()
     assert made.get("tracer_sha256") == hf_traces.tracer_digest(), \
