@@ -315,6 +315,26 @@ def test_a_trace_that_cannot_follow_a_branch_on_a_value_says_so(tmp_path, monkey
     assert "1.5, 1.5, 1.5" in out and "[1.5] * 48" not in out and out.count("1.5,") < 20
 
 
+def test_a_package_the_models_code_needs_is_named_not_the_trace_extra(tmp_path, monkeypatch):
+    """Gemma 3n's vision tower is built through timm: with torch and transformers installed but not timm,
+    transformers raises ImportError; the message is that one (what to install), not a request for the
+    trace extra, which is already there; nothing is kept as failed, so it traces once timm is installed."""
+    pytest.importorskip("transformers")
+    from zerocalc.hf import trace
+
+    def needs_timm(d, name=""):
+        raise ImportError("\nTimmWrapperModel requires the timm library but it was not found in your environment. "
+                          "You can install it with pip:\n`pip install timm`.")
+    monkeypatch.setattr(trace, "cached_trace", needs_timm)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    r = _run("estimate", "--hf-config", _write(tmp_path, {**_qwen(), "intermediate_size": 18432}))
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    out = " ".join(r.output.split())
+    assert "needs a package not installed here: TimmWrapperModel requires the timm library" in out
+    assert "pip install timm" in out and "zerocalc[trace]" not in out
+    assert not list((tmp_path / "cache").rglob("*.failed"))
+
+
 def test_infinity_and_nan_are_read_as_transformers_reads_them(tmp_path, no_trace):
     """Nemotron-H's config.json holds `"time_step_limit": [0.0, Infinity]`: Python's json (which
     transformers uses) reads it; zerocalc then says the model needs the trace, not that it is bad JSON."""

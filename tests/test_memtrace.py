@@ -100,6 +100,28 @@ def test_two_shallow_copies_give_the_whole_stacks_kept_bytes():
     assert shallow["bytes_per_sequence_squared"] == whole["bytes_per_sequence_squared"]
 
 
+def test_a_shallow_copy_cuts_what_the_config_says_per_layer():
+    """`memtrace._shallow` to 2 layers of a 4-layer config: the lists with one entry per layer (Cohere2-MoE's
+    `layer_types` and `mlp_layer_types`, which its config class checks against the layer count, refusing
+    a copy left at 4) and a table keyed by layer index cut to the first 2; the token ids, though as many
+    as the layers, and lists of another length kept whole; a multimodal file's `text_config` cut."""
+    small = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                 num_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
+    d = transformers.Cohere2MoeConfig(**small, num_hidden_layers=4).to_dict()
+    d.update(eos_token_id=[1, 2, 3, 4], per_layer_scale={"0": 1.0, "1": 2.0, "3": 4.0}, norm_layers=[0, 3])
+    with pytest.raises(ValueError):
+        trace.hf_config({**d, "num_hidden_layers": 2})
+    cut = memtrace._shallow(d, 2)
+    assert cut["num_hidden_layers"] == 2 and cut["layer_types"] == d["layer_types"][:2]
+    assert cut["mlp_layer_types"] == d["mlp_layer_types"][:2] and trace.hf_config(cut).num_hidden_layers == 2
+    assert cut["per_layer_scale"] == {"0": 1.0, "1": 2.0} and cut["eos_token_id"] == [1, 2, 3, 4]
+    assert cut["norm_layers"] == [0, 3]
+    both = {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "num_hidden_layers": 4,
+                                                     "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}}
+    assert memtrace._shallow(both, 2)["text_config"]["layer_types"] == ["sliding_attention"] * 2
+    assert "num_hidden_layers" not in memtrace._shallow(both, 2)
+
+
 def test_the_heads_kept_bytes_by_hand():
     """Per token: Llama's final RMSNorm keeps its fp32 input 4h, rsqrt 4, cast and product 2·2h (the
     product is lm_head's input); Gemma-2's norm computes in fp32 (fp32 input 4h, rsqrt 4, the fp32

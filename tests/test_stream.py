@@ -157,6 +157,60 @@ def test_a_leading_dense_layer_is_traced_beside_the_repeated_ones(checkpointing)
     _assert_plays_as_traced(stream, _tiny_deepseek(7), 7, checkpointing)
 
 
+def _tiny_afmoe(layers, dense=1, full_every=100):
+    """AFMoE (Arcee) at toy size: its leading dense layers under its own key (`num_dense_layers`), MoE
+    layers of 4 experts (top 2) and a shared one, sliding-window attention but every `full_every`-th
+    layer."""
+    return transformers.AfmoeConfig(vocab_size=V, hidden_size=H, num_hidden_layers=layers, num_attention_heads=HEADS,
+                                    num_key_value_heads=KV_HEADS, head_dim=H // HEADS, intermediate_size=F,
+                                    moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+                                    num_dense_layers=dense, global_attn_every_n_layers=full_every, sliding_window=S,
+                                    max_position_embeddings=S)
+
+
+@pytest.mark.slow   # traces the stream (12 fake-tensor steps of 5 layers) and a 7-layer model
+def test_the_dense_layers_an_moe_stack_leads_with_are_read_from_the_model_whatever_their_key():
+    """`memtrace.stack` counts the layers before the first with an MoE block, as built: DeepSeek's
+    `first_k_dense_replace` 1, AFMoE's `num_dense_layers` 1 and 2, none in a dense Llama. With 2 dense
+    layers the kept bytes are traced on copies of 3 and 4 layers and equal the whole 7-layer model's
+    (read from copies of 1 and 2 layers, both dense, they would be 1.5% short); the stream, traced at 1 + 4 layers,
+    plays for 7 layers as the 7-layer model's own trace, event for event."""
+    assert memtrace.stack(_tiny_deepseek(7).to_dict()) == (7, 1)
+    assert memtrace.stack(_tiny_afmoe(7).to_dict()) == (7, 1)
+    assert memtrace.stack(_tiny_afmoe(7, dense=2).to_dict()) == (7, 2)
+    assert memtrace.stack(_tiny_llama(7).to_dict()) == (7, 0)
+    model, mode = trace.build(_tiny_afmoe(7, dense=2))
+    whole = memtrace.layer_activations(model, mode)
+    shallow = memtrace.config_activations(_tiny_afmoe(7, dense=2).to_dict(), 7)
+    assert shallow["traced_layers"] == [3, 4]
+    for key in ("bytes_per_token", "bytes_per_sequence_squared"):
+        assert shallow[key] == pytest.approx(whole[key], abs=0.01)
+    stream = memtrace.step_stream(_tiny_afmoe(7).to_dict(), "sdpa")
+    assert stream["layers"] == 5 and len(stream["leading_layer_params"]) == 1
+    _assert_plays_as_traced(stream, _tiny_afmoe(7), 7, checkpointing=True)
+
+
+@pytest.mark.slow   # traces a 5-layer model's stream, activations and operators
+def test_a_stream_that_does_not_play_as_the_whole_model_is_left_out_with_the_reason():
+    """Layers not alike beyond the leading dense ones (AFMoE's every fourth layer attends to the whole
+    sequence, the others within a window, and the traced copy holds one of each) cannot be played by
+    repeating the middle layer: the trace finds that by playing the stream at stages 2 and 3
+    (`trace._unplayable`) and leaves it out, saying why; the estimate takes the calibrated ratio and says
+    so, rather than failing."""
+    from click.testing import CliRunner
+    from zerocalc import resolve
+    from zerocalc.cli import main
+    from zerocalc.model import from_profile
+    d = _tiny_afmoe(8, full_every=4).to_dict()
+    p = trace.trace(d)
+    assert p.stream is None and p.source["untraced"]["stream"].startswith("it does not play as the whole model (")
+    assert p.activations and p.steps and all(v["stream"] is None for v in (p.attentions or {}).values())
+    spec = from_profile(p)
+    assert sequence.step_stream(spec, Setup(seq_len=64)) is None
+    assert "reserved: the calibrated ratio (its allocation stream could not be traced: it does not play" \
+        in " ".join(resolve.notes(spec, [Setup(seq_len=64)]))
+
+
 LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, and what they reserved (GiB)
     ("t4-warmup/hf-llama-h768-l12-s2-bf16-n1-b1x2048-gas1-0d2548528e", 3.455),
     ("t4-warmup/hf-llama-h2048-l22-s2-bf16-n2-b2x1024-gas1-a948bae5f0", 18.561),

@@ -164,6 +164,47 @@ def test_the_trace_prints_only_zerocalcs_own_lines(tmp_path):
     assert [line for line in bad.stderr.splitlines() if line.startswith("Error: ")] and "fake_tensor.py" not in bad.stderr
 
 
+def test_a_module_cast_while_the_model_is_built_is_cast_in_place():
+    """DeepSeek-V4 builds its attention's norms as `RMSNorm(...).to(torch.float32)`. Torch swaps a fake
+    parameter for its cast, which the fake tensor's weak reference forbids ("Couldn't swap"); the build
+    casts it in place instead (`trace._casts_in_place`), as a real module's is: the same parameter, fp32."""
+    cfg = transformers.DeepseekV4Config(vocab_size=96, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
+                                        num_attention_heads=4, head_dim=16, q_lora_rank=16, n_routed_experts=4,
+                                        num_experts_per_tok=2, o_groups=2, o_lora_rank=16, index_n_heads=2,
+                                        index_head_dim=16, index_topk=8, sliding_window=8, max_position_embeddings=64,
+                                        num_nextn_predict_layers=0)
+    model, _ = T.build(cfg)
+    norm = model.model.layers[0].self_attn.q_a_norm.weight
+    assert norm.dtype == torch.float32 and model.model.layers[0].self_attn.q_a_proj.weight.dtype == torch.bfloat16
+    assert T.trace(cfg.to_dict(), activations=False, steps=False).num_params == sum(p.numel() for p in model.parameters())
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(), pytest.raises(RuntimeError, match="Couldn't swap"):
+        torch.nn.Linear(4, 4, dtype=torch.bfloat16).to(torch.float32)
+    with FakeTensorMode(), T._casts_in_place():
+        linear = torch.nn.Linear(4, 4, dtype=torch.bfloat16)
+        weight = linear.weight
+        assert linear.to(torch.float32).weight is weight and weight.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_a_model_without_attention_heads_is_estimated_from_its_trace(tmp_path, monkeypatch):
+    """Falcon-Mamba has no attention heads: its architecture's heads are None, so no Llama formula
+    applies, and its kept activations come from its trace, which is read in bf16/fp16; in fp32 the
+    estimate says so and exits 2 (the formulas need the heads), never a traceback."""
+    from click.testing import CliRunner
+    from zerocalc.cli import main
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(transformers.FalconMambaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+                                                           state_size=4, expand=2, conv_kernel=4).to_dict()))
+    args = ("estimate", "--hf-config", str(f), "--dp", "8", "--stage", "2,3", "--seq-len", "64")
+    ok = CliRunner().invoke(main, args)
+    assert ok.exit_code == 0 and "activations: the layers' and the head's kept tensors traced" in ok.stderr
+    fp32 = CliRunner().invoke(main, (*args, "--dtype", "fp32"))
+    assert fp32.exit_code == 2 and "without attention heads has no formula for fp32" in fp32.output
+    assert "Traceback" not in fp32.output
+
+
 def test_tied_weights_are_listed_once_and_owned_by_both_modules():
     """GPT-2 ties lm_head.weight to transformer.wte.weight: one tensor, the embedding's name, and the
     head's call fetches it (the transcribed trace's leaf(0))."""

@@ -105,7 +105,6 @@ def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activa
         return None
     coef = (cal or calibration.default())["activations"][arch.family]
     b, tokens, v = setup.param_bytes, setup.micro_batch * setup.seq_len, arch.vocab_size
-    layer = b * tokens * layer_units_per_token(arch, setup, coef)
     traced = traced_layers_bytes(model, setup)
     head = 0
     if traced is not None:
@@ -113,6 +112,11 @@ def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activa
         # The head's kept tensors (final norm, soft-capping's tanh over the vocabulary): kept, like the
         # log-probabilities, until the loss path's backward, gone before the last layer's.
         head = int(traced_activations(model, setup).get("head_bytes_per_token", 0) * tokens)
+    elif arch.num_heads is None:     # a model without attention heads (Mamba's): no formula to fall back on
+        raise ValueError(f"{model.name}: its activations are read from its code in bf16/fp16 only, and a model "
+                         f"without attention heads has no formula for {setup.dtype}: train in bf16 or fp16")
+    else:
+        layer = b * tokens * layer_units_per_token(arch, setup, coef)
     layer += frozen_delta_bytes(model, setup) / arch.num_layers
     if setup.activation_checkpointing:
         kept_layers = arch.num_layers * b * tokens * coef.get("checkpoint_h", 1.0) * arch.hidden_size

@@ -41,7 +41,7 @@ def validate_architecture(arch: Architecture) -> None:
     if arch.family not in FAMILIES:
         raise ValueError(f"unknown model family {arch.family!r}; choose one of {', '.join(FAMILIES)}")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size"):
-        if getattr(arch, name) < 1:
+        if not isinstance(getattr(arch, name), int) or getattr(arch, name) < 1:   # None: a model without one (Mamba's heads)
             raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(arch, name)}")
     if arch.hidden_size % arch.num_heads:
         raise ValueError(f"hidden-size {arch.hidden_size} is not divisible by num-heads {arch.num_heads}")

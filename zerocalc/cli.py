@@ -297,6 +297,18 @@ def _adapted(spec, model_name, hf_config, overrides, lora, freeze, stages):
         raise InputFailure(str(err))
 
 
+def _modelled(spec, setups) -> None:
+    """Refuse, naming what to change, a setup whose activations zerocalc cannot count for this model
+    (`activations.breakdown`: a model without attention heads, Mamba's, read from its code in bf16/fp16
+    only, trained in fp32)."""
+    from zerocalc import activations
+    for s in setups:
+        try:
+            activations.breakdown(spec, s)
+        except ValueError as err:
+            raise InputFailure(str(err))
+
+
 def _streamed(spec, model_name, hf_config, overrides, lora, setups):
     """A model with frozen parameters with the allocation stream of its own trained tensors, in the
     variants the setups run (`zerocalc.hf.adapted`: PEFT's model recorded on fake tensors, cached), so
@@ -568,6 +580,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
     if spec.architecture is None and any(s.seq_len for s in setups):
         spec = _shaped(spec.num_params)   # activations and step time need a shape: as plan's, of exactly P
     spec = _streamed(spec, model_name, hf_config, overrides, lora, setups)
+    _modelled(spec, setups)
     cal = _calibration(calibration_name, cpu_adam_rate, host_link_gbps, host_launch_us)
     hw = None
     if gpu_name is not None:
@@ -704,6 +717,7 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
             dsconfig.check_setup(ds, space.stages[0], base.dtype, base.grad_accum_dtype, space.offloads[0][0])
         except dsconfig.DsConfigError as err:
             raise InputFailure(f"{ds_config}: {err}")
+    _modelled(spec, [base])
     host_memory, host_note = _host_memory(host_memory, hw)
     # the candidates `estimate` judges (`plan.top`) are simulated with the adapted model's own stream
     spec = _streamed(spec, model_name, hf_config, overrides, lora,

@@ -170,6 +170,12 @@ def check_hf_config(cfg: dict, path: str = "config.json") -> dict:
         value = cfg[key]
         if value is None and (key in _HF_NULLABLE or kind not in _HF_KEYS):
             continue
+        if kind not in _HF_KEYS and isinstance(value, list) and value:   # one per layer (Gemma 3n's widths)
+            for v in value:
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise InputError(f"{path}: {key} = {json.dumps(value)}: must be whole numbers (JSON integers)")
+                check_int(limit, v, f"{path}: {key}")
+            continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise InputError(f"{path}: {key} = {json.dumps(value)}: must be a whole number (a JSON integer)")
         check_int(limit, value, f"{path}: {key}")

@@ -232,7 +232,11 @@ def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
     from zerocalc.hf import trace
     try:
         p = trace.cached_trace(d, label)
-    except ImportError:
+    except ImportError as err:
+        text = " ".join(str(err).split())
+        if not text.startswith("tracing a config needs torch and transformers"):   # a package the model's own code needs
+            raise ValueError(f"{given}: model_type {d.get('model_type')!r} is built by code that needs a package "
+                             f"not installed here: {text}" + nearest)
         raise ValueError(f"{given}: tracing model_type {d.get('model_type')!r} needs the trace extra: {INSTALL}; "
                          f"or give --params P, or the shape flags {SHAPE_FLAGS}" + nearest)
     except Exception as err:     # whatever the model's own code raises on this config

@@ -11,6 +11,8 @@ What is recorded is a step after one that is not (`WARM_UP`): a model's code may
 first step only (LongRoPE's rotary embedding makes its long inverse frequencies once and keeps them:
 Phi-3.5-mini, Phi-4-mini), and a job's every step but its first is the one after.
 """
+import functools
+import json
 import weakref
 from contextlib import contextmanager
 
@@ -205,30 +207,64 @@ def layer_activations(model, mode, seqs=(32, 64)) -> dict:
             "head_bytes_per_token": round(head2 / s2, 3), "dtype": "bfloat16", "traced_at": [s1, s2]}
 
 
+SCAN_LAYERS = 8      # the decoder layers read for an MoE stack's leading dense ones
+
+
 def stack(d: dict) -> tuple[int, int]:
-    """(decoder layers, leading dense layers of an MoE stack: `first_k_dense_replace`) of the model a
-    config.json describes, as transformers builds it: a multimodal file's text model (Gemma 3's
-    `text_config`, beside its vision tower), its config class's default where the file gives none."""
+    """(decoder layers, the dense layers an MoE stack leads with) of the model a config.json describes,
+    as transformers builds it: a multimodal file's text model (Gemma 3's `text_config`, beside its
+    vision tower), its config class's default where the file gives none. The dense layers are read from
+    the model, whatever its config calls them (DeepSeek's `first_k_dense_replace`, AFMoE's
+    `num_dense_layers`): those before the first layer with an MoE block (an `experts` child) among its
+    first `SCAN_LAYERS`; 0 for a dense model."""
+    layers = _layer_count(d)
+    return layers, _leading_dense(json.dumps(d, sort_keys=True), min(layers, SCAN_LAYERS))
+
+
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def _layer_count(d: dict) -> int:
     from zerocalc.hf.trace import _get, hf_config
-    text = hf_config(d).get_text_config()
-    return _get(text, "num_hidden_layers", "n_layer", "num_layers"), int(getattr(text, "first_k_dense_replace", 0) or 0)
+    return _get(hf_config(d).get_text_config(), *LAYER_KEYS)
+
+
+@functools.lru_cache(maxsize=8)
+def _leading_dense(config: str, scanned: int) -> int:
+    from zerocalc.hf.trace import build, decoder_layer, hf_config
+    model, _ = build(hf_config(_shallow(json.loads(config), scanned)))
+    is_layer = decoder_layer(model)
+    moe = [any("experts" in dict(c.named_children()) for c in m.modules()) for m in model.modules() if is_layer(m)]
+    return moe.index(True) if any(moe) else 0
 
 
 def _shallow(d: dict, layers: int) -> dict:
-    """The config with its first `layers` decoder layers (per-layer lists cut to match); a multimodal
-    file's text model cut so."""
+    """The config with its first `layers` decoder layers, and what it says per layer cut to match: a
+    list with one entry per layer (`layer_types`, DeepSeek-V3.2's and EXAONE's `mlp_layer_types`,
+    SmolLM3's `no_rope_layers`, Ling's `swiglu_limits`) to its first `layers`, a table keyed by layer
+    index (dots's `per_layer_config`) to theirs; config classes refuse a copy whose lists are longer
+    than its stack. A multimodal file's text model is cut so."""
     d = dict(d)
-    if isinstance(d.get("text_config"), dict) and not any(k in d for k in ("num_hidden_layers", "n_layer", "num_layers")):
+    if isinstance(d.get("text_config"), dict) and not any(k in d for k in LAYER_KEYS):
         d["text_config"] = _shallow(d["text_config"], layers)
         return d
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+    total = _layer_count(d)
+    for key in LAYER_KEYS:
         if key in d:
             d[key] = layers
     d.setdefault("num_hidden_layers", layers)
-    for key in ("layer_types",):
-        if isinstance(d.get(key), list):
-            d[key] = d[key][:layers]
+    for key, value in d.items():
+        if key in _NOT_PER_LAYER:
+            continue
+        if isinstance(value, list) and len(value) == total:
+            d[key] = value[:layers]
+        elif isinstance(value, dict) and value and all(str(k).isdigit() and int(k) < total for k in value):
+            d[key] = {k: v for k, v in value.items() if int(k) < layers}
     return d
+
+
+# Keys that may hold as many entries as the model has layers without being per layer
+_NOT_PER_LAYER = frozenset({"architectures", "bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id"})
 
 
 def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str | None = None) -> dict:

@@ -134,12 +134,40 @@ def build(cfg):
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, no_init_weights():
+    with mode, no_init_weights(), _casts_in_place():
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         model.tie_weights()   # skipped with the initialisation (`init_weights` ties)
     model.train()
     known_positions(model)
     return model, mode
+
+
+@contextmanager
+def _casts_in_place():
+    """A module cast while the model is built (DeepSeek-V4's norms, `RMSNorm(...).to(torch.float32)`)
+    casts its fake parameters in place (`param.data = cast`), as torch does a real module's: for a fake
+    tensor torch swaps the parameter for its cast instead, which the fake tensor's weak reference
+    forbids ("Couldn't swap"). The parameters are the same objects either way, tied ones too."""
+    import torch
+    original = torch.nn.Module._apply
+
+    def _apply(self, fn, recurse=True):
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        with torch.no_grad():
+            for p in self._parameters.values():
+                if p is not None:
+                    p.data = fn(p)
+        for key, b in self._buffers.items():
+            if b is not None:
+                self._buffers[key] = fn(b)
+        return self
+    torch.nn.Module._apply = _apply
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original
 
 
 def known_positions(model) -> None:
@@ -367,11 +395,39 @@ def _trace(d: dict, name: str, activations: bool, steps: bool) -> Profile:
         counted = _attempt(untraced, "steps", lambda: optrace.config_steps(d, layers))
         if counted is None:
             untraced.setdefault("steps", "neither SDPA nor eager attention of its code could be set")
-    return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
-                   params, buffers, modules, root,
-                   {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                    "trace_version": TRACE_VERSION, "config_sha256": config_digest(d),
-                    **({"untraced": untraced} if untraced else {})}, acts, stream, counted, attentions)
+    def profile():
+        return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
+                       params, buffers, modules, root,
+                       {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+                        "trace_version": TRACE_VERSION, "config_sha256": config_digest(d),
+                        **({"untraced": untraced} if untraced else {})}, acts, stream, counted, attentions)
+    unplayable = stream is not None and _unplayable(profile())
+    if unplayable:
+        untraced["stream"] = unplayable
+        stream = None
+        attentions = {k: {**v, "stream": None} for k, v in attentions.items()} if attentions else None
+    return profile()
+
+
+def _unplayable(p: Profile) -> str | None:
+    """Why the profile's allocation streams do not play as the whole model, or None: each attention's,
+    at stages 2 and 3 (its gathers), checkpointed or not, at the model's depth. The stream is traced on
+    a shallow copy and its middle layer repeated (`zerocalc.sequence`), which needs layers alike past
+    the leading dense ones of an MoE stack; where they are not, the trace says so once, here, and the
+    calibrated ratio stands in, rather than every estimate failing."""
+    from zerocalc import sequence
+    from zerocalc.model import from_profile
+    from zerocalc.training import Setup, Stage
+    spec = from_profile(p)
+    for attention in {"sdpa", p.stream["attention"]}:
+        for stage in (Stage.GRADIENTS, Stage.PARAMETERS):
+            for checkpointing in (False, True):
+                setup = Setup(stage=stage, dp=2, seq_len=64, attention=attention, activation_checkpointing=checkpointing)
+                try:
+                    sequence.peaks_bytes(spec, setup)
+                except Exception as err:     # the stream's own structure, not the setup's
+                    return f"it does not play as the whole model ({why(err)})"
+    return None
 
 
 def _attempt(untraced: dict, key: str, read):
