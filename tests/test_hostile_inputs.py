@@ -22,6 +22,8 @@ FILES = {
     "vocab_null.json": json.dumps({**LLAMA, "vocab_size": None}),
     "layers_huge.json": json.dumps({**LLAMA, "num_hidden_layers": 200_000}),
     "list.json": "[1, 2]",
+    "llama_widths.json": json.dumps({**LLAMA, "intermediate_size": [11008, 11008]}),
+    "gemma3n_widths.json": json.dumps({"model_type": "gemma3n_text", "intermediate_size": [16384, 16384.5]}),
     "cal_time_only.json": '{"time": {}}',
     "fp16_false.json": '{"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": "false"}}',
     "fp16_bf16.json": '{"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}, "bf16": {"enabled": true}}',
@@ -99,6 +101,11 @@ CASES = [
     (["estimate", "--hf-config", "@hidden_str.json"], 2, 'hidden_str.json: hidden_size = "4096": must be a whole number'),
     (["estimate", "--hf-config", "@vocab_null.json"], 2, "vocab_null.json: vocab_size = null: must be a whole number"),
     (["estimate", "--hf-config", "@list.json"], 2, "list.json: a Hugging Face config.json is a JSON object"),
+    # a width per layer: a model type of its own code may have them (Gemma 3n's), each a whole number; a
+    # family read by hand (Llama's) has one
+    (["estimate", "--hf-config", "@llama_widths.json"], 2, "intermediate_size = [11008, 11008]: must be a whole number"),
+    (["estimate", "--hf-config", "@gemma3n_widths.json"], 2,
+     "intermediate_size = [16384, 16384.5]: must be whole numbers (JSON integers)"),
     (["estimate", "--hf-config", "@latin1.json"], 2, "latin1.json: not UTF-8 text"),
     (EG + ["--calibration", "@cal_time_only.json"], 2, 'no "activations" section'),
     (EG + ["--calibration", "@list.json"], 2, "list.json: a calibration is a JSON object"),
@@ -236,3 +243,13 @@ def test_report_on_one_row_prints_only_the_tables_it_has_rows_for(tmp_path):
     for i, line in enumerate(text.splitlines()):
         if line.startswith("stage  rows"):
             assert text.splitlines()[i + 1][:5].strip().isdigit(), line   # a header is followed by a row
+
+
+def test_a_width_per_layer_of_whole_numbers_is_read_for_a_model_of_its_own_code():
+    """Gemma 3n's text config gives `intermediate_size` per layer: accepted where the model is read from
+    its code (its trace builds what the list says), each entry range-checked."""
+    from zerocalc.inputs import InputError, check_hf_config
+    d = {"model_type": "gemma3n_text", "intermediate_size": [16384] * 35}
+    assert check_hf_config(d) is d
+    with pytest.raises(InputError, match="intermediate_size"):
+        check_hf_config({"model_type": "gemma3n_text", "intermediate_size": [16384, 0]})
