@@ -205,6 +205,41 @@ def test_a_model_without_attention_heads_is_estimated_from_its_trace(tmp_path, m
     assert "Traceback" not in fp32.output
 
 
+def test_a_module_the_model_makes_while_it_runs_is_not_a_call():
+    """BigBird, asked for block-sparse attention over a sequence too short for it, makes a full-attention
+    module during its forward and calls it: not one of the model's modules, so DeepSpeed hooks none;
+    the calls under it stand in its place, and the profile holds only the model's own modules."""
+    cfg = transformers.BigBirdConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=48, max_position_embeddings=128, attention_type="block_sparse",
+                                     block_size=4, num_random_blocks=2)
+    p = T.trace(cfg.to_dict(), activations=False, steps=False)
+
+    def modules(node):
+        yield node.module
+        for c in node.children:
+            yield from modules(c)
+    assert all(isinstance(i, int) for i in modules(p.calls))
+    assert P.from_json(P.to_json(p)) == p and from_profile(p).num_params == p.num_params
+
+
+@pytest.mark.slow
+def test_a_model_whose_layers_differ_is_traced_with_its_configs_global_values():
+    """Gemma 4's full-attention layers have their own head width and key/value heads (`global_head_dim`,
+    `num_global_key_value_heads`: transformers' `per_layer_config`), and its config refuses a global read
+    of such a value. The dimensions read the global one (the sliding layers', most of them); the
+    parameters are torch's; the stream, whose layers are not alike, is left out with the reason."""
+    d = {"model_type": "gemma4_text", "hidden_size": 32, "num_hidden_layers": 6, "intermediate_size": 48,
+         "num_attention_heads": 4, "head_dim": 8, "global_head_dim": 16, "vocab_size": 96, "num_key_value_heads": 2,
+         "num_global_key_value_heads": 1, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+         "sliding_window": 16, "max_position_embeddings": 64, "attention_k_eq_v": True, "tie_word_embeddings": True,
+         "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+    p = T.trace(d)
+    assert (p.dims["head_dim"], p.dims["num_kv_heads"], p.dims["num_layers"]) == (8, 2, 6)
+    real = transformers.AutoModelForCausalLM.from_config(T.hf_config(d))
+    assert p.num_params == sum(x.numel() for x in real.parameters())
+    assert p.activations and p.steps and p.source["untraced"]["stream"].startswith("it does not play")
+
+
 def test_tied_weights_are_listed_once_and_owned_by_both_modules():
     """GPT-2 ties lm_head.weight to transformer.wte.weight: one tensor, the embedding's name, and the
     head's call fetches it (the transcribed trace's leaf(0))."""

@@ -64,8 +64,21 @@ def _get(cfg, *names, default=None):
 
 
 def dims(cfg) -> dict:
-    """The config's dimensions under zerocalc's names (text config of multimodal ones)."""
+    """The config's dimensions under zerocalc's names (text config of multimodal ones). Where layers
+    differ (Gemma 4's full-attention layers' own head width and key/value heads, `per_layer_config`), the
+    config's global values: most layers', what the nearest family shape needs."""
     c = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if not hasattr(type(c), "allow_global_per_layer_attribute_access"):
+        return _dims(c)
+    allowed = c.allow_global_per_layer_attribute_access
+    c.allow_global_per_layer_attribute_access = True
+    try:
+        return _dims(c)
+    finally:
+        c.allow_global_per_layer_attribute_access = allowed
+
+
+def _dims(c) -> dict:
     h = _get(c, "hidden_size", "n_embd", "d_model")
     heads = _get(c, "num_attention_heads", "n_head")
     experts = _get(c, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0)
@@ -301,7 +314,10 @@ def record(model, forward, is_layer, is_moe=lambda m: "experts" in dict(m.named_
 
     def post(m, args, out):
         idx, children = stack.pop()
-        stack[-1][1].append(CallNode(idx, tuple(children), output_requires_grad(out)))
+        if idx is None:      # a module the model makes while it runs (BigBird's), none of its own: DeepSpeed
+            stack[-1][1].extend(children)     # hooks none such, so the calls under it stand in its place
+        else:
+            stack[-1][1].append(CallNode(idx, tuple(children), output_requires_grad(out)))
 
     def read(p):
         i = index.get(id(p))
