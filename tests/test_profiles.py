@@ -49,7 +49,7 @@ def test_shipped_profiles_have_the_published_parameter_counts(name):
 # the Hub's count of a tied-embedding checkpoint that stores the head twice (Qwen1.5-1.8B's 1.84B,
 # Falcon-40B's 41.8B), DeepSeek-V3's 685B (with the multi-token-prediction layer transformers does
 # not build: 671B without); names that round down past their own last digit (GPT-2 XL's "1.5B" of
-# 1.56B; StarCoder2-15B's "15B" of 15.7B), and StarCoderBase-1B's "1B" (±50% says nothing).
+# 1.56B; StarCoder2-15B's "15B" of 15.96B), and StarCoderBase-1B's "1B" (±50% says nothing).
 FIGURES = {
     # EleutherAI/pythia README, "Models" table, total parameters (exact)
     "pythia-14m": "14,067,712", "pythia-160m": "162,322,944", "pythia-1.4b": "1,414,647,808", "pythia-70m": "70,426,624", "pythia-410m": "405,334,016",
