@@ -13,29 +13,25 @@ config missing, or the tracer changed since): regenerate with `python tests/hf_t
 four minutes on two cores).
 """
 import glob
-import hashlib
 import json
 import os
 import re
 import shutil
 import sys
 
+from zerocalc.hf.trace import TRACER_SOURCES, code_digest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDER = os.path.join(ROOT, "data", "hf-traces")
 MANIFEST = os.path.join(FOLDER, "tracer.json")
 KEY = re.compile(r"[0-9a-f]{32}\.json$")     # a trace's file: its cache key
 # What `zerocalc.hf.trace.trace` runs of zerocalc: a change to any of them may change a trace.
-TRACER_FILES = ("zerocalc/hf/trace.py", "zerocalc/hf/memtrace.py", "zerocalc/hf/optrace.py", "zerocalc/hf/cudaops.py",
-                "zerocalc/profile.py")
+TRACER_FILES = tuple("zerocalc/" + rel for rel in TRACER_SOURCES)
 
 
 def tracer_digest() -> str:
-    """SHA-256 of the tracer's source files, in TRACER_FILES order."""
-    h = hashlib.sha256()
-    for rel in TRACER_FILES:
-        with open(os.path.join(ROOT, rel), "rb") as f:
-            h.update(rel.encode() + b"\0" + f.read() + b"\0")
-    return h.hexdigest()
+    """SHA-256 of the tracer's source files (`zerocalc.hf.trace.code_digest`, which keys failed traces too)."""
+    return code_digest()
 
 
 def manifest() -> dict:

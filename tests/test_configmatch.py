@@ -291,6 +291,9 @@ def test_a_failed_trace_is_kept_with_its_reason_until_its_file_is_deleted(tmp_pa
     os.remove(tmp_path / "cache" / "zerocalc" / "profiles" / kept[0])
     _run("estimate", "--hf-config", f)
     assert len(calls) == 2
+    monkeypatch.setattr(trace, "code_digest", lambda: "another tracer")   # zerocalc upgraded: tried again
+    _run("estimate", "--hf-config", f)
+    assert len(calls) == 3
 
 
 def test_a_trace_that_cannot_follow_a_branch_on_a_value_says_so(tmp_path, monkeypatch):

@@ -205,11 +205,12 @@ def _text_model(d: dict) -> str:
 
 
 def _failure_file(d: dict) -> str | None:
-    """Where a failed trace of `d` is kept (beside the trace cache, under its key: another torch,
-    transformers or TRACE_VERSION tries again), or None without the extra."""
+    """Where a failed trace of `d` is kept (beside the trace cache, under its key and the tracer code's
+    digest: another torch, transformers, TRACE_VERSION or zerocalc's tracer tries again), or None
+    without the extra."""
     try:
         from zerocalc.hf import trace
-        return os.path.join(trace.cache_dir(), trace.cache_key(d) + ".failed")
+        return os.path.join(trace.cache_dir(), f"{trace.cache_key(d)}-{trace.code_digest()[:12]}.failed")
     except ImportError:
         return None
 

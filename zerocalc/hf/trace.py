@@ -12,6 +12,7 @@ ones `named_parameters(recurse=False)` mapped to them by identity. A decoder lay
 torch and transformers are imported here only: `zerocalc` itself stays torch-free.
 """
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -491,6 +492,21 @@ def cache_key(d: dict) -> str:
     text = json.dumps({"config": d, "transformers": transformers_version, "torch": torch_version,
                        "trace_version": TRACE_VERSION}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# The code a trace runs: a failure kept by another version of it is tried again (`resolve._failure_file`)
+TRACER_SOURCES = ("hf/trace.py", "hf/memtrace.py", "hf/optrace.py", "hf/cudaops.py", "profile.py")
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """SHA-256 of the tracer's source files, as installed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for rel in TRACER_SOURCES:
+        with open(os.path.join(root, rel), "rb") as f:
+            h.update(rel.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()
 
 
 def cached_trace(d: dict, name: str = "") -> Profile:
