@@ -225,6 +225,11 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 
 
 def _layer_count(d: dict) -> int:
+    """The decoder layers the config gives, else (a multimodal file, a class default) as transformers
+    builds it."""
+    given = next((d[k] for k in LAYER_KEYS if isinstance(d.get(k), int)), None)
+    if given is not None:
+        return given
     from zerocalc.hf.trace import _get, hf_config
     return _get(hf_config(d).get_text_config(), *LAYER_KEYS)
 

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 from contextlib import contextmanager
+from dataclasses import replace
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
@@ -412,18 +413,16 @@ def _trace(d: dict, name: str, activations: bool, steps: bool) -> Profile:
         counted = _attempt(untraced, "steps", lambda: optrace.config_steps(d, layers))
         if counted is None:
             untraced.setdefault("steps", "neither SDPA nor eager attention of its code could be set")
-    def profile():
-        return Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
-                       params, buffers, modules, root,
-                       {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                        "trace_version": TRACE_VERSION, "config_sha256": config_digest(d),
-                        **({"untraced": untraced} if untraced else {})}, acts, stream, counted, attentions)
-    unplayable = stream is not None and _unplayable(profile())
-    if unplayable:
-        untraced["stream"] = unplayable
-        stream = None
-        attentions = {k: {**v, "stream": None} for k, v in attentions.items()} if attentions else None
-    return profile()
+    p = Profile(name or d.get("_name_or_path") or cfg.model_type, cfg.model_type, dims(cfg),
+                params, buffers, modules, root,
+                {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+                 "trace_version": TRACE_VERSION, "config_sha256": config_digest(d),
+                 **({"untraced": untraced} if untraced else {})}, acts, stream, counted, attentions)
+    unplayable = stream is not None and _unplayable(p)
+    if not unplayable:
+        return p
+    return replace(p, stream=None, source={**p.source, "untraced": {**untraced, "stream": unplayable}},
+                   attentions={k: {**v, "stream": None} for k, v in attentions.items()} if attentions else None)
 
 
 def _unplayable(p: Profile) -> str | None:
@@ -516,7 +515,6 @@ def cached_trace(d: dict, name: str = "") -> Profile:
     if os.path.exists(path):
         try:
             p = P.load(path)
-            from dataclasses import replace
             return replace(p, name=name or p.name)
         except (ValueError, KeyError, json.JSONDecodeError):
             pass
