@@ -3,6 +3,7 @@ files of every shipped model answer without torch exactly as --model NAME; a dec
 a trace, or without torch a message naming it; failures kept; any config.json, however odd, is one
 Error line."""
 import builtins
+import functools
 import json
 import os
 import subprocess
@@ -316,6 +317,24 @@ def test_a_trace_that_cannot_follow_a_branch_on_a_value_says_so(tmp_path, monkey
     assert "branches on a tensor's value, which zerocalc's trace on fake tensors cannot follow" in out
     assert "differs in rope_scaling" in out and "--model phi-3.5-moe answers without torch" in out
     assert "1.5, 1.5, 1.5" in out and "[1.5] * 48" not in out and out.count("1.5,") < 20
+
+
+def test_a_trace_not_yet_cached_says_it_has_begun_at_a_terminal(tmp_path, monkeypatch):
+    """A trace takes seconds to minutes: at a terminal, before one that is not cached, one line says it has
+    begun and where it will be kept; not again once cached, and never into a pipe (the tests' output)."""
+    pytest.importorskip("transformers")
+    from zerocalc import resolve
+    from zerocalc.hf import trace
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(trace, "trace", functools.partial(trace.trace, activations=False, steps=False))
+    monkeypatch.setattr(resolve, "_at_a_terminal", lambda: True)
+    f = _write(tmp_path, {**_qwen(), "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96,
+                          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96})
+    first, again = _run("estimate", "--hf-config", f), _run("estimate", "--hf-config", f)
+    assert first.exit_code == again.exit_code == 0
+    said = [ln for ln in first.stderr.splitlines() if ln.startswith("tracing model_type 'qwen2' from its code")]
+    assert len(said) == 1 and str(tmp_path / "cache") in said[0]
+    assert "tracing model_type" not in again.stderr
 
 
 def test_a_package_the_models_code_needs_is_named_not_the_trace_extra(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ optional `trace` extra) only when neither a shipped profile nor one of the valid
 (`zerocalc.family`) reads it."""
 import json
 import os
+import sys
 from dataclasses import replace
 from functools import lru_cache
 
@@ -215,6 +216,11 @@ def _failure_file(d: dict) -> str | None:
         return None
 
 
+def _at_a_terminal() -> bool:
+    """Whether a person watches standard error: a trace not yet cached then says it has begun."""
+    return sys.stderr.isatty()
+
+
 def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
     """The traced profile's ModelSpec. A config that fails to trace is kept as failed with the reason,
     not traced again on every call: the message says which file to delete to try again."""
@@ -231,6 +237,10 @@ def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
         raise ValueError(f"{given}: the trace of model_type {d.get('model_type')!r} failed when last "
                          f"traced: {reason} {retry}{nearest}")
     from zerocalc.hf import trace
+    if _at_a_terminal() and not os.path.exists(os.path.join(trace.cache_dir(), trace.cache_key(d) + ".json")):
+        sys.stderr.write(f"tracing model_type {d.get('model_type')!r} from its code on fake tensors (seconds to "
+                         f"minutes, once: kept in {trace.cache_dir()})...\n")
+        sys.stderr.flush()
     try:
         p = trace.cached_trace(d, label)
     except ImportError as err:
