@@ -203,6 +203,14 @@ def test_a_model_without_attention_heads_is_estimated_from_its_trace(tmp_path, m
     fp32 = CliRunner().invoke(main, (*args, "--dtype", "fp32"))
     assert fp32.exit_code == 2 and "without attention heads has no formula for fp32" in fp32.output
     assert "Traceback" not in fp32.output
+    # where its code's kept tensors could not be read at all (xLSTM's), that is what is said, and why
+    from dataclasses import replace
+    from zerocalc import activations
+    from zerocalc.training import Setup
+    p = T.cached_trace(json.loads(f.read_text()))
+    unread = replace(p, activations=None, source={**p.source, "untraced": {"activations": "RuntimeError: x"}})
+    with pytest.raises(ValueError, match=r"could not be read from its code \(RuntimeError: x\), and a model without"):
+        activations.breakdown(from_profile(unread), Setup(seq_len=64))
 
 
 def test_a_module_the_model_makes_while_it_runs_is_not_a_call():

@@ -113,8 +113,13 @@ def breakdown(model: ModelSpec, setup: Setup, cal: dict | None = None) -> Activa
         # log-probabilities, until the loss path's backward, gone before the last layer's.
         head = int(traced_activations(model, setup).get("head_bytes_per_token", 0) * tokens)
     elif arch.num_heads is None:     # a model without attention heads (Mamba's): no formula to fall back on
-        raise ValueError(f"{model.name}: its activations are read from its code in bf16/fp16 only, and a model "
-                         f"without attention heads has no formula for {setup.dtype}: train in bf16 or fp16")
+        if setup.param_bytes != 2:
+            raise ValueError(f"{model.name}: its activations are read from its code in bf16/fp16 only, and a model "
+                             f"without attention heads has no formula for {setup.dtype}: train in bf16 or fp16")
+        why = ((model.profile.source if model.profile else {}).get("untraced") or {}).get("activations", "")
+        raise ValueError(f"{model.name}: its activations could not be read from its code"
+                         + (f" ({why})" if why else "") + ", and a model without attention heads has no formula "
+                         "to stand in; it is not modelled")
     else:
         layer = b * tokens * layer_units_per_token(arch, setup, coef)
     layer += frozen_delta_bytes(model, setup) / arch.num_layers
