@@ -237,19 +237,18 @@ def _traced(d: dict, label: str, given: str, nearest: str = "") -> ModelSpec:
         raise ValueError(f"{given}: the trace of model_type {d.get('model_type')!r} failed when last "
                          f"traced: {reason} {retry}{nearest}")
     from zerocalc.hf import trace
-    if _at_a_terminal() and not os.path.exists(os.path.join(trace.cache_dir(), trace.cache_key(d) + ".json")):
+    if _at_a_terminal() and not os.path.exists(trace.cache_path(d)):
         sys.stderr.write(f"tracing model_type {d.get('model_type')!r} from its code on fake tensors (seconds to "
                          f"minutes, once: kept in {trace.cache_dir()})...\n")
         sys.stderr.flush()
     try:
         p = trace.cached_trace(d, label)
-    except ImportError as err:
-        text = " ".join(str(err).split())
-        if not text.startswith("tracing a config needs torch and transformers"):   # a package the model's own code needs
-            raise ValueError(f"{given}: model_type {d.get('model_type')!r} is built by code that needs a package "
-                             f"not installed here: {text}" + nearest)
+    except trace.TraceExtraMissing:
         raise ValueError(f"{given}: tracing model_type {d.get('model_type')!r} needs the trace extra: {INSTALL}; "
                          f"or give --params P, or the shape flags {SHAPE_FLAGS}" + nearest)
+    except ImportError as err:       # a package the model's own code needs
+        raise ValueError(f"{given}: model_type {d.get('model_type')!r} is built by code that needs a package "
+                         f"not installed here: {' '.join(str(err).split())}" + nearest)
     except Exception as err:     # whatever the model's own code raises on this config
         reason = f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
         if "DataDependent" in type(err).__name__:     # torch's fake tensors hold no values to branch on

@@ -236,10 +236,10 @@ def _layer_count(d: dict) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _leading_dense(config: str, scanned: int) -> int:
-    from zerocalc.hf.trace import build, decoder_layer, hf_config
+    from zerocalc.hf.trace import build, hf_config, is_moe_block
     model, _ = build(hf_config(_shallow(json.loads(config), scanned)))
     is_layer = decoder_layer(model)
-    moe = [any("experts" in dict(c.named_children()) for c in m.modules()) for m in model.modules() if is_layer(m)]
+    moe = [any(is_moe_block(c) for c in m.modules()) for m in model.modules() if is_layer(m)]
     return moe.index(True) if any(moe) else 0
 
 
@@ -274,7 +274,7 @@ _NOT_PER_LAYER = frozenset({"architectures", "bos_token_id", "eos_token_id", "pa
 
 def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str | None = None) -> dict:
     """`layer_activations` of the whole stack from two shallow copies of the model (its first n and
-    n + 1 layers, n covering the leading dense layers of an MoE stack, `first_k_dense_replace`): the
+    n + 1 layers, n covering the leading dense layers of an MoE stack, `stack`): the
     first n layers as traced, each further layer as the (n + 1)-th. Decoder layers after the leading
     ones are alike in what they keep (the kept bytes do not depend on a layer's position), so this
     equals tracing the whole stack at a fraction of the time. `attention`: traced under that one
@@ -434,7 +434,8 @@ def record_step(model, mode, batch: int, seq: int, checkpointing: bool = False, 
         return hook
 
     hooks = [p.register_post_accumulate_grad_hook(grad_hook(i)) for i, p in enumerate(params) if p.requires_grad]
-    layers = [m for m in model.modules() if (is_layer or decoder_layer(model))(m)]
+    is_layer = is_layer or decoder_layer(model)
+    layers = [m for m in model.modules() if is_layer(m)]
     index = {id(m): i for i, m in enumerate(layers)}
 
     def pre(m, args):
@@ -580,7 +581,7 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
 
 def _layer_params(model, is_layer=None):
     """(the parameters, each decoder layer's parameter indices), checked to be consecutive runs, equal
-    but for leading ones (an MoE stack's dense layers, `first_k_dense_replace`: `leading_layers`)."""
+    but for leading ones (an MoE stack's dense layers, `stack`: `leading_layers`)."""
     params = list(model.parameters())
     pid = {id(p): i for i, p in enumerate(params)}
     is_layer = is_layer or decoder_layer(model)
@@ -636,7 +637,7 @@ def step_stream(d: dict, attention: str | None = None) -> dict:
     profile stores it (`zerocalc.profile`, `zerocalc.sequence` plays it): for a shallow copy of
     `STREAM_LAYERS` decoder layers, without and with activation checkpointing, each event's bytes as
     integer coefficients of `STREAM_BASIS`, solved from `STREAM_SHAPES` (an event whose bytes are
-    not so fails the trace); leading dense layers (`first_k_dense_replace`) traced beside them. A
+    not so fails the trace); an MoE stack's leading dense layers (`stack`) traced beside them. A
     deeper model repeats the middle layer's segments
     (`zerocalc.sequence._TracedStep`). `attention`: traced under that one (`dispatching`), else
     the config's own."""

@@ -25,14 +25,24 @@ TRACE_VERSION = 11       # bump when what the trace records changes: it is part 
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
+class TraceExtraMissing(ImportError):
+    """torch or transformers is not installed: the `trace` extra is what to install (unlike a package a
+    model's own code imports, which transformers names in its own ImportError)."""
+
+
 def _imports():
     try:
         import torch
         import transformers
     except ImportError as err:
-        raise ImportError(f"tracing a config needs torch and transformers ({err.name} is missing): "
-                          "pip install 'zerocalc[trace]'") from None
+        raise TraceExtraMissing(f"tracing a config needs torch and transformers ({err.name} is missing): "
+                                "pip install 'zerocalc[trace]'") from None
     return torch, transformers
+
+
+def is_moe_block(m) -> bool:
+    """An MoE block: a module with an `experts` child (what `set_z3_leaf_modules` is given)."""
+    return "experts" in dict(m.named_children())
 
 
 def hf_checkpointing(model, on: bool) -> None:
@@ -292,7 +302,7 @@ def saving_dropout(m) -> bool:
     return isinstance(m, torch.nn.modules.dropout._DropoutNd) and float(m.p) > 0
 
 
-def record(model, forward, is_layer, is_moe=lambda m: "experts" in dict(m.named_children()), external=False):
+def record(model, forward, is_layer, is_moe=is_moe_block, external=False):
     """(parameters as (name, shape), modules, the root call) of `model` as one `forward()` calls it:
     `module.parameters()` order, tied weights once; each module's own parameters; the calls nested,
     with whether each output requires grad. is_layer(module): a unit activation checkpointing recomputes.
@@ -508,10 +518,15 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+def cache_path(d: dict) -> str:
+    """Where `cached_trace` keeps the profile of `d`."""
+    return os.path.join(cache_dir(), cache_key(d) + ".json")
+
+
 def cached_trace(d: dict, name: str = "") -> Profile:
     """`trace`, kept in the user's cache directory (XDG_CACHE_HOME/zerocalc/profiles)."""
     from zerocalc import profile as P
-    path = os.path.join(cache_dir(), cache_key(d) + ".json")
+    path = cache_path(d)
     if os.path.exists(path):
         try:
             p = P.load(path)
