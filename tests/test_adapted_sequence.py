@@ -101,6 +101,20 @@ def test_a_shallow_copy_takes_the_mask_of_the_layers_it_plays():
         shallow_mask(other, [[2, 3, 4], [5, 6, 7], [8, 9, 10], [11, 12, 13]], 15, 6)
 
 
+def test_a_shallow_copy_of_layers_of_two_kinds_takes_the_mask_of_each_kind():
+    # 1 tensor before the layers, 10 layers alternating a kind of 3 tensors (A) and one of 2 (B): a
+    # pattern of period 2; a 6-layer copy (A B A B A B) plays layers 0, 1 as its 0, 1, the middle layers
+    # 2-7 as its 2 (A) and 3 (B) by their place in the pattern, 8 and 9 as its 4 and 5
+    # (`sequence.played_as`); the copy's parameters: 1 + 3 + 2 + 3 + 2 + 3 + 2 = 16, one after them.
+    a, b = (True, False, True), (False, True)
+    full = (False,) + (a + b) * 5 + (True,)
+    runs = [[1, 2, 3], [4, 5], [6, 7, 8], [9, 10], [11, 12, 13], [14, 15]]
+    assert shallow_mask(full, runs, 17, 10, 0, 2) == (False,) + (a + b) * 3 + (True,)
+    other = (False,) + (a + b) * 3 + (a + (True, True)) + (a + b) + (True,)   # layer 7 (a B) trains more
+    with pytest.raises(ValueError, match="layer 7 trains other tensors"):
+        shallow_mask(other, runs, 17, 10, 0, 2)
+
+
 # ---------------------------------------------------------------- PEFT's model on fake tensors
 
 TINY = {"model_type": "llama", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,

@@ -190,17 +190,18 @@ def test_the_dense_layers_an_moe_stack_leads_with_are_read_from_the_model_whatev
     _assert_plays_as_traced(stream, _tiny_afmoe(7), 7, checkpointing=True)
 
 
-@pytest.mark.slow   # traces a 5-layer model's stream, activations and operators
-def test_a_stream_that_does_not_play_as_the_whole_model_is_left_out_with_the_reason():
-    """Layers not alike beyond the leading dense ones (AFMoE's every fourth layer attends to the whole
-    sequence, the others within a window, and the traced copy holds one of each) cannot be played by
-    repeating the middle layer: the trace finds that by playing the stream at stages 2 and 3
-    (`trace._unplayable`) and leaves it out, saying why; the estimate takes the calibrated ratio and says
-    so, rather than failing."""
+@pytest.mark.slow   # traces an 8-layer model's stream, activations and operators
+def test_a_stream_that_does_not_play_as_the_whole_model_is_left_out_with_the_reason(monkeypatch):
+    """Where the stream is traced on a copy whose middle layer is not every layer's (AFMoE's every
+    fourth layer attends to the whole sequence, the others within a window; here the layers' period
+    forced to 1, as if it were not read) it cannot be played as the whole model: the trace finds that
+    by playing the stream at stages 2 and 3 (`trace._unplayable`) and leaves it out, saying why; the
+    estimate takes the calibrated ratio and says so, rather than failing."""
     from click.testing import CliRunner
     from zerocalc import resolve
     from zerocalc.cli import main
     from zerocalc.model import from_profile
+    monkeypatch.setattr(memtrace, "period", lambda d, attention=None: 1)
     d = _tiny_afmoe(8, full_every=4).to_dict()
     p = trace.trace(d)
     assert p.stream is None and p.source["untraced"]["stream"].startswith("it does not play as the whole model (")
@@ -209,6 +210,66 @@ def test_a_stream_that_does_not_play_as_the_whole_model_is_left_out_with_the_rea
     assert sequence.step_stream(spec, Setup(seq_len=64)) is None
     assert "reserved: the calibrated ratio (its allocation stream could not be traced: it does not play" \
         in " ".join(resolve.notes(spec, [Setup(seq_len=64)]))
+
+
+def test_a_deeper_model_plays_each_layer_as_a_traced_one_of_its_kind():
+    """Hand-worked: a stream traced on 10 layers of a model of 22 whose layers repeat a pattern of 4
+    (Qwen3-Next: layers 3, 7, 11, ... attend to the whole sequence, the others are linear): layers 0-3
+    as traced (the first of each kind), 4-19 as traced layers 4-7 by their place in the pattern (19,
+    a full-attention layer, as 7), 20 and 21 as the copy's last two, 8 and 9. The copy is 10 layers
+    deep (the least past 2 periods and the last two, `STREAM_LAYERS`) for 22 (22 - 10 = 3 periods),
+    12 for 48 (its last layer, 47, full-attention as the copy's 11). Period 1 keeps the rule: layers
+    0, 1 as traced, the middle as layer 1, the last two as the copy's."""
+    assert memtrace.stream_depth(22, 0, 4) == 10 and memtrace.stream_depth(48, 0, 4) == 12
+    assert memtrace.stream_depth(30, 1, 1) == 5 and memtrace.stream_depth(8, 0, 8) == 8
+    assert [sequence.played_as(i, 22, 10, 0, 4) for i in range(22)] == \
+        [0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 8, 9]
+    assert [sequence.played_as(i, 9, 5, 1, 1) for i in range(9)] == [0, 1, 2, 2, 2, 2, 2, 3, 4]
+
+
+def test_a_shallow_copy_ends_with_a_layer_like_the_model_s_last():
+    """Hand-worked (`memtrace._ending_alike`): a 30-layer config whose every sixth layer attends to the
+    whole sequence with wider heads (Gemma 4's `layer_types` and per-layer table: layers 5, 11, ..., 29)
+    is copied at most 24 deep to 24 (layer 23 full, as 29), at most 20 deep to 18, at most 8 deep to 6;
+    one without per-layer lists at the depth asked."""
+    types = (["sliding_attention"] * 5 + ["full_attention"]) * 5
+    d = {"num_hidden_layers": 30, "layer_types": types, "per_layer_config": {f"{i:02d}": {"head_dim": 512} for i in range(5, 30, 6)}}
+    assert [memtrace._ending_alike(d, n, 30) for n in (24, 20, 8)] == [24, 18, 6]
+    assert memtrace._ending_alike({"num_hidden_layers": 30}, 20, 30) == 20
+
+
+def _tiny_qwen3_next(layers):
+    """Qwen3-Next at toy size: three linear-attention (gated delta rule) layers to one full-attention
+    layer, each with an MoE block of 4 experts (top 2) and a shared one; the two kinds hold different
+    parameters."""
+    return transformers.Qwen3NextConfig(
+        vocab_size=V, hidden_size=H, num_hidden_layers=layers, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        head_dim=16, intermediate_size=F, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, max_position_embeddings=S)
+
+
+@pytest.mark.slow   # traces a 14-layer model's stream (14 fake-tensor steps of 10 layers) and itself
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_layers_of_two_kinds_are_traced_a_pattern_at_a_time(checkpointing):
+    """Qwen3-Next's layers repeat a pattern of 4 (`memtrace.period`, read from their events), so a
+    14-layer model is traced on copies that hold whole periods: its kept bytes from copies of 6 and 10
+    layers (the last layer full-attention in both, as in the model) equal the whole model's, and its
+    stream, traced on 10 layers, plays for 14 at another shape as the 14-layer model's own trace, event
+    for event, every gradient handed for its own parameter (linear-attention layers hold more tensors
+    than full ones). Repeating one middle layer, as for layers all alike, the kept bytes came out 5%
+    over on the default config cut to 8 layers (every layer counted as a linear one)."""
+    d = _tiny_qwen3_next(14).to_dict()
+    assert memtrace.period(d) == 4
+    model, mode = trace.build(_tiny_qwen3_next(14))
+    whole = memtrace.layer_activations(model, mode)
+    shallow = memtrace.config_activations(d, 14)
+    assert shallow["traced_layers"] == [6, 10]
+    for key in ("bytes_per_token", "bytes_per_sequence_squared"):
+        assert shallow[key] == pytest.approx(whole[key], abs=0.01)
+    stream = memtrace.step_stream(d, "sdpa")
+    assert stream["layers"] == 10 and stream["period"] == 4 and len(set(stream["period_params"])) == 2
+    _assert_plays_as_traced(stream, _tiny_qwen3_next(14), 14, checkpointing)
 
 
 LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, and what they reserved (GiB)

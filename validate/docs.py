@@ -43,10 +43,13 @@ MAX_TABLE_ROWS = 3   # of a plan's ranked list; an estimate shows every stage
 def committed_paths(kind: str = "real") -> list[str]:
     """The committed H200 rows of one kind: "real" the transcribed families' jobs of real worlds (HF-config
     rows, data/h200-hf-*.csv, are judged apart: validate.report.hf_section), "fake" rank 0 of a fake world
-    (data/h200-fake-*.csv), "cards" emulated smaller cards (data/h200-cards-*.csv)."""
+    (data/h200-fake-*.csv, and an H100's, data/h100-fake-*.csv: what the allocator holds, whatever the
+    card; no time is read from them), "cards" emulated smaller cards (data/h200-cards-*.csv)."""
     paths = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
+    if kind == "fake":
+        paths += sorted(glob.glob(os.path.join(ROOT, "data", "h100-fake-*.csv")))
     if kind != "real":
-        return [p for p in paths if f"/h200-{kind}-" in p]
+        return [p for p in paths if os.path.basename(p).split("-")[1] == kind]
     return [p for p in paths if not any(f"/h200-{k}-" in p for k in ("hf", "fake", "cards"))]
 
 
@@ -262,7 +265,8 @@ def _scale(name: str) -> str:
     if name == "summary":
         p, n = fake["num_params"].astype(float), fake["nproc"].astype(int)
         exact_text = "exact" if exact == len(fake) else f"exact on {exact}"
-        return (f"At scale (rank 0 of {n.min()}–{n.max():,} GPUs on one H200, [{len(fake)} jobs](docs/scale.md), "
+        gpus = "/".join(sorted({"H100" if "H100" in str(g) else "H200" for g in fake["gpu"]}, reverse=True))
+        return (f"At scale (rank 0 of {n.min()}–{n.max():,} GPUs on one {gpus}, [{len(fake)} jobs](docs/scale.md), "
                 f"{p.min() / 1e9:.1f}–{p.max() / 1e9:.0f}B): state, comm {exact_text}; allocated ≤3% on "
                 f"{int((alloc.abs() <= 0.03).sum())}, reserved ≤8% on {int((reserved.abs() <= 0.08).sum())}; "
                 f"emulated 24–94 GB cards: `fits` right on {agree} of {decided}, no fit ran out "

@@ -134,14 +134,19 @@ def _head_matmul(st: dict, variant: str) -> int | None:
     return None
 
 
-def played_as(i: int, layers: int, traced: int, leading: int = 0) -> int:
-    """The traced layer (of `traced`) played as layer i of `layers`: the `leading` dense ones, the next
-    two and the last two as traced, every other as the second after the leading ones."""
-    if layers <= traced or i < leading + 2:
+def played_as(i: int, layers: int, traced: int, leading: int = 0, period: int = 1) -> int:
+    """The traced layer (of `traced`) played as layer i of `layers`: the `leading` dense ones, the first
+    period of the layers' pattern after them and the last two as traced, every other as the traced
+    layer of the second period that has its place in the pattern (the second past the leading ones
+    where every layer is alike, `period` 1). The first layer of each kind is the last in backward to
+    use what the model made for that kind before its layers (Qwen3-Next's full-attention layers'
+    rotary tables: the first one's backward frees them). The trace's last layer has the model's last
+    one's place in the pattern (`memtrace.stream_depth`)."""
+    if layers <= traced or i < leading + period:
         return i
     if i >= layers - 2:
         return traced - (layers - i)
-    return leading + 1
+    return leading + period + (i - leading) % period
 
 
 class _TracedStep:
@@ -165,6 +170,12 @@ class _TracedStep:
         self.stream, self.variant = st, variant
         self.k, self.first, self.per_layer = st["layers"], st["first_layer_param"], st["params_per_layer"]
         self.leading = list(accumulate(st.get("leading_layer_params", ()), initial=0))   # their first params
+        self.period = st.get("period", 1)
+        # the layers past the leading ones: each one's first parameter, counted from the first of them
+        # (the first period's as traced, each later layer's by its place in the pattern)
+        first, counts = st.get("first_period_params", []), st.get("period_params", [self.per_layer])
+        self.after_leading = list(accumulate(first + [counts[i % len(counts)] for i in
+                                                      range(len(first), model.architecture.num_layers)], initial=0))
         self.layers = model.architecture.num_layers
         self.numels = model.param_numels
         self.x = basis_values(st["basis"], setup.micro_batch, setup.seq_len, model.architecture)
@@ -183,14 +194,16 @@ class _TracedStep:
         return n
 
     def _template(self, i: int) -> int:
-        return played_as(i, self.layers, self.k, len(self.leading) - 1)
+        return played_as(i, self.layers, self.k, len(self.leading) - 1, self.period)
 
     def _first_param(self, i: int) -> int:
-        """Layer i's first parameter: after the leading layers' (`leading_layer_params`), per_layer each."""
+        """Layer i's first parameter: after the leading layers' (`leading_layer_params`), and the
+        layers' before it past them (`params_per_layer` each, or by their place in the pattern,
+        `period_params`)."""
         lead = len(self.leading) - 1
         if i < lead:
             return self.first + self.leading[i]
-        return self.first + self.leading[-1] + (i - lead) * self.per_layer
+        return self.first + self.leading[-1] + self.after_leading[i - lead]
 
     def _instance(self, name: str, layer: int | None) -> int:
         """The handle key of allocation 0 of segment `name` played at `layer` (None: a segment of no

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 # (variant, activation checkpointing, as stage 3 under zero.Init runs it)
 VARIANTS = {"plain": (False, False), "checkpointed": (True, False),
             "plain_zero3": (False, True), "checkpointed_zero3": (True, True)}
-FORMAT = 3     # bump when what is recorded changes: it is part of the cache key
+FORMAT = 4     # bump when what is recorded changes: it is part of the cache key
 
 
 def variant(checkpointing: bool, zero3: bool) -> str:
@@ -61,26 +61,34 @@ def build(d: dict, layers: int, lora, trainable: tuple[bool, ...] | None, zero3:
                     m._parameters[name] = torch.nn.Parameter(fake)
     params = list(model.parameters())
     if trainable is not None:
-        total = memtrace.stack(d)[0]
-        mask = shallow_mask(trainable, memtrace._layer_params(model)[1], len(params), total)
+        total, leading = memtrace.stack(d)
+        mask = shallow_mask(trainable, memtrace._layer_runs(model)[1], len(params), total, leading,
+                            memtrace.period(d))
         for p, train in zip(params, mask):
             p.requires_grad_(train)
     return model, mode
 
 
-def shallow_mask(trainable: tuple[bool, ...], layer_params: list, n_shallow: int, total_layers: int) -> tuple:
+def shallow_mask(trainable: tuple[bool, ...], layer_params: list, n_shallow: int, total_layers: int,
+                 leading: int = 0, period: int = 1) -> tuple:
     """The mask of a shallow copy (`layer_params`: its layers' parameter indices; `n_shallow` parameters)
-    from the full model's of `total_layers` layers: the tensors before and after the layers as they
-    are, each layer of the copy as the full layers it is played as (`sequence.played_as`). ValueError
-    where two full layers played as one train different tensors."""
+    from the full model's of `total_layers` layers (`leading` dense ones, then a pattern of `period`,
+    `memtrace.period`): the tensors before and after the layers as they are, each layer of the copy as
+    the full layers it is played as (`sequence.played_as`). ValueError where two full layers played as
+    one train different tensors."""
     from zerocalc.hf.memtrace import leading_layers
     from zerocalc.sequence import played_as
-    k, lead = len(layer_params), leading_layers(layer_params)
-    sizes = [len(ps) for ps in layer_params[:lead]] + [len(layer_params[-1])] * (total_layers - lead)
+    k = len(layer_params)
+    lead = leading_layers(layer_params) if period == 1 else leading
+    # the copy's own layers for the leading ones and the first period, then each by its place in the
+    # pattern (the copy's second period; its only middle layer where every layer is alike)
+    second = lead + (period if period > 1 else 1)
+    sizes = [len(ps) for ps in layer_params[:min(second, total_layers)]] + \
+        [len(layer_params[second + (i - second) % period]) for i in range(second, total_layers)]
     start = layer_params[0][0]
     shallow = [None] * k
     for i, size in enumerate(sizes):
-        j, mask = played_as(i, total_layers, k, lead), tuple(trainable[start:start + size])
+        j, mask = played_as(i, total_layers, k, lead, period), tuple(trainable[start:start + size])
         if shallow[j] not in (None, mask):
             raise ValueError(f"layer {i} trains other tensors than the layer it is played as")
         shallow[j] = mask
@@ -94,18 +102,15 @@ def record(d: dict, lora, trainable, name: str, attention: str | None = None) ->
     from zerocalc.hf.trace import hf_checkpointing
     checkpointing, zero3 = VARIANTS[name]
     total, leading = memtrace.stack(d)
-    k = min(memtrace.STREAM_LAYERS + leading, total)
+    p = memtrace.period(d)
+    k = memtrace.stream_depth(total, leading, p)
     model, mode = build(d, k, lora, trainable, zero3)
     base = model.get_base_model() if lora is not None else model
 
     def set_checkpointing(_, on):     # on the base model under PEFT's wrapper
         hf_checkpointing(base, on)
-    layer_params = memtrace._layer_params(model)[1]
-    head = {"basis": list(memtrace.STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
-            "params_per_layer": len(layer_params[-1]), "attention": attention or base.config._attn_implementation}
-    lead = memtrace.leading_layers(layer_params)
-    if lead:
-        head["leading_layer_params"] = [len(ps) for ps in layer_params[:lead]]
+    layer_params = memtrace._layer_params(model, None, None if p == 1 else leading, p)[1]
+    head = memtrace.stream_head(layer_params, k, leading, p, attention or base.config._attn_implementation)
     with memtrace.dispatching(base, attention), (familystream.zero3_linear() if zero3 else nullcontext()):
         segments = memtrace._fitted_segments(model, mode, k, checkpointing, set_checkpointing=set_checkpointing,
                                              layer_backward=True)

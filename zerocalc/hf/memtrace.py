@@ -218,7 +218,7 @@ def stack(d: dict) -> tuple[int, int]:
     `num_dense_layers`): those before the first layer with an MoE block (an `experts` child) among its
     first `SCAN_LAYERS`; 0 for a dense model."""
     layers = _layer_count(d)
-    return layers, _leading_dense(json.dumps(d, sort_keys=True), min(layers, SCAN_LAYERS))
+    return layers, _leading_dense(json.dumps(d, sort_keys=True), _ending_alike(d, min(layers, SCAN_LAYERS), layers))
 
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -241,6 +241,69 @@ def _leading_dense(config: str, scanned: int) -> int:
     is_layer = decoder_layer(model)
     moe = [any(is_moe_block(c) for c in m.modules()) for m in model.modules() if is_layer(m)]
     return moe.index(True) if any(moe) else 0
+
+
+PERIOD_SCAN = 24     # the decoder layers recorded for the pattern their events repeat with (periods up to 7)
+
+
+def period(d: dict, attention: str | None = None) -> int:
+    """How many decoder layers the pattern of a model's layers spans past its leading dense ones (1:
+    every layer alike), read from its own events: one step of a shallow copy of `PERIOD_SCAN` layers
+    is recorded and cut into layers (`_canonical`), and the period is the smallest p with each layer's
+    forward and backward equal to those of the layer p on, over at least two periods. Hybrid models
+    interleave kinds: Qwen3-Next and Qwen3.5 three linear-attention layers to one full, Gemma 4 five
+    sliding-window layers to one full of wider heads, SmolLM3 every fourth layer without rotary
+    positions. Left out of the comparison: the first period past the leading layers (the first layer
+    of a kind frees, in backward, what the model made for that kind: `sequence.played_as`) and the
+    copy's last two layers (the last one's output is the head's input; a config may force the last
+    layer's kind). Where its layers repeat no pattern, the period is the model's depth: the activations,
+    stream and operators are then traced on the whole model. A model of fewer than 5 layers past the
+    leading ones is taken as alike (the stream is then traced whole, `stream_depth`)."""
+    return _period(json.dumps(d, sort_keys=True), attention)
+
+
+@functools.lru_cache(maxsize=8)
+def _period(config: str, attention: str | None) -> int:
+    from zerocalc.hf.trace import build, hf_config
+    d = json.loads(config)
+    total, lead = stack(d)
+    scan = _ending_alike(d, min(total, lead + PERIOD_SCAN), total)
+    model, mode = build(hf_config(_shallow(d, scan)))
+    with dispatching(model, attention):
+        record_step(model, mode, *WARM_UP)
+        segs = segments_at(model, mode, scan, False, *STREAM_SHAPES[1], layer_backward=True)
+    layers = [(repr(segs[f"F{i}"]), repr(segs[f"B{i}"])) for i in range(lead, scan - 2)]
+    if len(layers) < 3:       # too few layers to compare: as every layer alike (the stream is the whole model's)
+        return 1
+    p = 1
+    while 3 * p <= len(layers):
+        compared = layers[p:]
+        if all(a == b for a, b in zip(compared, compared[p:])):
+            return p
+        p += 1
+    return total              # no pattern: the copies are the whole model
+
+
+def _ending_alike(d: dict, depth: int, total: int) -> int:
+    """The deepest copy of at most `depth` layers whose last layer is what the config says of the
+    model's last (every per-layer list's entry, a per-layer table's), else `depth`: Gemma 4's config
+    makes a copy's last layer full-attention and refuses one whose full-attention layers then differ."""
+    per_layer = [v for k, v in d.items() if k not in _NOT_PER_LAYER and isinstance(v, list) and len(v) == total]
+    tables = [v for v in d.values() if isinstance(v, dict) and v and all(str(k).isdigit() and int(k) < total for k in v)]
+
+    def entry(table, i):
+        return next((v for k, v in table.items() if int(k) == i), None)
+    for n in range(depth, max(depth // 2, 1) - 1, -1):
+        if all(v[n - 1] == v[-1] for v in per_layer) and all(entry(t, n - 1) == entry(t, total - 1) for t in tables):
+            return n
+    return depth
+
+
+def aligned_depth(least: int, total: int, p: int) -> int:
+    """The fewest layers, at least `least`, of a shallow copy whose last layer has the whole model's
+    last layer's place in the pattern of period p (layers ≡ total mod p); the whole model where that
+    is not fewer. A copy of this depth and one of p more differ by one whole period."""
+    return min(total, least + (total - least) % p)
 
 
 def _shallow(d: dict, layers: int) -> dict:
@@ -273,16 +336,18 @@ _NOT_PER_LAYER = frozenset({"architectures", "bos_token_id", "eos_token_id", "pa
 
 
 def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str | None = None) -> dict:
-    """`layer_activations` of the whole stack from two shallow copies of the model (its first n and
-    n + 1 layers, n covering the leading dense layers of an MoE stack, `stack`): the
-    first n layers as traced, each further layer as the (n + 1)-th. Decoder layers after the leading
-    ones are alike in what they keep (the kept bytes do not depend on a layer's position), so this
-    equals tracing the whole stack at a fraction of the time. `attention`: traced under that one
-    (`dispatching`), else the config's own."""
+    """`layer_activations` of the whole stack from two shallow copies of the model, n1 and n1 + p
+    layers (p: the layers' `period`; n1 covers the leading dense layers of an MoE stack, `stack`, and
+    a layer of each kind, and puts the copies' last layer where the model's is in the pattern,
+    `aligned_depth`): the first n1 layers as traced, each further period as the one the second copy
+    adds. Decoder layers after the leading ones repeat what they keep with the pattern (the kept bytes
+    do not depend on a layer's position), so this equals tracing the whole stack at a fraction of the
+    time. `attention`: traced under that one (`dispatching`), else the config's own."""
     from zerocalc.hf.trace import build, hf_config
-    n = min(num_layers, 1 + stack(d)[1])
+    p = period(d, attention)
+    n = aligned_depth(min(num_layers, stack(d)[1] + p), num_layers, p)
     shallow = []
-    for layers in sorted({n, min(n + 1, num_layers)}):
+    for layers in sorted({n, min(n + p, num_layers)}):
         model, mode = build(hf_config(_shallow(d, layers)))
         with dispatching(model, attention):
             shallow.append((layers, layer_activations(model, mode, seqs)))
@@ -290,7 +355,7 @@ def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str |
     out = dict(a1)
     for key in ("bytes_per_token", "bytes_per_sequence_squared"):
         step = a2[key] - a1[key] if n2 > n1 else 0.0
-        out[key] = round(a1[key] + (num_layers - n1) * step, 3)
+        out[key] = round(a1[key] + (num_layers - n1) // p * step, 3)
     out["head_bytes_per_token"] = a2.get("head_bytes_per_token", 0.0)
     out["traced_layers"] = [n1, n2]
     return out
@@ -579,9 +644,8 @@ def _canonical(events, k: int, layer_of_param: dict, n_params: int, first_layer_
     return out
 
 
-def _layer_params(model, is_layer=None):
-    """(the parameters, each decoder layer's parameter indices), checked to be consecutive runs, equal
-    but for leading ones (an MoE stack's dense layers, `stack`: `leading_layers`)."""
+def _layer_runs(model, is_layer=None):
+    """(the parameters, each decoder layer's parameter indices), checked to be consecutive runs."""
     params = list(model.parameters())
     pid = {id(p): i for i, p in enumerate(params)}
     is_layer = is_layer or decoder_layer(model)
@@ -591,7 +655,17 @@ def _layer_params(model, is_layer=None):
         if ps != list(range(at, at + len(ps))):
             raise ValueError("decoder layers do not hold consecutive runs of parameters")
         at += len(ps)
-    if any(len(ps) != len(layer_params[-1]) for ps in layer_params[leading_layers(layer_params):]):
+    return params, layer_params
+
+
+def _layer_params(model, is_layer=None, lead: int | None = None, period: int = 1):
+    """(the parameters, each decoder layer's parameter indices), checked to be consecutive runs, equal
+    but for leading ones (an MoE stack's dense layers, `stack`: `leading_layers` where `lead` is not
+    given) or, past `lead` dense layers and a first period of the layers' pattern (played as traced,
+    `sequence.played_as`), equal to those of the layer a `period` on."""
+    params, layer_params = _layer_runs(model, is_layer)
+    counts = [len(ps) for ps in layer_params[leading_layers(layer_params) if lead is None else lead + period:]]
+    if any(a != b for a, b in zip(counts, counts[period:])):
         raise ValueError("decoder layers do not hold equal runs of parameters")
     return params, layer_params
 
@@ -605,11 +679,12 @@ def leading_layers(layer_params) -> int:
 
 
 def segments_at(model, mode, k: int, checkpointing: bool, batch: int, seq: int, **kw) -> dict:
-    """`_canonical`'s segments of one step of a k-layer model at [batch, seq] (sizes in bytes)."""
-    params, layer_params = _layer_params(model, kw.get("is_layer"))
+    """`_canonical`'s segments of one step of a k-layer model at [batch, seq] (sizes in bytes); a
+    parameter is named by its place in its own layer, whatever the layers before it hold."""
+    params, layer_params = _layer_runs(model, kw.get("is_layer"))
     per_layer, first = len(layer_params[-1]), layer_params[0][0]
     layer_of_param = {p: i for i, ps in enumerate(layer_params) for p in ps}
-    starts = [ps[0] for ps in layer_params] if leading_layers(layer_params) else None
+    starts = [ps[0] for ps in layer_params]
     return _canonical(record_step(model, mode, batch, seq, checkpointing, **kw), k, layer_of_param, len(params),
                       first, per_layer, starts)
 
@@ -635,28 +710,53 @@ def _structure(segs: dict) -> dict:
 def step_stream(d: dict, attention: str | None = None) -> dict:
     """The allocation event stream of a training step of the model a config.json describes, as the
     profile stores it (`zerocalc.profile`, `zerocalc.sequence` plays it): for a shallow copy of
-    `STREAM_LAYERS` decoder layers, without and with activation checkpointing, each event's bytes as
+    `stream_depth` decoder layers, without and with activation checkpointing, each event's bytes as
     integer coefficients of `STREAM_BASIS`, solved from `STREAM_SHAPES` (an event whose bytes are
     not so fails the trace); an MoE stack's leading dense layers (`stack`) traced beside them. A
-    deeper model repeats the middle layer's segments
+    deeper model repeats the middle layers' segments, one period of its layers' pattern (`period`)
     (`zerocalc.sequence._TracedStep`). `attention`: traced under that one (`dispatching`), else
     the config's own."""
     from zerocalc.hf.trace import build, hf_config
     layers_total, leading = stack(d)
-    k = min(STREAM_LAYERS + leading, layers_total)
+    p = period(d, attention)
+    k = stream_depth(layers_total, leading, p)
     model, mode = build(hf_config(_shallow(d, k)))
     with dispatching(model, attention):
-        return _step_stream(model, mode, k)
+        return _step_stream(model, mode, k, leading, p)
 
 
-def _step_stream(model, mode, k: int) -> dict:
-    """`step_stream` of a built k-layer model."""
-    params, layer_params = _layer_params(model)
-    out = {"basis": list(STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
-           "params_per_layer": len(layer_params[-1]), "attention": model.config._attn_implementation}
-    lead = leading_layers(layer_params)
-    if lead:          # each leading layer's parameter count (the others hold `params_per_layer` each)
-        out["leading_layer_params"] = [len(ps) for ps in layer_params[:lead]]
+def stream_depth(total: int, leading: int, p: int) -> int:
+    """The layers of the shallow copy a stream is traced on: the leading dense ones, two periods of the
+    layers' pattern (the first played as traced, the second for every middle layer) and the last two
+    (`sequence.played_as`), at least `STREAM_LAYERS` past the leading ones, the last where the model's
+    is in the pattern (`aligned_depth`)."""
+    return aligned_depth(leading + max(STREAM_LAYERS, 2 * p + 2), total, p)
+
+
+def stream_head(layer_params: list, k: int, leading: int, p: int, attention: str) -> dict:
+    """The stream's header: its depth, where its layers' parameters begin, how many each holds (the
+    leading ones each, `leading_layer_params`; the rest `params_per_layer`, or the first period's each,
+    `first_period_params`, and every later layer's by its place in the pattern, `period_params`: layer
+    i's is entry (i - leading) mod its length) and its attention; the layers' `period` where a deeper
+    model repeats a pattern of more than one layer (p = k or more: the copy is the whole model, played
+    as traced). The first period may differ (LFM's, Zaya's and DeepSeek-V4's first layers)."""
+    head = {"basis": list(STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
+            "params_per_layer": len(layer_params[-1]), "attention": attention}
+    lead = leading_layers(layer_params) if p == 1 else leading     # where the layers hold equal runs, as they always have
+    if lead:
+        head["leading_layer_params"] = [len(ps) for ps in layer_params[:lead]]
+    counts = [len(ps) for ps in layer_params[lead:]]
+    if 1 < p < k:
+        head["period"], head["first_period_params"], head["period_params"] = p, counts[:p], counts[p:2 * p]
+    elif len(set(counts)) > 1:
+        head["period_params"] = counts
+    return head
+
+
+def _step_stream(model, mode, k: int, leading: int = 0, p: int = 1) -> dict:
+    """`step_stream` of a built k-layer model (`leading` dense layers, a pattern of period p after them)."""
+    params, layer_params = _layer_params(model, None, None if p == 1 else leading, p)
+    out = stream_head(layer_params, k, leading, p, model.config._attn_implementation)
     for variant, ckpt in (("plain", False), ("checkpointed", True)):
         # where the last layer's backward begins when no gradient of the head's own comes before it (a
         # tied embedding and a final norm without parameters: OLMo-1B): `record_step`'s "Lb"

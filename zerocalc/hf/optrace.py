@@ -177,18 +177,20 @@ def model_totals(model, mode, seq: int = SEQ, batch: int = BATCH, **kw) -> dict:
                              ("backward_checkpointed", ck["backward_checkpointed"]))}
 
 
-def stack_counts(build_layers, n: int, num_layers: int, **kw) -> dict:
+def stack_counts(build_layers, n: int, num_layers: int, period: int = 1, **kw) -> dict:
     """The profile's `steps` entry for one attention implementation: per phase and quantity
-    (`model_totals`) [base, per_layer], base the model with n layers and per_layer one more;
-    build_layers(k) gives (model, mode) with k layers."""
+    (`model_totals`) [base, per_layer], base the model with n layers and per_layer a p-th of what p
+    more add (the layers' `memtrace.period`; n puts the copy's last layer where the model's is in the
+    pattern, so the model's count is exact); build_layers(k) gives (model, mode) with k layers."""
     counts = []
-    for k in sorted({n, min(n + 1, num_layers)}):
+    for k in sorted({n, min(n + period, num_layers)}):
         model, mode = build_layers(k)
         counts.append((k, model_totals(model, mode, **kw)))
     (n1, c1), (n2, c2) = counts[0], counts[-1]
     out = {"base_layers": n1}
     for phase in PHASES:
-        out[phase] = {key: [_round(a), _round(c2[phase][key] - a if n2 > n1 else 0)] for key, a in c1[phase].items()}
+        out[phase] = {key: [_round(a), _round((c2[phase][key] - a) / (n2 - n1) if n2 > n1 else 0)]
+                      for key, a in c1[phase].items()}
     return out
 
 
@@ -231,10 +233,12 @@ def config_steps(d: dict, num_layers: int, attentions=("sdpa", "eager")) -> dict
     """`Profile.steps` of a config.json's contents: {"format", "traced_at": [B, s], attention:
     `stack_counts`} for SDPA (flash dispatches one attention operator as SDPA does) and eager attention,
     those the model supports (transformers refuses SDPA for Gemma-2), on the model cut to its first n
-    and n + 1 layers (`memtrace._shallow`)."""
-    from zerocalc.hf.memtrace import _shallow, stack
+    and n + p layers (`memtrace._shallow`; p the layers' `memtrace.period`, n as
+    `memtrace.config_activations` picks it)."""
+    from zerocalc.hf.memtrace import _shallow, aligned_depth, period, stack
     from zerocalc.hf.trace import build, hf_config
-    n = min(num_layers, 1 + stack(d)[1])
+    p = period(d)
+    n = aligned_depth(min(num_layers, stack(d)[1] + p), num_layers, p)
     built = {}
 
     def build_layers(k, attention):
@@ -252,7 +256,7 @@ def config_steps(d: dict, num_layers: int, attentions=("sdpa", "eager")) -> dict
             build_layers(n, attention)
         except ValueError:      # an implementation the model does not support (Gemma-2: eager only)
             continue
-        out[attention] = stack_counts(lambda k, attention=attention: build_layers(k, attention), n, num_layers)
+        out[attention] = stack_counts(lambda k, attention=attention: build_layers(k, attention), n, num_layers, p)
     return out if any(a in out for a in attentions) else None
 
 

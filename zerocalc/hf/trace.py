@@ -261,11 +261,13 @@ def zero_init_kept(d: dict, layer_names: list[str], buffer_names: list[str]) -> 
     the training dtype, so a buffer they make (Llama's default rotary `inv_freq`, an `arange` in
     float) takes it, and one the model computes after them from integers (a YaRN or Llama-3
     `inv_freq`) keeps its own, and DeepSpeed makes fp32 again those it keeps so (`keep_in_fp32`).
-    Read from a shallow copy (`layer_names`: the decoder layers; deeper ones as its last) built with
-    the constructors so wrapped to a marker dtype, fp16."""
+    Read from a shallow copy (`layer_names`: the decoder layers; deeper ones as the copy's layer of
+    their place in the layers' pattern, `memtrace.period`) built with the constructors so wrapped to a
+    marker dtype, fp16."""
     torch, _ = _imports()
-    from zerocalc.hf.memtrace import _shallow, stack
-    n = min(len(layer_names), 2 + stack(d)[1])
+    from zerocalc.hf.memtrace import _shallow, aligned_depth, period, stack
+    lead, p = stack(d)[1], period(d)
+    n = aligned_depth(min(len(layer_names), 1 + lead + p), len(layer_names), p)
     originals = {c: getattr(torch, c) for c in ZERO_INIT_CONSTRUCTORS}
 
     def wrapped(fn):
@@ -285,9 +287,9 @@ def zero_init_kept(d: dict, layer_names: list[str], buffer_names: list[str]) -> 
     under.update({name: "float32" for name in under if keep and keep.search(name)})
 
     def shallow_name(name: str) -> str:
-        for layer in layer_names[n:]:
+        for i, layer in enumerate(layer_names[n:], n):
             if name.startswith(layer + "."):
-                return layer_names[n - 1] + name[len(layer):]
+                return layer_names[lead + 1 + (i - lead - 1) % p] + name[len(layer):]
         return name
     return {name: under[shallow_name(name)] for name in buffer_names
             if under.get(shallow_name(name), "float16") != "float16"}
