@@ -62,9 +62,9 @@ def supported_models() -> str:
     for r in rows:
         by_type[r["model_type"]] = by_type.get(r["model_type"], 0) + 1
     types = ", ".join(f"{t} {n}" for t, n in sorted(by_type.items()))
-    return (f"**{len(rows)} models** by `--model NAME` without torch ({types}): the names in "
-            "[models](docs/models.md#shipped-models), P, layers, experts, Hub id in `zerocalc models`. `--hf-config` "
-            "takes any config.json or model directory (other model_types: `pip install '.[trace]'`).")
+    return (f"**{len(rows)} models** by `--model NAME` without torch ({types}): names in "
+            "[models](docs/models.md#shipped-models); P, layers, experts, Hub ids: `zerocalc models`. `--hf-config` "
+            "takes any config.json or model folder (other types: `pip install '.[trace]'`).")
 
 
 def model_names() -> str:

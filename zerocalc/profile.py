@@ -111,8 +111,15 @@ def _first_name(item) -> str | None:
     return item if isinstance(item, str) else None
 
 
-def _template(block, prefix: str, i: int) -> str:
-    return re.sub(re.escape(prefix) + str(i) + r'(?=[."])', prefix.replace("\\", "\\\\") + "{i}", json.dumps(block))
+GROUP_INDICES = 8    # the most consecutive indices one repeated block spans (a hybrid model's pattern of layers)
+
+
+def _template(block, prefix: str, i: int, g: int = 1) -> str:
+    """The block's JSON with indices i .. i + g - 1 under prefix as "{i}", "{i+1}", ..."""
+    def placeholder(m):
+        j = int(m.group(1)) - i
+        return prefix + ("{i}" if j == 0 else f"{{i+{j}}}") if 0 <= j < g else m.group(0)
+    return re.sub(re.escape(prefix) + r"(\d+)(?=[.\"])", placeholder, json.dumps(block))
 
 
 def _block_at(items, k: int, prefix: str, i: int) -> int:
@@ -127,31 +134,46 @@ def _block_at(items, k: int, prefix: str, i: int) -> int:
     return n
 
 
+def _group_at(items, k: int, prefix: str, i: int, g: int) -> int:
+    """How many items from k on belong to indices i .. i + g - 1 under prefix, 0 where one has none."""
+    size = 0
+    for j in range(g):
+        n = _block_at(items, k + size, prefix, i + j)
+        if not n:
+            return 0
+        size += n
+    return size
+
+
 def _compress(items: list) -> list:
-    """Runs of consecutive blocks that differ only in one index component become one repeat entry."""
+    """Runs of consecutive blocks that differ only in one index component become one repeat entry; a
+    block may span up to `GROUP_INDICES` consecutive indices ("step": a hybrid model's layers repeat a
+    pattern of several), the fewest that cover the most items."""
     out, k = [], 0
     while k < len(items):
         name = _first_name(items[k])
         best = None
         for m in _INDEX.finditer(name or ""):
             prefix, i = name[:m.start(1)], int(m.group(1))
-            size = _block_at(items, k, prefix, i)
-            if not size:
-                continue
-            tmpl, reps, at = _template(items[k:k + size], prefix, i), 1, k + size
-            while True:
-                nxt = _block_at(items, at, prefix, i + reps)
-                if nxt != size or _template(items[at:at + size], prefix, i + reps) != tmpl:
+            for g in range(1, GROUP_INDICES + 1):
+                size = _group_at(items, k, prefix, i, g)
+                if not size:
                     break
-                reps, at = reps + 1, at + size
-            if reps > 1 and (best is None or reps * size > best[0] * best[1]):
-                best = (reps, size, prefix, i, tmpl)
+                tmpl, reps, at = _template(items[k:k + size], prefix, i, g), 1, k + size
+                while True:
+                    nxt = _group_at(items, at, prefix, i + reps * g, g)
+                    if nxt != size or _template(items[at:at + size], prefix, i + reps * g, g) != tmpl:
+                        break
+                    reps, at = reps + 1, at + size
+                if reps > 1 and (best is None or reps * size > best[0] * best[1]):
+                    best = (reps, size, prefix, i, tmpl, g)
         if best is None:
             out.append(items[k])
             k += 1
             continue
-        reps, size, prefix, i, tmpl = best
-        out.append({"repeat": reps, "prefix": prefix, "from": i, "items": _compress(json.loads(tmpl))})
+        reps, size, prefix, i, tmpl, g = best
+        out.append({"repeat": reps, "prefix": prefix, "from": i, **({"step": g} if g > 1 else {}),
+                    "items": _compress(json.loads(tmpl))})
         k += reps * size
     return out
 
@@ -160,9 +182,12 @@ def _expand(items: list) -> list:
     out = []
     for it in items:
         if isinstance(it, dict):
-            text = json.dumps(_expand(it["items"]))
+            text, step = json.dumps(_expand(it["items"])), it.get("step", 1)
             for r in range(it["repeat"]):
-                out += json.loads(text.replace(it["prefix"] + "{i}", it["prefix"] + str(it["from"] + r)))
+                base, block = it["from"] + r * step, text
+                for j in range(step - 1, 0, -1):
+                    block = block.replace(f"{it['prefix']}{{i+{j}}}", it["prefix"] + str(base + j))
+                out += json.loads(block.replace(it["prefix"] + "{i}", it["prefix"] + str(base)))
         else:
             out.append(it)
     return out
