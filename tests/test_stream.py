@@ -218,12 +218,15 @@ def test_a_deeper_model_plays_each_layer_as_a_traced_one_of_its_kind():
     as traced (the first of each kind), 4-19 as traced layers 4-7 by their place in the pattern (19,
     a full-attention layer, as 7), 20 and 21 as the copy's last two, 8 and 9. The copy is 10 layers
     deep (the least past 2 periods and the last two, `STREAM_LAYERS`) for 22 (22 - 10 = 3 periods),
-    12 for 48 (its last layer, 47, full-attention as the copy's 11). Period 1 keeps the rule: layers
-    0, 1 as traced, the middle as layer 1, the last two as the copy's."""
+    12 for 48 (its last layer, 47, full-attention as the copy's 11); of 48 layers, 4-45 are played as
+    the copy's 6-9, the period before its last two, by their place (4 as 8; 7, full-attention, as 7;
+    45 as 9). Period 1 keeps the rule:
+    layers 0, 1 as traced, the middle as layer 1, the last two as the copy's."""
     assert memtrace.stream_depth(22, 0, 4) == 10 and memtrace.stream_depth(48, 0, 4) == 12
     assert memtrace.stream_depth(30, 1, 1) == 5 and memtrace.stream_depth(8, 0, 8) == 8
     assert [sequence.played_as(i, 22, 10, 0, 4) for i in range(22)] == \
         [0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 8, 9]
+    assert [sequence.played_as(i, 48, 12, 0, 4) for i in (3, 4, 5, 6, 7, 44, 45, 46, 47)] == [3, 8, 9, 6, 7, 8, 9, 10, 11]
     assert [sequence.played_as(i, 9, 5, 1, 1) for i in range(9)] == [0, 1, 2, 2, 2, 2, 2, 3, 4]
 
 
@@ -249,27 +252,29 @@ def _tiny_qwen3_next(layers):
         linear_num_value_heads=4, max_position_embeddings=S)
 
 
-@pytest.mark.slow   # traces a 14-layer model's stream (14 fake-tensor steps of 10 layers) and itself
+@pytest.mark.slow   # traces a 16-layer model's stream (14 fake-tensor steps of 12 layers) and itself
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_layers_of_two_kinds_are_traced_a_pattern_at_a_time(checkpointing):
     """Qwen3-Next's layers repeat a pattern of 4 (`memtrace.period`, read from their events), so a
-    14-layer model is traced on copies that hold whole periods: its kept bytes from copies of 6 and 10
+    16-layer model is traced on copies that hold whole periods: its kept bytes from copies of 4 and 8
     layers (the last layer full-attention in both, as in the model) equal the whole model's, and its
-    stream, traced on 10 layers, plays for 14 at another shape as the 14-layer model's own trace, event
-    for event, every gradient handed for its own parameter (linear-attention layers hold more tensors
-    than full ones). Repeating one middle layer, as for layers all alike, the kept bytes came out 5%
-    over on the default config cut to 8 layers (every layer counted as a linear one)."""
-    d = _tiny_qwen3_next(14).to_dict()
+    stream, traced on 12 layers (the first period as traced, two more layers to put the copy's last
+    where the model's is, the period played for every middle layer, the last two), plays for 16 at
+    another shape as the 16-layer model's own trace, event for event, every gradient handed for its
+    own parameter (linear-attention layers hold more tensors than full ones). Repeating one middle
+    layer, as for layers all alike, the kept bytes came out 5% over on the default config cut to 8
+    layers (every layer counted as a linear one)."""
+    d = _tiny_qwen3_next(16).to_dict()
     assert memtrace.period(d) == 4
-    model, mode = trace.build(_tiny_qwen3_next(14))
+    model, mode = trace.build(_tiny_qwen3_next(16))
     whole = memtrace.layer_activations(model, mode)
-    shallow = memtrace.config_activations(d, 14)
-    assert shallow["traced_layers"] == [6, 10]
+    shallow = memtrace.config_activations(d, 16)
+    assert shallow["traced_layers"] == [4, 8]
     for key in ("bytes_per_token", "bytes_per_sequence_squared"):
         assert shallow[key] == pytest.approx(whole[key], abs=0.01)
     stream = memtrace.step_stream(d, "sdpa")
-    assert stream["layers"] == 10 and stream["period"] == 4 and len(set(stream["period_params"])) == 2
-    _assert_plays_as_traced(stream, _tiny_qwen3_next(14), 14, checkpointing)
+    assert stream["layers"] == 12 and stream["period"] == 4 and len(set(stream["period_params"])) == 2
+    _assert_plays_as_traced(stream, _tiny_qwen3_next(16), 16, checkpointing)
 
 
 LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, and what they reserved (GiB)

@@ -137,16 +137,18 @@ def _head_matmul(st: dict, variant: str) -> int | None:
 def played_as(i: int, layers: int, traced: int, leading: int = 0, period: int = 1) -> int:
     """The traced layer (of `traced`) played as layer i of `layers`: the `leading` dense ones, the first
     period of the layers' pattern after them and the last two as traced, every other as the traced
-    layer of the second period that has its place in the pattern (the second past the leading ones
-    where every layer is alike, `period` 1). The first layer of each kind is the last in backward to
-    use what the model made for that kind before its layers (Qwen3-Next's full-attention layers'
-    rotary tables: the first one's backward frees them). The trace's last layer has the model's last
-    one's place in the pattern (`memtrace.stream_depth`)."""
+    layer of the period just before the last two that has its place in the pattern (the second past
+    the leading ones where every layer is alike, `period` 1). The first layer of each kind is the last
+    in backward to use what the model made for that kind before its layers (Qwen3-Next's
+    full-attention layers' rotary tables: the first one's backward frees them); the layer before the
+    last two frees what the second-last one made in backward, as the model's does (Gemma 4's
+    second-last layer, next to the head, allocates otherwise than a middle one). The trace's last
+    layer has the model's last one's place in the pattern (`memtrace.stream_depth`)."""
     if layers <= traced or i < leading + period:
         return i
     if i >= layers - 2:
         return traced - (layers - i)
-    return leading + period + (i - leading) % period
+    return traced - 2 - period + (i - (layers - 2 - period)) % period
 
 
 class _TracedStep:

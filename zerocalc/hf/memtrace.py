@@ -727,7 +727,8 @@ def step_stream(d: dict, attention: str | None = None) -> dict:
 
 def stream_depth(total: int, leading: int, p: int) -> int:
     """The layers of the shallow copy a stream is traced on: the leading dense ones, two periods of the
-    layers' pattern (the first played as traced, the second for every middle layer) and the last two
+    layers' pattern (the first played as traced, the one just before the last two for every middle
+    layer) and the last two
     (`sequence.played_as`), at least `STREAM_LAYERS` past the leading ones, the last where the model's
     is in the pattern (`aligned_depth`)."""
     return aligned_depth(leading + max(STREAM_LAYERS, 2 * p + 2), total, p)
