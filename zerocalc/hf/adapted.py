@@ -76,13 +76,13 @@ def shallow_mask(trainable: tuple[bool, ...], layer_params: list, n_shallow: int
     `memtrace.period`): the tensors before and after the layers as they are, each layer of the copy as
     the full layers it is played as (`sequence.played_as`). ValueError where two full layers played as
     one train different tensors."""
-    from zerocalc.hf.memtrace import leading_layers
+    from zerocalc.hf.memtrace import lead_layers
     from zerocalc.sequence import played_as
     k = len(layer_params)
-    lead = leading_layers(layer_params) if period == 1 else leading
+    lead = lead_layers(layer_params, leading, period)
     # the copy's own layers for the leading ones and the first period, then each by its place in the
     # pattern (the copy's second period; its only middle layer where every layer is alike)
-    second = lead + (period if period > 1 else 1)
+    second = lead + period
     sizes = [len(ps) for ps in layer_params[:min(second, total_layers)]] + \
         [len(layer_params[second + (i - second) % period]) for i in range(second, total_layers)]
     start = layer_params[0][0]
@@ -109,7 +109,7 @@ def record(d: dict, lora, trainable, name: str, attention: str | None = None) ->
 
     def set_checkpointing(_, on):     # on the base model under PEFT's wrapper
         hf_checkpointing(base, on)
-    layer_params = memtrace._layer_params(model, None, None if p == 1 else leading, p)[1]
+    layer_params = memtrace._layer_params(model, None, leading, p)[1]
     head = memtrace.stream_head(layer_params, k, leading, p, attention or base.config._attn_implementation)
     with memtrace.dispatching(base, attention), (familystream.zero3_linear() if zero3 else nullcontext()):
         segments = memtrace._fitted_segments(model, mode, k, checkpointing, set_checkpointing=set_checkpointing,

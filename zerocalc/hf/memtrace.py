@@ -288,13 +288,14 @@ def _ending_alike(d: dict, depth: int, total: int) -> int:
     """The deepest copy of at most `depth` layers whose last layer is what the config says of the
     model's last (every per-layer list's entry, a per-layer table's), else `depth`: Gemma 4's config
     makes a copy's last layer full-attention and refuses one whose full-attention layers then differ."""
-    per_layer = [v for k, v in d.items() if k not in _NOT_PER_LAYER and isinstance(v, list) and len(v) == total]
-    tables = [v for v in d.values() if isinstance(v, dict) and v and all(str(k).isdigit() and int(k) < total for k in v)]
+    entries = [v for _, v in _per_layer(d, total)]
 
-    def entry(table, i):
-        return next((v for k, v in table.items() if int(k) == i), None)
+    def entry(value, i):
+        if isinstance(value, list):
+            return value[i]
+        return next((v for k, v in value.items() if int(k) == i), None)
     for n in range(depth, max(depth // 2, 1) - 1, -1):
-        if all(v[n - 1] == v[-1] for v in per_layer) and all(entry(t, n - 1) == entry(t, total - 1) for t in tables):
+        if all(entry(v, n - 1) == entry(v, total - 1) for v in entries):
             return n
     return depth
 
@@ -321,18 +322,21 @@ def _shallow(d: dict, layers: int) -> dict:
         if key in d:
             d[key] = layers
     d.setdefault("num_hidden_layers", layers)
-    for key, value in d.items():
-        if key in _NOT_PER_LAYER:
-            continue
-        if isinstance(value, list) and len(value) == total:
-            d[key] = value[:layers]
-        elif isinstance(value, dict) and value and all(str(k).isdigit() and int(k) < total for k in value):
-            d[key] = {k: v for k, v in value.items() if int(k) < layers}
+    for key, value in _per_layer(d, total):
+        d[key] = value[:layers] if isinstance(value, list) else {k: v for k, v in value.items() if int(k) < layers}
     return d
 
 
 # Keys that may hold as many entries as the model has layers without being per layer
 _NOT_PER_LAYER = frozenset({"architectures", "bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id"})
+
+
+def _per_layer(d: dict, total: int) -> list:
+    """(key, value) of what a config of `total` layers says per layer: a list with one entry per layer,
+    a table keyed by layer index."""
+    return [(key, value) for key, value in d.items() if key not in _NOT_PER_LAYER and (
+        isinstance(value, list) and len(value) == total
+        or isinstance(value, dict) and value and all(str(k).isdigit() and int(k) < total for k in value))]
 
 
 def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str | None = None) -> dict:
@@ -658,16 +662,23 @@ def _layer_runs(model, is_layer=None):
     return params, layer_params
 
 
-def _layer_params(model, is_layer=None, lead: int | None = None, period: int = 1):
+def _layer_params(model, is_layer=None, leading: int = 0, period: int = 1):
     """(the parameters, each decoder layer's parameter indices), checked to be consecutive runs, equal
-    but for leading ones (an MoE stack's dense layers, `stack`: `leading_layers` where `lead` is not
-    given) or, past `lead` dense layers and a first period of the layers' pattern (played as traced,
-    `sequence.played_as`), equal to those of the layer a `period` on."""
+    but for leading ones (`lead_layers`) or, with a `period` of more than one layer, past the leading
+    ones and a first period of the layers' pattern (played as traced, `sequence.played_as`), equal to
+    those of the layer a period on."""
     params, layer_params = _layer_runs(model, is_layer)
-    counts = [len(ps) for ps in layer_params[leading_layers(layer_params) if lead is None else lead + period:]]
+    counts = [len(ps) for ps in layer_params[lead_layers(layer_params, leading, period) + period:]]
     if any(a != b for a, b in zip(counts, counts[period:])):
         raise ValueError("decoder layers do not hold equal runs of parameters")
     return params, layer_params
+
+
+def lead_layers(layer_params, leading: int, period: int) -> int:
+    """The layers a stream's header counts apart (`leading_layer_params`): where every layer past them
+    is alike, those holding another number of parameters than the last one (`leading_layers`, as
+    streams always have); with a pattern of several layers, the MoE stack's `leading` dense ones."""
+    return leading_layers(layer_params) if period == 1 else leading
 
 
 def leading_layers(layer_params) -> int:
@@ -743,7 +754,7 @@ def stream_head(layer_params: list, k: int, leading: int, p: int, attention: str
     as traced). The first period may differ (LFM's, Zaya's and DeepSeek-V4's first layers)."""
     head = {"basis": list(STREAM_BASIS), "layers": k, "first_layer_param": layer_params[0][0],
             "params_per_layer": len(layer_params[-1]), "attention": attention}
-    lead = leading_layers(layer_params) if p == 1 else leading     # where the layers hold equal runs, as they always have
+    lead = lead_layers(layer_params, leading, p)
     if lead:
         head["leading_layer_params"] = [len(ps) for ps in layer_params[:lead]]
     counts = [len(ps) for ps in layer_params[lead:]]
@@ -756,7 +767,7 @@ def stream_head(layer_params: list, k: int, leading: int, p: int, attention: str
 
 def _step_stream(model, mode, k: int, leading: int = 0, p: int = 1) -> dict:
     """`step_stream` of a built k-layer model (`leading` dense layers, a pattern of period p after them)."""
-    params, layer_params = _layer_params(model, None, None if p == 1 else leading, p)
+    params, layer_params = _layer_params(model, None, leading, p)
     out = stream_head(layer_params, k, leading, p, model.config._attn_implementation)
     for variant, ckpt in (("plain", False), ("checkpointed", True)):
         # where the last layer's backward begins when no gradient of the head's own comes before it (a
