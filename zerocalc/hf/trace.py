@@ -164,7 +164,29 @@ def build(cfg):
         model.tie_weights()   # skipped with the initialisation (`init_weights` ties)
     model.train()
     known_positions(model)
+    _sets_in_order(model)
     return model, mode
+
+
+class _InOrder(set):
+    """A set whose strings iterate sorted: the same order in every process, whatever the hash seed."""
+
+    def __iter__(self):
+        items = list(super().__iter__())
+        return iter(sorted(items) if all(isinstance(x, str) for x in items) else items)
+
+
+def _sets_in_order(model) -> None:
+    """The model's code iterates its sets in one order in every process. Gemma 3 makes its sliding and
+    full rotary tables `for layer_type in set(config.layer_types)`, in the order of the strings' hashes,
+    which PYTHONHASHSEED picks: the allocation stream (which free ends which allocation) would differ
+    between two traces of one config. `set` in the model's own modules is `_InOrder`."""
+    import sys
+    for cls in {type(m) for m in model.modules()}:
+        for k in cls.__mro__:
+            module = sys.modules.get(k.__module__)
+            if module is not None and module.__name__.startswith("transformers.models."):
+                module.set = _InOrder
 
 
 @contextmanager
