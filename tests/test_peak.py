@@ -152,3 +152,21 @@ def test_stage_0_buffers_column_is_the_flatten_with_or_without_activations():
         e = estimate(model, Setup(stage=Stage.DISABLED, dp=2, dtype="bf16", micro_batch=1, seq_len=seq))
         assert e.per_rank_bytes()["buffers"] - e.states.buffers_bytes == 2 * p, seq
     assert phase(e, "backward").activation_bytes > 0        # with activations backward's worst is another moment
+
+
+def test_stage_3_built_outside_zero_init_peaks_at_init_with_the_whole_model():
+    """Stage 3 without zero.Init: the engine gets the model whole on the device (bf16, 2 B a parameter)
+    and partitions it; at N = 64 with 512 tokens nothing later holds as much (the states are 16 B a
+    parameter over 64, the parameters kept gathered a few layers), so the peak is init's.
+    Built under zero.Init the model is never whole: the peak comes in training."""
+    from zerocalc.profile import shipped_profile
+    from zerocalc.model import from_profile
+    model = from_profile(shipped_profile("llama-2-7b"))
+    s = Setup(stage=Stage.PARAMETERS, dp=64, dtype="bf16", micro_batch=1, seq_len=512)
+    whole = 2 * 6_738_415_616                    # Llama-2-7B's published parameter count, bf16
+    built_whole = estimate(model, s)
+    assert built_whole.peak.name == "init" and "whole model" in built_whole.peak.why
+    assert whole <= built_whole.peak_bytes < whole * 1.01
+    partitioned = estimate(model, Setup(stage=Stage.PARAMETERS, dp=64, dtype="bf16", micro_batch=1, seq_len=512,
+                                        zero_init=True))
+    assert partitioned.peak.name != "init" and partitioned.peak_bytes < whole

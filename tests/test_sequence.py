@@ -422,7 +422,7 @@ def test_a_step_that_leaves_the_cache_as_it_found_it_stops_the_replay(monkeypatc
     result, skipped = _run_and_skipped(pieces, monkeypatch)
     assert skipped == [6] * 8                                   # steps 3 to 10
     assert result.peak_reserved_bytes == 180 * MiB and result.peak_allocated_bytes == 180 * MiB
-    assert result == allocator.replay([e for events, _ in pieces for e in events])
+    assert result == allocator.replay([e for events, _ in pieces for e in events])._replace(init_peak_allocated_bytes=100 * MiB)
 
 
 def test_a_step_that_differs_from_the_steady_one_is_run(monkeypatch):
@@ -441,7 +441,7 @@ def test_a_step_that_differs_from_the_steady_one_is_run(monkeypatch):
     result, skipped = _run_and_skipped(pieces, monkeypatch)
     assert len(skipped) == 4 + 2                                # steps 3-6, then 9 and 10
     assert result.peak_reserved_bytes == 240 * MiB
-    assert result == allocator.replay([e for events, _ in pieces for e in events])
+    assert result == allocator.replay([e for events, _ in pieces for e in events])._replace(init_peak_allocated_bytes=100 * MiB)
 
 
 def test_a_tensor_kept_across_steps_is_not_a_steady_state(monkeypatch):
@@ -455,7 +455,7 @@ def test_a_tensor_kept_across_steps_is_not_a_steady_state(monkeypatch):
     pieces = _steps(init, step, 5)
     result, skipped = _run_and_skipped(pieces, monkeypatch)
     assert skipped == []
-    assert result == allocator.replay([e for events, _ in pieces for e in events])
+    assert result == allocator.replay([e for events, _ in pieces for e in events])._replace(init_peak_allocated_bytes=140 * MiB)
 
 
 def test_against_a_capacity_the_steps_retry_then_settle_or_stop_at_the_oom():
@@ -478,10 +478,10 @@ def test_against_a_capacity_the_steps_retry_then_settle_or_stop_at_the_oom():
     settled = sequence.replay_steps(iter(pieces), capacity_bytes=150 * MiB)
     assert settled.peak_reserved_bytes == 150 * MiB and settled.alloc_retries == 1 and settled.oom is None
     assert settled.releases == ((3, 30 * MiB),)
-    assert settled == allocator.replay(every, capacity_bytes=150 * MiB)
+    assert settled == allocator.replay(every, capacity_bytes=150 * MiB)._replace(init_peak_allocated_bytes=100 * MiB)
     stopped = sequence.replay_steps(iter(pieces), capacity_bytes=140 * MiB)
     assert stopped.oom == (3, 50 * MiB, 50 * MiB, 100 * MiB, 100 * MiB)
-    assert stopped == allocator.replay(every, capacity_bytes=140 * MiB)
+    assert stopped == allocator.replay(every, capacity_bytes=140 * MiB)._replace(init_peak_allocated_bytes=100 * MiB)
     from zerocalc import fits
     assert [fits.phase(pieces, i) for i in (0, 1, 4, 5, 24)] == ["init", "step 1", "step 1", "step 2", "step 6"]
 
@@ -550,7 +550,7 @@ def test_stopping_at_the_steady_state_gives_the_whole_replay(stage):
         for t, _ in sequence._pieces(model, s, 5, True, 0):
             pieces.append((t.events[done:], last))
             done, last = len(t.events), t.last_handle
-        assert sequence.replay_steps(iter(pieces)) == allocator.replay(sequence.events(model, s, steps=5))
+        assert sequence.replay_steps(iter(pieces))._replace(init_peak_allocated_bytes=None) == allocator.replay(sequence.events(model, s, steps=5))
 
 
 @pytest.mark.parametrize("numel, flattens", [(1000, 0), (1001, 3)])
@@ -627,3 +627,16 @@ def test_stage3_hands_a_leafs_gradients_together_at_its_hook():
     assert ds.bucket_params == [1, 2, 3, 0]
     made = [e[2] for e in t.events[start:] if e[0] == "alloc"]
     assert made == [200, 200, 200, 200] and alive_bytes(t.events[start:]) == 0
+
+
+def test_the_peaks_say_whether_allocated_peaked_at_init():
+    """init keeps W (100 MiB) and makes and frees T (200 MiB: a model held whole, then partitioned):
+    allocated peaks at 300 MiB there. Steps that make and free A (50 MiB) take it from T's cached
+    block and stay below: the peak is init's. Steps that make A of 250 MiB reach 100 + 250 = 350 MiB
+    (a new 250 MiB segment beside T's, reserved 550 MiB): the peak is a step's."""
+    init = [("alloc", 1, 100 * MiB, 0), ("alloc", 2, 200 * MiB, 0), ("free", 2)]
+    for a_bytes, want in ((50 * MiB, (300 * MiB, 300 * MiB, True)), (250 * MiB, (350 * MiB, 550 * MiB, False))):
+        pieces = _steps(init, lambda k, h: [("alloc", h, a_bytes, 0), ("free", h)], 3)
+        r = sequence.replay_steps(iter(pieces))
+        assert r.init_peak_allocated_bytes == 300 * MiB
+        assert sequence.peaks_of([r]) == want

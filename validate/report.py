@@ -189,7 +189,7 @@ def rank0_peaks(e, row: dict) -> tuple[int, int]:
     fresh = pd.isna(base) or base < sequence.CUBLAS_WORKSPACE_BYTES
     if fresh and sequence.simulated_ranks(e.model, e.setup) == (0,):
         return e.simulated_peaks_bytes
-    return sequence.peaks_bytes(e.model, e.setup, fresh_process=fresh, ranks=(0,))
+    return tuple(sequence.peaks_bytes(e.model, e.setup, fresh_process=fresh, ranks=(0,))[:2])
 
 
 def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -71,6 +71,7 @@ class Replay(NamedTuple):
     peak_allocated_bytes: int     # max_memory_allocated likewise (rounded block sizes)
     alloc_retries: int = 0        # torch's num_alloc_retries: cached segments released to retry a cudaMalloc
     oom: OutOfMemory | None = None   # where a replay with a capacity ran out; the events after it are not run
+    init_peak_allocated_bytes: int | None = None   # allocated's peak by the end of init (`sequence.replay_steps`)
 
     def reserved_changes(self) -> list[tuple[int, int]]:
         """(event index, bytes) of every change to reserved, in order: segments made (+), segments

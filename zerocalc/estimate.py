@@ -1,5 +1,5 @@
 """One estimate: model states, peak and communication for a model and a setup."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from zerocalc import activations, calibration, comm, host, peak, reference, states, timing
@@ -32,7 +32,16 @@ class Estimate:
 
     @cached_property   # frozen: found once (`plan` asks each candidate's peak several times)
     def peak(self) -> peak.Phase:
-        return peak.peak(self.phases)
+        """The phase of the peak: the simulation's where it reached its allocated peak before the first
+        step (stage 3 built outside zero.Init holds the whole model first), else the largest sum's."""
+        simulation = self._simulation
+        if simulation is None or not simulation[0].at_init:
+            return peak.peak(self.phases)
+        init = self.phases[0]
+        if self.setup.stage == Stage.PARAMETERS and not self.setup.zero_init and self.setup.offload_param == "none":
+            return replace(init, why="the whole model on the device before the engine partitions it "
+                                     "(built outside zero.Init; --zero-init builds it partitioned)")
+        return init
 
     @property
     def peak_bytes(self) -> int:
@@ -89,7 +98,7 @@ class Estimate:
         replayed through PyTorch's caching allocator (`zerocalc.sequence`, `zerocalc.allocator`); None
         where no sequence is generated (see `sequence.generated`: e.g. no architecture) or simulate is
         off. Milliseconds for a 7B model, ~0.1 s for a 70B one: `plan` ranks with the ratio instead."""
-        return None if self._simulation is None else self._simulation[0]
+        return None if self._simulation is None else tuple(self._simulation[0][:2])
 
     @property
     def simulated_reserved_bytes(self) -> int | None:

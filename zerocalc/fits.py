@@ -121,13 +121,12 @@ def late_frees(pieces, delay: int) -> tuple:
     return tuple(out)
 
 
-def unbounded_peaks_bytes(jobs, expandable_segments: bool, every_timing: bool = False) -> tuple[int, int]:
+def unbounded_peaks_bytes(jobs, expandable_segments: bool, every_timing: bool = False) -> sequence.Peaks:
     """The ranks' largest allocated and reserved peaks replayed without a capacity, frees on time
     (every_timing: under every timing): `sequence.peaks_bytes` from pieces already made."""
     with sequence.cycle_collector_paused():
-        replays = [sequence.replay_steps(iter(pieces), expandable_segments)
-                   for _, delay, pieces in jobs if every_timing or not delay]
-    return max(r.peak_allocated_bytes for r in replays), max(r.peak_reserved_bytes for r in replays)
+        return sequence.peaks_of([sequence.replay_steps(iter(pieces), expandable_segments)
+                                  for _, delay, pieces in jobs if every_timing or not delay])
 
 
 def phase(pieces, event: int) -> str:

@@ -17,6 +17,7 @@ import gc
 from contextlib import contextmanager
 from itertools import accumulate
 from math import ceil
+from typing import NamedTuple
 
 from zerocalc import stage3_trace
 from zerocalc import allocator
@@ -1095,16 +1096,30 @@ def _pieces(model: ModelSpec, setup: Setup, steps: int | None, fresh_process: bo
         yield t, workspaces
 
 
+class Peaks(NamedTuple):
+    allocated_bytes: int     # max_memory_allocated()
+    reserved_bytes: int      # max_memory_reserved()
+    at_init: bool            # allocated's peak reached before the first step (stage 3 built whole: the model)
+
+
+def peaks_of(replays) -> Peaks:
+    """The replays' largest allocated and reserved peaks; at_init where the largest allocated one was
+    reached by the end of init."""
+    top = max(replays, key=lambda r: r.peak_allocated_bytes)
+    return Peaks(top.peak_allocated_bytes, max(r.peak_reserved_bytes for r in replays),
+                 top.init_peak_allocated_bytes == top.peak_allocated_bytes)
+
+
 def peaks_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True,
-                ranks: tuple[int, ...] | None = None) -> tuple[int, int] | None:
-    """(`max_memory_allocated()`, `max_memory_reserved()`) of the generated sequence through the
-    allocator simulation (the allocator `setup.expandable_segments` says) on the busiest rank
+                ranks: tuple[int, ...] | None = None) -> Peaks | None:
+    """(`max_memory_allocated()`, `max_memory_reserved()`, at init) of the generated sequence through
+    the allocator simulation (the allocator `setup.expandable_segments` says) on the busiest rank
     (`simulated_ranks`, or of `ranks`), None where no sequence is generated. Allocated counts whole
     blocks, as torch does: a request that takes a cached block without splitting it holds all of it."""
     if not generated(model, setup):
         return None
-    replays = [_replay_to_steady_state(model, setup, fresh_process, r) for r in ranks or simulated_ranks(model, setup)]
-    return max(r.peak_allocated_bytes for r in replays), max(r.peak_reserved_bytes for r in replays)
+    return peaks_of([_replay_to_steady_state(model, setup, fresh_process, r)
+                     for r in ranks or simulated_ranks(model, setup)])
 
 
 def peak_reserved_bytes(model: ModelSpec, setup: Setup, fresh_process: bool = True) -> int | None:
@@ -1159,11 +1174,13 @@ def replay_steps(pieces, expandable_segments: bool = False, capacity_bytes: int 
     a retry returned segments, so the state after it differs), and the replay stops at an OOM."""
     a = allocator.start(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
     model_step = None    # (state before, events, last handle before) of the last step run
+    init_peak = None
     for k, (events, last) in enumerate(pieces):
         if a.oom is not None:
             break
         if k == 0:                              # init
             a.run(events)
+            init_peak = a.peak_allocated - a.base_allocated
             continue
         before = a.state()
         if model_step is not None and model_step[0] == before and _same_step(model_step[1], model_step[2], events, last):
@@ -1171,7 +1188,7 @@ def replay_steps(pieces, expandable_segments: bool = False, capacity_bytes: int 
         else:
             a.run(events)
             model_step = (before, events, last)
-    return a.result()
+    return a.result()._replace(init_peak_allocated_bytes=init_peak)
 
 
 def _same_step(a: list, a_last: int, b: list, b_last: int) -> bool:
