@@ -245,8 +245,9 @@ OPEN_HF_STAGE3 = {("h200-hf-fake4-mixtral-8x7b-n256.csv", "auto-mixtral-h4096-l3
                   ("h200-hf-fake5-mixtral-8x7b-warmup-n256.csv", "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-11914a3414")}
 
 # Open (data/README.md, "Hybrid layers"): Qwen3-Next's 16-layer shape without checkpointing held about 10 GiB
-# more at 2 x 2048 than its trace predicts (allocated -16.1% at stage 2, -24.8% at stage 3), the cause not
-# yet found (no allocator history); zerocalc says so beside its estimates (`resolve.MEASURED_MISSES`).
+# more at 2 x 2048 than its trace predicts (allocated -16.1% at stage 2, -24.8% at stage 3): its gated delta rule pads to
+# 64-token chunks and the stream is traced within one chunk (data/README.md, "Why the Qwen3-Next trace
+# misses"); zerocalc says so beside its estimates (`resolve.MEASURED_MISSES`).
 OPEN_HF_TRACE = {"auto-qwen3_next-h2048-l16-s2-bf16-n1-b2x2048-gas1-4901129540",
                  "auto-qwen3_next-h2048-l16-s3-bf16-n8fake-b2x2048-gas1-e9e86c241d"}
 

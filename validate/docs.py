@@ -44,10 +44,11 @@ def committed_paths(kind: str = "real") -> list[str]:
     """The committed H200 rows of one kind: "real" the transcribed families' jobs of real worlds (HF-config
     rows, data/h200-hf-*.csv, are judged apart: validate.report.hf_section), "fake" rank 0 of a fake world
     (data/h200-fake-*.csv, and an H100's, data/h100-fake-*.csv: what the allocator holds, whatever the
-    card; no time is read from them), "cards" emulated smaller cards (data/h200-cards-*.csv)."""
+    card; no time is read from them), "cards" emulated smaller cards (data/h200-cards-*.csv, and an
+    H100's, data/h100-cards-*.csv: the allocator capped below either card's memory)."""
     paths = sorted(glob.glob(os.path.join(ROOT, "data", "h200-*.csv")))
-    if kind == "fake":
-        paths += sorted(glob.glob(os.path.join(ROOT, "data", "h100-fake-*.csv")))
+    if kind in ("fake", "cards"):
+        paths += sorted(glob.glob(os.path.join(ROOT, "data", f"h100-{kind}-*.csv")))
     if kind != "real":
         return [p for p in paths if os.path.basename(p).split("-")[1] == kind]
     return [p for p in paths if not any(f"/h200-{k}-" in p for k in ("hf", "fake", "cards"))]
