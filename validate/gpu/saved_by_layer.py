@@ -1,13 +1,15 @@
 """What autograd keeps for backward in each decoder layer of one forward of an HF model, on the device
-it runs on (forward only): every tensor saved for backward (`torch.autograd.graph.saved_tensors_hooks`, custom
-kernels' `save_for_backward` included) but the weights, counted once per storage, grouped by the layer whose forward
-saved it. Run on a CPU and on a GPU with the same config, the two lists show which operator keeps more
-on one device than the other (the traced stream is the CPU's). Printed as JSON:
+it runs on: every tensor saved for backward (`torch.autograd.graph.saved_tensors_hooks`, custom
+kernels' `save_for_backward` included) but the weights, counted once per storage, grouped by the layer
+whose forward saved it. Run on a CPU and on a GPU with the same config, the two lists show whether an
+operator keeps more on one device than on the other (the traced stream is the CPU's); the forward
+alone is run (a CPU's backward of a large vocabulary takes minutes). Printed as JSON:
 
     python validate/gpu/saved_by_layer.py CONFIG.json --layers 4 --batch 2 --seq-len 2048 --device cuda
 
 CONFIG.json: a config.json or a validate matrix with one "hf_models" entry (its config is used). Also
-prints which fast kernels transformers found (flash-linear-attention, causal-conv1d)."""
+says which fast kernels are installed (flash-linear-attention, causal-conv1d, flash-attn). Evidence it
+gave: data/README.md, "Why the Qwen3-Next trace misses"."""
 import argparse
 import json
 import os
@@ -46,7 +48,8 @@ def fast_kernels() -> dict:
 def saved_by_layer(model, ids) -> list[dict]:
     layers = model.get_decoder().layers
     current = [None]
-    seen = {(p.untyped_storage().data_ptr(), p.device.type): None for p in model.parameters()}  # weights: not activations
+    # the weights are saved too, but are not activations
+    seen = {(p.untyped_storage().data_ptr(), p.device.type): None for p in model.parameters()}
     per_layer = [dict(index=i, kind=getattr(model.config, "layer_types", [None] * len(layers))[i], tensors=[])
                  for i in range(len(layers))]
 

@@ -2,7 +2,7 @@
 smallest capacity that runs them within 2-10% of the card's allocator capacity, about half above and
 half below; `choose_cards.py` picks them):
     python validate/matrices/make_fake_cards.py validate/matrices                       # h200-cards-chosen.json
-    python validate/matrices/make_fake_cards.py validate/matrices h200-cards-chosen-2.json h200-cards2
+    python validate/matrices/make_fake_cards.py validate/matrices h200-cards-chosen-2.json h200-cards-set2
 A card of G GiB leaves the allocator G·2^30 less the calibrated CUDA context (1,802,305,536 B on H200):
 its jobs cap the caching allocator there (`allocator_capacity_bytes`, set_per_process_memory_fraction)."""
 import json
