@@ -21,10 +21,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 
 def config_of(path: str, layers: int | None, layer_type: str | None) -> dict:
+    """The config a config.json or a matrix's first "hf_models" entry (its overrides applied) describes,
+    as `validate run` reads it (`hf_models.load_config`), cut to `layers` and made all `layer_type`."""
+    from validate import hf_models
     with open(path) as f:
-        cfg = json.load(f)
-    if "hf_models" in cfg:
-        cfg = dict(cfg["hf_models"][0]["config"])
+        matrix = json.load(f)
+    entry = matrix["hf_models"][0] if "hf_models" in matrix else {"config": path}
+    _, cfg = hf_models.load_config(entry["config"], entry.get("overrides"))
     if layers:
         cfg["num_hidden_layers"] = layers
         if isinstance(cfg.get("layer_types"), list):

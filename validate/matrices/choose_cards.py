@@ -8,11 +8,11 @@ import json, random, sys, os
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE); sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from multiprocessing import Pool
+from make_fake_cards import CONTEXT_BYTES as CONTEXT
 from make_fake_scale import M
 from zerocalc import arch as _arch
 from zerocalc.estimate import estimate
 from validate.jobs import make_job, to_zerocalc
-CONTEXT = 1_802_305_536
 CARDS = [24, 40, 48, 80, 94]
 
 def cand(rng):
