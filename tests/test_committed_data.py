@@ -244,20 +244,13 @@ OPEN_HF_STAGE3 = {("h200-hf-fake4-mixtral-8x7b-n256.csv", "auto-mixtral-h4096-l3
                   ("h200-hf-fake4-mixtral-8x7b-random-n256.csv", "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-7cd9959c72"),
                   ("h200-hf-fake5-mixtral-8x7b-warmup-n256.csv", "auto-mixtral-h4096-l32-s3-bf16-n256fake-b1x4096-gas1-11914a3414")}
 
-# Open (data/README.md, "Hybrid layers"): Qwen3-Next's 16-layer shape without checkpointing held about 10 GiB
-# more at 2 x 2048 than its trace predicts (allocated -16.1% at stage 2, -24.8% at stage 3): its gated delta rule pads to
-# 64-token chunks and the stream is traced within one chunk (data/README.md, "Why the Qwen3-Next trace
-# misses"); zerocalc says so beside its estimates (`resolve.MEASURED_MISSES`).
-OPEN_HF_TRACE = {"auto-qwen3_next-h2048-l16-s2-bf16-n1-b2x2048-gas1-4901129540",
-                 "auto-qwen3_next-h2048-l16-s3-bf16-n8fake-b2x2048-gas1-e9e86c241d"}
-
 
 def test_hf_rows_peaks_within_3_and_8_percent():
     """Every H200 row of an HF config (data/h200-hf-*.csv, the step-time file's several-model process
     too) against what `zerocalc estimate --hf-config` predicts from the config alone (the config
     traced, its allocation stream simulated through the allocator beside DeepSpeed's side; a later job
     of a process after the jobs before it): peak allocated within 3% and reserved within 8% on every
-    row but the `OPEN_HF`, `OPEN_HF_STAGE3` and `OPEN_HF_TRACE` ones. Traces each config once (cached in the user's cache directory: minutes the first time)."""
+    row but the `OPEN_HF` and `OPEN_HF_STAGE3` ones. Traces each config once (cached in the user's cache directory: minutes the first time)."""
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from validate.docs import hf_peak_errors
@@ -266,8 +259,7 @@ def test_hf_rows_peaks_within_3_and_8_percent():
     pd = pytest.importorskip("pandas")
     at = pd.Series(list(zip(ok["source"].map(os.path.basename), ok["key"])), index=ok.index)
     open_s3 = at.isin(OPEN_HF_STAGE3)
-    open_ = (ok["key"].isin(OPEN_HF) & (not transformers.__version__.startswith("5.17"))) | open_s3 \
-        | ok["key"].isin(OPEN_HF_TRACE)
+    open_ = (ok["key"].isin(OPEN_HF) & (not transformers.__version__.startswith("5.17"))) | open_s3
     assert (err_a[~open_] <= 0.03).all(), ok.loc[~open_ & (err_a > 0.03), ["hf_name", "stage", "path"]].to_string()
     assert (err_r[~open_] <= 0.08).all(), ok.loc[~open_ & (err_r > 0.08), ["hf_name", "stage", "path"]].to_string()
     assert ((err_a > 0.03) | (err_r > 0.08))[open_].all(), "now within target, drop from OPEN_HF"
@@ -292,6 +284,12 @@ def test_hf_rows_peaks_within_3_and_8_percent():
                              "auto-gemma-h2048-l8-s2-bf16-n1-b2x1024-gas1-ff3456483e",
                              "auto-deepseek_v3-h7168-l3-s2-bf16-n1-b2x1024-gas1-57c545c6ce"])
     assert closed.sum() == 6 and (err_a[closed] <= 0.004).all() and (err_r[closed] <= 0.001).all()
+    # Qwen3-Next without checkpointing (a 16-layer shape, 2 x 2048, stages 2 and 3): -16.1% and -24.8% allocated
+    # while its kept bytes were read within one of its gated delta rule's 64-token chunks; read past one
+    # chunk (`memtrace.at_length`, data/README.md "Why the Qwen3-Next trace missed"), each within 1.5%.
+    qwen3_next = ok["key"].isin(["auto-qwen3_next-h2048-l16-s2-bf16-n1-b2x2048-gas1-4901129540",
+                                 "auto-qwen3_next-h2048-l16-s3-bf16-n8fake-b2x2048-gas1-e9e86c241d"])
+    assert qwen3_next.sum() == 2 and (err_a[qwen3_next] <= 0.015).all() and (err_r[qwen3_next] <= 0.015).all()
     # Phi-2 at stage 2 with 4 x 2048 tokens: reserved was -10.6% (allocated exact) while dropout's output
     # was traced before its bool mask; CUDA's kernel allocates the mask first (`cudaops.ALLOCATION_ORDER`),
     # and with that order the row is within 0.1% (data/README.md, "Dropout's mask first").

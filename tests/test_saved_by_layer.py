@@ -45,3 +45,25 @@ def test_each_layer_counts_the_activations_it_saved_once_and_no_weight():
     layers = probe().saved_by_layer(Toy(), torch.zeros(1, 4, dtype=torch.long))
     assert [p["bytes"] for p in layers] == [128 + 256, 256]
     assert sorted(tuple(t[0]) for t in layers[0]["tensors"]) == [(1, 4, 16), (4, 8)]   # the matmul's 2-D view
+
+
+def test_the_traced_qwen3_next_keeps_per_token_what_its_layers_kept_on_the_h100():
+    """The committed trace of the Qwen3-Next rows' 16-layer config (data/hf-traces/: its activations read
+    past one 64-token chunk, `memtrace.at_length`) keeps per token and layer what four of its layers
+    kept on the H100 at 2 x 2048 (data/qwen3-next-saved/h100-2x2048.json: three linear-attention layers
+    and one full-attention layer, the pattern the 16 repeat): (3 x 534,195 + 252,641) / 4 = 463,806 B,
+    within 0.1%. Read within one chunk it kept 297 kB (data/README.md)."""
+    import glob
+    import json
+    with open(os.path.join(ROOT, "data", "qwen3-next-saved", "h100-2x2048.json")) as f:
+        layers = json.load(f)["layers"]
+    assert [x["kind"] for x in layers] == ["linear_attention"] * 3 + ["full_attention"]
+    measured = sum(x["bytes_per_token"] for x in layers) / 4
+    assert measured == pytest.approx(463_806, abs=1)
+    traced = []
+    for path in glob.glob(os.path.join(ROOT, "data", "hf-traces", "*.json")):
+        with open(path) as f:
+            p = json.load(f)
+        if p["model_type"] == "qwen3_next":
+            traced.append(p["activations"]["bytes_per_token"] / p["dims"]["num_layers"])
+    assert traced and all(t == pytest.approx(measured, rel=0.001) for t in traced)

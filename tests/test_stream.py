@@ -123,6 +123,43 @@ def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpoint
     _assert_plays_as_traced(_stream(4), _tiny_llama(6), 6, checkpointing)
 
 
+
+@pytest.mark.slow   # traces the stream (8 fake-tensor steps)
+@pytest.mark.xdist_group("tiny-llama-stream")
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_what_a_layer_keeps_beyond_the_trace_is_held_from_its_forward_to_its_backwards_end(checkpointing):
+    """A stream's `kept_bytes_per_token_beyond_trace` (`memtrace.at_length`), 1001 B a token at B 2,
+    s 24, is one allocation of 48,048 B (a size no tensor of the tiny Llama has) a layer: made after the
+    layer's forward and freed after its backward, every layer's alive at once at the end of forward;
+    checkpointed, made before the layer's backward (its recompute) and freed after it, one at a time.
+    Every other event, and the gradients, are the stream's without it."""
+    stream = _stream(4)
+    spec = SimpleNamespace(profile=SimpleNamespace(stream=stream), architecture=SimpleNamespace(num_layers=6),
+                           param_numels=(1,) * 100)
+    setup = SimpleNamespace(activation_checkpointing=checkpointing, micro_batch=2, seq_len=24, attention="sdpa",
+                            stage=Stage.GRADIENTS)
+    plain, grads = played_step.played(spec, setup, stream)
+    more, more_grads = played_step.played(spec, setup, {**stream, "kept_bytes_per_token_beyond_trace": 1001})
+    extra = 1001 * 2 * 24
+    assert ("a", extra) not in plain
+
+    def numbered(events):     # allocation n has handle n (`sequence._Trace`): frees named by their allocation
+        handles = [n + 1 for n, e in enumerate(x for x in events if x[0] == "a")]
+        return [("a", e[1], handles.pop(0)) if e[0] == "a" else e for e in events]
+    more = numbered(more)
+    held = {e[2] for e in more if e[:2] == ("a", extra)}
+    order = [e for e in more if e[0] == "a" and e[2] in held or e[0] == "f" and e[1] in held]
+    if checkpointing:
+        assert [e[0] for e in order] == ["a", "f"] * 6
+    else:
+        assert [e[0] for e in order] == ["a"] * 6 + ["f"] * 6
+        assert [e[1] for e in order[6:]] == [e[2] for e in order[:6]][::-1]     # the last layer's first
+    rest = [e for e in more if e not in order]
+    kept = [e[2] for e in rest if e[0] == "a"]
+    assert [("a", e[1]) if e[0] == "a" else ("f", kept.index(e[1]) + 1) for e in rest] == plain
+    assert sorted((kept.index(h) + 1, p) for h, p in more_grads) == grads
+
+
 def _assert_plays_as_traced(stream, config, layers: int, checkpointing: bool) -> None:
     """`stream` played for `layers` layers at B 2, s 24 is the `config` model's own trace, event for event."""
     model, mode = trace.build(config)
@@ -275,6 +312,31 @@ def test_layers_of_two_kinds_are_traced_a_pattern_at_a_time(checkpointing):
     stream = memtrace.step_stream(d, "sdpa")
     assert stream["layers"] == 12 and stream["period"] == 4 and len(set(stream["period_params"])) == 2
     _assert_plays_as_traced(stream, _tiny_qwen3_next(16), 16, checkpointing)
+
+
+
+@pytest.mark.slow   # fake-tensor forwards of a 16-layer model at up to 1536 tokens
+def test_a_chunked_kernels_kept_bytes_are_read_past_one_chunk():
+    """Qwen3-Next's gated delta rule pads a sequence to whole 64-token chunks, so at 32 and 64 tokens
+    (one chunk, as the stream's 16-48) its chunk-shaped tensors look constant and the layers seem to
+    keep less per token. `memtrace.at_length` reads them at 512 and 1024 tokens: that slope gives the
+    kept bytes at 1536 tokens (24 chunks, measured here on the model itself) where the short one falls
+    more than 10% short, and the difference per layer is what the stream is told to add. A Llama keeps
+    as much per token at every length: its activations and stream are left as they were."""
+    cfg = _tiny_qwen3_next(16)
+    d = cfg.to_dict()
+    short = memtrace.config_activations(d, 16)
+    acts, stream = memtrace.at_length(d, 16, short, {"layers": 12})
+    model, mode = trace.build(cfg)
+    memtrace.layers_kept_bytes(model, mode, 1, 32)          # the first forward, not counted
+    at_1536 = memtrace.layers_kept_bytes(model, mode, 1, 1536)
+    assert acts["bytes_per_token"] * 1536 == pytest.approx(at_1536, rel=0.01)
+    assert short["bytes_per_token"] * 1536 < 0.9 * at_1536
+    assert stream == {"layers": 12, "kept_bytes_per_token_beyond_trace":
+                      pytest.approx((acts["bytes_per_token"] - short["bytes_per_token"]) / 16, abs=0.001)}
+    llama = _tiny_llama(4).to_dict()
+    plain = memtrace.config_activations(llama, 4)
+    assert memtrace.at_length(llama, 4, plain, {"layers": 4}) == (plain, {"layers": 4})
 
 
 LLAMA_HISTORIES = [   # tests/test_sequence.py's FRESH_HISTORIES of hf-llama, and what they reserved (GiB)

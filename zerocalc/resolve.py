@@ -290,17 +290,6 @@ def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
     return spec, said
 
 
-# Model types whose GPU rows miss the stated error for a reason not yet mended: said beside each estimate
-# of them (without checkpointing: the setups it was measured in), with what was measured and why (data/README.md).
-MEASURED_MISSES = {
-    "qwen3_next": "without activation checkpointing an H200 held 16-25% more at its allocated peak than "
-                  "predicted (a 16-layer shape at 2 x 2048, stages 2 and 3; checkpointed: within 0.1%): its "
-                  "gated delta rule pads a sequence to 64-token chunks, and the trace, run at 16-48 tokens, "
-                  "sees one chunk: it counts 297 kB a token a layer kept for backward where Qwen3-Next's "
-                  "layers keep 464 kB; allow 167 kB a token a layer more",
-}
-
-
 def notes(spec: ModelSpec, setups, timed: bool = False) -> list[str]:
     """What the output should say about how the model was read: for a model read from its code, what
     its trace gave and, where formulas, the calibrated ratio or a Llama layer's operators stand in
@@ -336,9 +325,6 @@ def notes(spec: ModelSpec, setups, timed: bool = False) -> list[str]:
             line += ("; step time: a Llama layer's operators and FLOPs at its dimensions"
                      + because("steps", "its own operators"))
         out.append(line)
-    miss = MEASURED_MISSES.get(p.model_type)
-    if miss and any(not s.activation_checkpointing for s in setups):
-        out.append(f"{spec.name}: {miss}")
     if p.moe_classes and any(int(s) == 3 for s in stages):
         out.append(f"stage 3: each {', '.join(p.moe_classes)} is one fetch unit, as "
                    f"deepspeed.utils.set_z3_leaf_modules(model, [{', '.join(p.moe_classes)}]) makes it "

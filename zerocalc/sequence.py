@@ -182,6 +182,10 @@ class _TracedStep:
         self.layers = model.architecture.num_layers
         self.numels = model.param_numels
         self.x = basis_values(st["basis"], setup.micro_batch, setup.seq_len, model.architecture)
+        # what a chunked kernel keeps per layer beyond its traced lengths (`memtrace.at_length`): held
+        # from the layer's forward (its recompute, checkpointed) to the end of its backward
+        self.beyond = int(st.get("kept_bytes_per_token_beyond_trace", 0) * setup.micro_batch * setup.seq_len)
+        self.kept, self.checkpointed = {}, setup.activation_checkpointing
         self.handles, self.sizes, self.evaluated, self.names = {}, {}, {}, {}
         # stage 3's backward fetches (`on_fetch`): where the stream says (`backward_fetch_at`, the
         # families'), else at the head's first backward matmul (its output, the allocation before the
@@ -323,6 +327,8 @@ class _TracedStep:
         self.run("P")
         for i in range(self.layers):
             self.run("F", i)
+            if self.beyond and not self.checkpointed:
+                self.kept[i] = self.t.alloc(self.beyond)
         self.run("H")
 
     def backward(self, fetch=None, segment_done=None) -> None:
@@ -335,7 +341,11 @@ class _TracedStep:
         for i in reversed(range(self.layers)):
             if segment_done is not None:
                 segment_done()
+            if self.beyond and self.checkpointed:
+                self.kept[i] = self.t.alloc(self.beyond)
             self.run("B", i)
+            if i in self.kept:
+                self.t.free(self.kept.pop(i))
         if segment_done is not None:
             segment_done()
         self.run("E")

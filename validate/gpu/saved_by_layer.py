@@ -9,7 +9,7 @@ alone is run (a CPU's backward of a large vocabulary takes minutes). Printed as 
 
 CONFIG.json: a config.json or a validate matrix with one "hf_models" entry (its config is used). Also
 says which fast kernels are installed (flash-linear-attention, causal-conv1d, flash-attn). Evidence it
-gave: data/README.md, "Why the Qwen3-Next trace misses"."""
+gave: data/README.md, "Why the Qwen3-Next trace missed"."""
 import argparse
 import json
 import os

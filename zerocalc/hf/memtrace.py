@@ -365,6 +365,33 @@ def config_activations(d: dict, num_layers: int, seqs=(32, 64), attention: str |
     return out
 
 
+# Sequence lengths of two chunks or more of every chunked kernel seen (the gated delta rule's 64 tokens,
+# Mamba-2's 256: one whole chunk keeps less than each further one), whole multiples of each
+LONG_SEQS = (512, 1024)
+
+
+def at_length(d: dict, num_layers: int, short: dict, stream: dict | None,
+              attention: str | None = None) -> tuple[dict, dict | None]:
+    """(activations, stream) with what a chunked kernel keeps at length. `short` (`config_activations`
+    at 32 and 64 tokens) and the stream (16–48 tokens, `STREAM_SHAPES`) see every sequence padded to
+    one whole chunk, so the chunk-shaped tensors look constant and the layers keep too little per token
+    (Qwen3-Next's linear-attention layers: 297 kB a token traced, 464 kB at 256 tokens or more, as its
+    CUDA and CPU runs keep, data/qwen3-next-saved/). Where the kept bytes per token at `LONG_SEQS`
+    exceed `short`'s by more than 2%, the long ones are the activations, and the difference, spread
+    evenly over the layers, is added to each layer where the stream is played (its
+    `kept_bytes_per_token_beyond_trace`, `zerocalc.sequence._TracedStep`); elsewhere (no chunked
+    kernel: equal, or a sliding window's little less; or a model whose code refuses that many tokens)
+    `short` and the stream as they are."""
+    try:
+        long = config_activations(d, num_layers, LONG_SEQS, attention)
+    except Exception:       # a position table shorter than the lengths, cut per length: nothing chunked
+        return short, stream
+    if long["bytes_per_token"] <= 1.02 * short["bytes_per_token"]:
+        return short, stream
+    missed = round((long["bytes_per_token"] - short["bytes_per_token"]) / num_layers, 3)
+    return long, (None if stream is None else {**stream, "kept_bytes_per_token_beyond_trace": missed})
+
+
 # ---------------------------------------------------------------- the allocation event stream of a training step
 
 MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default")

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 11       # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 12       # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -407,8 +407,9 @@ def quiet():
 
 def trace(d: dict, name: str = "", activations: bool = True, steps: bool = True) -> Profile:
     """The Profile of a config.json's contents (a dict); activations: also the layers' kept bytes
-    (`memtrace.config_activations`: four forwards of one or two layers); steps: the operators and FLOPs
-    of a micro-step (`optrace.config_steps`: eight forwards and backwards of one or two layers)."""
+    (`memtrace.config_activations`, read again at length where a chunked kernel keeps more,
+    `memtrace.at_length`); steps: the operators and FLOPs of a micro-step (`optrace.config_steps`:
+    eight forwards and backwards of one or two layers)."""
     with quiet():
         return _trace(d, name, activations, steps)
 
@@ -436,12 +437,16 @@ def _trace(d: dict, name: str, activations: bool, steps: bool) -> Profile:
         from zerocalc.hf import memtrace
         acts = _attempt(untraced, "activations", lambda: memtrace.config_activations(d, layers))
         stream = _attempt(untraced, "stream", lambda: memtrace.step_stream(d))
+        if acts is not None:
+            acts, stream = memtrace.at_length(d, layers, acts, stream)
     if stream is not None and stream.get("attention") != "sdpa":
         # SDPA (zerocalc's and the validator's default) where the config picks another attention: its
         # activations and stream as the attention modules dispatch it (`memtrace.dispatching`)
-        attentions = _attempt(untraced, "sdpa", lambda: {"sdpa": {
-            "activations": memtrace.config_activations(d, layers, attention="sdpa"),
-            "stream": memtrace.step_stream(d, "sdpa")}})
+        def sdpa():
+            acts, stream = memtrace.at_length(d, layers, memtrace.config_activations(d, layers, attention="sdpa"),
+                                              memtrace.step_stream(d, "sdpa"), "sdpa")
+            return {"sdpa": {"activations": acts, "stream": stream}}
+        attentions = _attempt(untraced, "sdpa", sdpa)
     if steps:
         from zerocalc.hf import optrace
         counted = _attempt(untraced, "steps", lambda: optrace.config_steps(d, layers))
