@@ -286,10 +286,10 @@ def test_hf_rows_peaks_within_3_and_8_percent():
     assert closed.sum() == 6 and (err_a[closed] <= 0.004).all() and (err_r[closed] <= 0.001).all()
     # Qwen3-Next without checkpointing (a 16-layer shape, 2 x 2048, stages 2 and 3): -16.1% and -24.8% allocated
     # while its kept bytes were read within one of its gated delta rule's 64-token chunks; read past one
-    # chunk (`memtrace.at_length`, data/README.md "Why the Qwen3-Next trace missed"), each within 1.5%.
+    # chunk (`memtrace.at_length`, data/README.md "Why the Qwen3-Next trace missed"), each within 2%.
     qwen3_next = ok["key"].isin(["auto-qwen3_next-h2048-l16-s2-bf16-n1-b2x2048-gas1-4901129540",
                                  "auto-qwen3_next-h2048-l16-s3-bf16-n8fake-b2x2048-gas1-e9e86c241d"])
-    assert qwen3_next.sum() == 2 and (err_a[qwen3_next] <= 0.015).all() and (err_r[qwen3_next] <= 0.015).all()
+    assert qwen3_next.sum() == 2 and (err_a[qwen3_next] <= 0.02).all() and (err_r[qwen3_next] <= 0.02).all()
     # Phi-2 at stage 2 with 4 x 2048 tokens: reserved was -10.6% (allocated exact) while dropout's output
     # was traced before its bool mask; CUDA's kernel allocates the mask first (`cudaops.ALLOCATION_ORDER`),
     # and with that order the row is within 0.1% (data/README.md, "Dropout's mask first").
