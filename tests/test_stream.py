@@ -123,7 +123,6 @@ def test_a_deeper_model_plays_the_middle_layers_again_event_for_event(checkpoint
     _assert_plays_as_traced(_stream(4), _tiny_llama(6), 6, checkpointing)
 
 
-
 @pytest.mark.slow   # traces the stream (8 fake-tensor steps)
 @pytest.mark.xdist_group("tiny-llama-stream")
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -312,7 +311,6 @@ def test_layers_of_two_kinds_are_traced_a_pattern_at_a_time(checkpointing):
     stream = memtrace.step_stream(d, "sdpa")
     assert stream["layers"] == 12 and stream["period"] == 4 and len(set(stream["period_params"])) == 2
     _assert_plays_as_traced(stream, _tiny_qwen3_next(16), 16, checkpointing)
-
 
 
 @pytest.mark.slow   # fake-tensor forwards of a 16-layer model at up to 1536 tokens
