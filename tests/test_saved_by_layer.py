@@ -53,17 +53,18 @@ def test_the_traced_qwen3_next_keeps_per_token_what_its_layers_kept_on_the_h100(
     kept on the H100 at 2 x 2048 (data/qwen3-next-saved/h100-2x2048.json: three linear-attention layers
     and one full-attention layer, the pattern the 16 repeat): (3 x 534,195 + 252,641) / 4 = 463,806 B,
     within 0.1%. Read within one chunk it kept 297 kB (data/README.md)."""
-    import glob
     import json
+
+    import hf_traces    # tests/
     with open(os.path.join(ROOT, "data", "qwen3-next-saved", "h100-2x2048.json")) as f:
         layers = json.load(f)["layers"]
     assert [x["kind"] for x in layers] == ["linear_attention"] * 3 + ["full_attention"]
     measured = sum(x["bytes_per_token"] for x in layers) / 4
     assert measured == pytest.approx(463_806, abs=1)
     traced = []
-    for path in glob.glob(os.path.join(ROOT, "data", "hf-traces", "*.json")):
+    for path in hf_traces.traces():
         with open(path) as f:
             p = json.load(f)
-        if p.get("model_type") == "qwen3_next":
+        if p["model_type"] == "qwen3_next":
             traced.append(p["activations"]["bytes_per_token"] / p["dims"]["num_layers"])
     assert traced and all(t == pytest.approx(measured, rel=0.001) for t in traced)
