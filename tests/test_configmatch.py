@@ -101,6 +101,31 @@ def test_a_shipped_config_with_every_ignored_key_answers_as_model_name(name, tmp
     _as_model(_run(*ARGS, "--hf-config", _write(tmp_path, d)), _run(*ARGS, "--model", name), name)
 
 
+@pytest.mark.parametrize("name", sorted(ship.configs()))
+def test_the_file_transformers_writes_for_every_shipped_model_answers_as_model_name(name, tmp_path):
+    """A model saved today (save_pretrained, transformers 5) carries its config.json as transformers writes
+    it: rope_scaling, rope_theta and partial_rotary_factor folded into rope_parameters, layer_types
+    written out, defaults left out. It is the shipped model."""
+    transformers = pytest.importorskip("transformers")
+    with open(ship.configs()[name]) as f:
+        d = json.load(f)
+    written = json.loads(transformers.AutoConfig.for_model(**d).to_json_string(use_diff=True))
+    _as_model(_run(*ARGS, "--hf-config", _write(tmp_path, written)), _run(*ARGS, "--model", name), name)
+
+
+def test_a_key_transformers_folds_into_another_is_met_by_that_one_alone():
+    """Llama-3.1's llama3 rope is required: given as rope_scaling (transformers 4's files) or as
+    rope_parameters (5's), the file is llama-3.1-8b; given as neither, its rope is the default one, and
+    the file is Llama-3-8B (max_position_embeddings, which alone tells them apart, is ignored for a
+    static rope)."""
+    with open(ship.configs()["llama-3.1-8b"]) as f:
+        d = json.load(f)
+    folded = {k: v for k, v in d.items() if k not in ("rope_scaling", "rope_theta")}
+    rope = {**d["rope_scaling"], "rope_theta": d["rope_theta"]}
+    assert M.match(d)[0][0] == M.match({**folded, "rope_parameters": rope})[0][0] == "llama-3.1-8b"
+    assert M.match(folded)[0] == ["llama-3-8b"]
+
+
 @pytest.mark.parametrize("file", sorted(f[:-5] for f in os.listdir(HUB) if f != "sources.json"))
 def test_the_hubs_config_json_of_every_shipped_model_answers_as_model_name(file):
     """The files as published (tests/data/hub-configs/sources.json: the repository of each). Two
@@ -275,6 +300,36 @@ def test_max_position_embeddings_decides_under_a_dynamic_rope():
     assert M.why_ignored("max_position_embeddings", {"model_type": "gpt2"}) is None
 
 
+def test_a_rope_of_the_shipped_type_with_other_factors_is_the_shipped_model(tmp_path):
+    """A context extended by the shipped rope type with another factor (Llama-3.1 at 16 × 8192 tokens,
+    DeepSeek-Coder's linear 4 → 8) or base only rescales the rotary tables' values: it answers as --model
+    NAME, the dict under either name (transformers 5 writes rope_parameters, per layer
+    type where they differ). Another rope type decides (it builds inv_freq otherwise, and so its dtype
+    under zero.Init), as do a dynamic rope (it switches tables on the sequence length) and
+    partial_rotary_factor (the tables' width)."""
+    def config(name):
+        with open(ship.configs()[name]) as f:
+            return json.load(f)
+    llama31, coder, llama2 = config("llama-3.1-8b"), config("deepseek-coder-6.7b"), config("llama-2-7b")
+    longer = {**llama31, "max_position_embeddings": 262144,
+              "rope_scaling": {**llama31["rope_scaling"], "factor": 16.0, "original_max_position_embeddings": 16384}}
+    assert M.match(longer)[0][0] == "llama-3.1-8b"
+    _as_model(_run(*ARGS, "--hf-config", _write(tmp_path, longer)), _run(*ARGS, "--model", "llama-3.1-8b"),
+              "llama-3.1-8b")
+    assert M.match({**coder, "rope_scaling": {"type": "linear", "factor": 8.0}})[0] == ["deepseek-coder-6.7b"]
+    folded = {k: v for k, v in coder.items() if k != "rope_scaling"}
+    assert M.match({**folded, "rope_parameters": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})[0] == \
+        ["deepseek-coder-6.7b"]
+    assert M.match({**llama2, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})[0] == ["llama-2-7b"]
+
+    assert M.match({**llama2, "rope_scaling": {"type": "linear", "factor": 4.0}})[2] == ["rope_scaling"]
+    assert M.match({**coder, "rope_scaling": {"type": "dynamic", "factor": 4.0}})[2] == ["rope_scaling"]
+    assert M.match({**llama2, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}})[2] == \
+        ["rope_parameters"]
+    nested = {"full_attention": {"rope_type": "dynamic", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}
+    assert M.why_ignored("max_position_embeddings", {**llama2, "rope_parameters": nested}) is None
+
+
 def test_a_failed_trace_is_kept_with_its_reason_until_its_file_is_deleted(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from zerocalc.hf import trace
@@ -430,6 +485,9 @@ def test_the_ignored_keys_change_nothing_traced(name):
         changed.update(sliding_window=1000, max_window_layers=3)
     if d["model_type"] == "gemma3_text":
         changed["hidden_act"] = "relu"
+    if d.get("rope_scaling"):      # llama-3.2-1b's llama3 rope extended further: values only
+        changed["rope_scaling"] = {**d["rope_scaling"], "factor": 2 * d["rope_scaling"]["factor"],
+                                   "original_max_position_embeddings": 4096}
     assert set(changed) - set(d) <= set(M.ignored(changed)) | {"max_window_layers"}
     got, want = P.to_json(trace.trace(changed, name)), P.to_json(P.shipped_profile(name))
     for key in ("source", "dims"):

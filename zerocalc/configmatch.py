@@ -62,9 +62,47 @@ ROTARY_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "q
 _QWEN_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 
 
-def _rope_type(d: dict):
-    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
-    return rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else "?"
+# The keys of a rope dict that set only the values of the rotary tables (the base, the scaling factors,
+# the llama3/yarn constants). The rope type decides (the code that builds the tables, and so the dtype
+# inv_freq keeps under zero.Init: `hf.trace.zero_init_kept`), as do `partial_rotary_factor` (the tables'
+# width) and any other key.
+_ROPE_VALUES = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")
+ROPE_KEYS = ("rope_scaling", "rope_parameters")
+
+
+def _ropes(value) -> list:
+    """The rope dicts of a `rope_scaling` or `rope_parameters` value: none where it is absent or falsy,
+    one per layer type where transformers 5 nests them (Gemma 3's full and sliding attention); a value
+    that is no dict is returned as it is."""
+    if not value:
+        return []
+    if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+        return list(value.values())
+    return [value]
+
+
+def _rope_types(d: dict) -> set:
+    """The rope types config `d` names ("?" for a rope value that is no dict; None: the default)."""
+    ropes = _ropes(d.get("rope_scaling")) + _ropes(d.get("rope_parameters"))
+    return {r.get("rope_type", r.get("type")) if isinstance(r, dict) else "?" for r in ropes} or {None}
+
+
+def _static_rope(d: dict) -> bool:
+    return d.get("model_type") in ROTARY_TYPES and _rope_types(d) <= set(_STATIC_ROPE)
+
+
+def rope_built(value):
+    """What of a rope value builds the model: per rope dict its type ("default" where none is named) and
+    its keys other than `_ROPE_VALUES`; the values of those, which only scale the tables, left out."""
+    def built(r):
+        if not isinstance(r, dict):
+            return r
+        kind = r.get("rope_type", r.get("type")) or "default"
+        return {"rope_type": kind, **{k: v for k, v in r.items() if k not in _ROPE_VALUES + ("rope_type", "type")}}
+    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        return {k: built(v) for k, v in value.items()}
+    return built(value) if value else {"rope_type": "default"}
 
 
 def _window_off(d: dict) -> bool:
@@ -77,7 +115,7 @@ DEQUANTIZED = ("fp8", "mxfp4")
 # Keys ignored only where a condition on the config holds: (condition, why).
 IGNORED_IF = {
     "max_position_embeddings": (
-        lambda d: d.get("model_type") in ROTARY_TYPES and _rope_type(d) in _STATIC_ROPE,
+        _static_rope,
         "rotary positions: no table or buffer has that length, and a static rope type's tables do not "
         "switch on it"),
     "sliding_window": (_window_off, "Qwen with use_sliding_window false: every layer attends fully"),
@@ -141,13 +179,22 @@ def same(a, b) -> bool:
 
 def differences(d: dict, record: dict) -> list[str]:
     """The deciding keys on which config `d` and a shipped model's record differ, sorted: a key `d`
-    gives with a value that does not resolve to the record's config, or a required key it lacks."""
+    gives with a value that does not resolve to the record's config, or a required key it lacks (and
+    every key that carries it in the file transformers writes, `ship._with_saved_form`)."""
     if d.get("model_type") != record["model_type"]:
         return ["model_type"]
     accept, inert = record["accept"], set(record.get("inert", ()))
+
+    def accepted(k, v) -> bool:      # a static rope of a rotary model: by what builds it (`rope_built`)
+        if k in ROPE_KEYS and _static_rope(d):
+            return any(same(rope_built(v), rope_built(a)) for a in accept.get(k, ()))
+        return any(same(v, a) for a in accept.get(k, ()))
     out = {k for k, v in d.items() if k != "model_type" and k not in inert and why_ignored(k, d) is None
-           and not any(same(v, a) for a in accept.get(k, ())) and not unread(k, record)}
-    out |= {k for k in record["required"] if k not in d and why_ignored(k, d) is None}
+           and not accepted(k, v) and not unread(k, record)}
+    for k in record["required"]:     # a key, or [key, the keys that carry it in the file transformers writes]
+        k, *carriers = [k] if isinstance(k, str) else k
+        if k not in d and not any(c in d for c in carriers) and why_ignored(k, d) is None:
+            out.add(k)
     return sorted(out)
 
 

@@ -35,6 +35,40 @@ def resolved(d: dict) -> dict | None:
     return json.loads(json.dumps({k: v for k, v in out.items() if k not in configmatch.IGNORED}, default=str))
 
 
+def saved(d: dict) -> dict | None:
+    """The config.json transformers writes for config `d` (save_pretrained's: the keys that differ from the
+    class defaults), as JSON; None if transformers refuses `d`."""
+    try:
+        return json.loads(T.hf_config(d).to_json_string(use_diff=True))
+    except Exception:
+        return None
+
+
+def _with_saved_form(d: dict, base: dict, accept: dict, required: list) -> tuple[dict, list]:
+    """`accept` and `required` made to take the file transformers itself writes for `d`, as a fine-tune
+    saved today carries it, where transformers reads that file as `d`: transformers 5 folds rope_scaling,
+    rope_theta and partial_rotary_factor into rope_parameters and writes layer_types out. Its values are
+    accepted, and a required key it lacks is met by any of the keys that carry it there (an entry
+    [key, carrier, ...]): those without which the file is another config until the key is given back."""
+    s = saved(d)
+    if s is None or resolved(s) != base:
+        return accept, required
+    accept = {k: list(v) for k, v in accept.items()}
+    for k, v in s.items():
+        if k != "model_type" and k not in configmatch.IGNORED and not any(configmatch.same(v, a) for a in accept.get(k, ())):
+            accept.setdefault(k, []).append(v)
+    values_only = {k: v for k, v in d.items() if k not in s and k in configmatch.IGNORED}   # rope_theta
+
+    def without(j):
+        return {x: y for x, y in s.items() if x != j}
+    out = []
+    for k in required:
+        carriers = [j for j in sorted(set(s) - set(d)) if k not in s and resolved(without(j)) != base
+                    and resolved({**without(j), **values_only, k: d[k]}) == base]
+        out.append([k, *carriers] if carriers else k)
+    return accept, out
+
+
 def _defaults(kind: str) -> dict:
     """The keyword defaults of the model type's config class."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -162,6 +196,7 @@ def match_record(d: dict) -> dict:
             accept[key] = tried
         if key in d and not same_model(resolved({k: v for k, v in d.items() if k != key})):
             required.append(key)
+    accept, required = _with_saved_form(d, base, accept, required)
     return {"model_type": d["model_type"], "config": d, "accept": accept, "required": required, "inert": inert,
             "reads": sorted(r for r in seen if not r.startswith("__")) if seen is not None else None}
 
