@@ -415,6 +415,31 @@ def test_a_package_the_models_code_needs_is_named_not_the_trace_extra(tmp_path, 
     assert not list((tmp_path / "cache").rglob("*.failed"))
 
 
+@pytest.mark.parametrize("head, what", [("LlamaForSequenceClassification", "a sequence-classification head"),
+                                        ("LlamaForTokenClassification", "a token-classification head"),
+                                        ("LlamaModel", "the bare decoder, without an LM head")])
+def test_a_file_of_another_head_than_the_lm_head_is_refused_naming_it(head, what, tmp_path):
+    """A reward model's config.json (Llama-3.1-8B's decoder under LlamaForSequenceClassification, one
+    label) trains a score head over the last token, an embedding model's the bare decoder: not the LM
+    head and logits zerocalc models. Refused, naming the class and the shipped causal LM of that decoder;
+    a file that lists a causal LM too is that causal LM."""
+    with open(ship.configs()["llama-3.1-8b"]) as f:
+        d = {**json.load(f), "architectures": [head], "num_labels": 1, "id2label": {"0": "LABEL_0"}}
+    r = _run("estimate", "--hf-config", _write(tmp_path, d), "--dp", "8")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    out = " ".join(r.output.split())
+    assert f"its architectures name {head}, {what}" in out and "--model llama-3.1-8b answers its decoder" in out
+    both = _run("estimate", "--hf-config", _write(tmp_path, {**d, "architectures": [head, "LlamaForCausalLM"]}))
+    assert both.exit_code == 0 and "is the shipped llama-3.1-8b" in both.stderr
+
+
+def test_a_remote_code_models_bare_class_gets_the_remote_code_message(tmp_path, no_trace):
+    d = {"model_type": "chatglm", "architectures": ["ChatGLMModel"], "auto_map": {"AutoModel": "modeling_chatglm.X"},
+         "hidden_size": 4096, "num_layers": 28}
+    r = _run("estimate", "--hf-config", _write(tmp_path, d), "--dp", "8")
+    assert r.exit_code == 2 and "zerocalc runs no remote code" in r.output and "bare decoder" not in r.output
+
+
 def test_infinity_and_nan_are_read_as_transformers_reads_them(tmp_path, no_trace):
     """Nemotron-H's config.json holds `"time_step_limit": [0.0, Infinity]`: Python's json (which
     transformers uses) reads it; zerocalc then says the model needs the trace, not that it is bad JSON."""

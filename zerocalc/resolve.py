@@ -188,6 +188,44 @@ def _refuse_remote_code(d: dict, given: str) -> None:
                      f"remote code; give --params P (its parameter count), or the shape flags {SHAPE_FLAGS}")
 
 
+# Heads a config's `architectures` may name that are no causal LM: zerocalc models the LM head and its
+# logits, which these replace (a reward model's score over the last token, an embedding model's bare
+# decoder).
+OTHER_HEADS = {"ForSequenceClassification": "a sequence-classification head (a reward model's)",
+               "ForTokenClassification": "a token-classification head",
+               "ForQuestionAnswering": "a question-answering head",
+               "ForRewardModel": "a reward head", "ForProcessRewardModel": "a reward head"}
+
+
+def _other_head(name: str) -> str | None:
+    """What `name`, a class of `architectures`, is where it is no causal LM; None where it is one."""
+    for suffix, what in OTHER_HEADS.items():
+        if name.endswith(suffix):
+            return what
+    if name.endswith("Model") and not name.endswith("LMHeadModel"):
+        return "the bare decoder, without an LM head (an embedding model's)"
+    return None
+
+
+def _refuse_other_head(d: dict, given: str) -> None:
+    """A config whose `architectures` name only models that are no causal LM (LlamaForSequenceClassification,
+    MistralModel) trains another head than the LM head zerocalc models: refused, naming the class, with
+    causal LM of the same decoder where it is shipped (which holds more: the LM head and its logits).
+    Model types transformers does not implement are left to `_refuse_remote_code`."""
+    classes = d.get("architectures")
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        return
+    heads = [_other_head(c) for c in classes]
+    known = _implemented_types()[1]
+    if None in heads or (known and d.get("model_type") not in known):
+        return
+    names = _configmatch.match(d)[0]
+    lm = (f"; --model {names[0]} answers its decoder as a causal LM, which holds more (the LM head and its "
+          "logits)") if names else "; without \"architectures\" the file is estimated as a causal LM"
+    raise ValueError(f"{given}: its architectures name {', '.join(classes)}, {heads[0]}: zerocalc models causal-LM "
+                     f"training (the LM head and its logits), not that head{lm}")
+
+
 def _nearest(near: str | None, diff: list[str], d: dict) -> str:
     """What to say of the nearest shipped model a config is not."""
     if near is None:
@@ -272,6 +310,7 @@ def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
     if overrides:
         d = _override_config(d, overrides)
     d = _configmatch.canonical(d)
+    _refuse_other_head(d, file)
     names, near, diff = _configmatch.match(d)
     if names:
         name = names[0]
