@@ -22,7 +22,8 @@ from functools import lru_cache
 IGNORED = {
     "_name_or_path": "where the file was loaded from",
     "architectures": "zerocalc builds the model_type's causal LM (AutoModelForCausalLM.from_config), "
-                     "whatever classes the file lists",
+                     "whichever class the file lists (a file listing only other heads is refused: "
+                     "resolve.OTHER_HEADS)",
     "auto_map": "the repository's own classes, which transformers uses only with trust_remote_code; "
                 "zerocalc builds transformers' own class of the model_type (one it lacks is refused)",
     "transformers_version": "the version that wrote the file; a profile records the one that traced it",
