@@ -139,6 +139,19 @@ def test_the_shape_for_p_alone_by_hand():
     assert from_architecture(a).num_params == total
 
 
+def test_a_familys_parameter_count_without_building_its_profile():
+    """Llama, untied, V 32000, h 512, 4 layers, 8 heads of 64, 2 key/value heads (kv 128), FFN 1408:
+    embeddings 32000·512 = 16,384,000 twice; a layer 2·512² + 2·512·128 + 3·512·1408 + 2·512 = 2,819,072;
+    the final norm 512: 44,044,800. Every template gives what its built profile counts."""
+    a = A.Architecture("hf-llama", 32000, 512, 4, 8, 2, 1408, False)
+    assert family.param_count(a) == 2 * 16_384_000 + 4 * 2_819_072 + 512 == 44_044_800
+    for key in family.templates():
+        kind, *flags = key.split("/")
+        b = A.Architecture(kind, 1000, 256, 3, 4, 4 if kind != "hf-llama" else 2, 700, flags[0] == "tied",
+                           attention_bias="attention_bias" in flags, mlp_bias="mlp_bias" in flags)
+        assert family.param_count(b) == family.profile(b).num_params, key
+
+
 @pytest.mark.parametrize("path", sorted(p for p in os.listdir(os.path.join(ROOT, "tests", "data", "hub-configs"))))
 def test_a_config_a_family_reads_is_read_as_by_hand(path):
     with open(os.path.join(ROOT, "tests", "data", "hub-configs", path)) as f:

@@ -242,9 +242,13 @@ def adapter_options(f):
 
 def _lora(rank, alpha, dropout, targets, peft_config):
     """The Lora the flags or the adapter_config.json ask for; None for neither."""
-    from zerocalc import adapters
     flags = {k: v for k, v in (("--lora-alpha", alpha), ("--lora-dropout", dropout), ("--lora-targets", targets))
              if v is not None}
+    if peft_config is None and rank is None:
+        if flags:
+            raise InputFailure(f"{', '.join(flags)} need --lora-rank")
+        return None
+    from zerocalc import adapters
     if peft_config is not None:
         if rank is not None or flags:
             raise InputFailure("give --peft-config or the --lora-* flags, not both")
@@ -252,10 +256,6 @@ def _lora(rank, alpha, dropout, targets, peft_config):
             return adapters.from_peft_config(inputs.load_json_object(peft_config, "PEFT adapter_config.json"), peft_config)
         except ValueError as err:
             raise InputFailure(str(err))
-    if rank is None:
-        if flags:
-            raise InputFailure(f"{', '.join(flags)} need --lora-rank")
-        return None
     if targets is not None:
         names = tuple(t.strip() for t in targets.split(",") if t.strip())
         targets = adapters.ALL_LINEAR if names == (adapters.ALL_LINEAR,) else \
@@ -280,10 +280,10 @@ def _adaptable(hf_config, lora, freeze) -> None:
 
 def _adapted(spec, model_name, hf_config, overrides, lora, freeze, stages):
     """The model with LoRA applied and/or modules frozen (`zerocalc.adapters`); the model itself without."""
-    from zerocalc import adapters
     freeze = tuple(p.strip() for item in freeze for p in item.split(",") if p.strip())
     if lora is None and not freeze:
         return spec
+    from zerocalc import adapters
     if lora is not None and freeze:
         raise InputFailure("--freeze with LoRA: PEFT already freezes every base weight; give one of them")
     if lora is not None and lora.dora and any(s == 3 for s in stages):
@@ -315,13 +315,13 @@ def _streamed(spec, model_name, hf_config, overrides, lora, setups):
     its reserved is simulated as a full fine-tune's; each variant that cannot be recorded (no torch,
     PEFT or, for stage 3, DeepSpeed; an error of the model's or PEFT's code) left out: reserved by the
     ratio there, the error kept in the profile's `source["untraced"]` for the note to say."""
+    if not spec.frozen or spec.profile is None or not setups[0].seq_len:
+        return spec
     from dataclasses import replace
 
     from zerocalc import adapters
     from zerocalc.hf import adapted
     from zerocalc.hf.trace import why
-    if not spec.frozen or spec.profile is None or not setups[0].seq_len:
-        return spec
     d = resolve.config_of(model_name, hf_config, {k: v for k, v in overrides.items() if v is not None})
     names = sorted({adapted.variant(s.activation_checkpointing, s.stage == 3) for s in setups
                     if s.stage != 3 or s.zero_init})

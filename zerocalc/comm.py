@@ -87,13 +87,7 @@ def bucket_calls(model: ModelSpec, setup: Setup) -> int:
     stage3.py and stage_1_and_2.py), and what is left at the end of backward. A tensor larger than the
     bucket goes alone: HF's "auto" bucket (h², smaller than most of a layer's matrices) reduces a layer
     tensor by tensor."""
-    calls, filled = 0, 0
-    for i in model.gradient_order(setup.activation_checkpointing):
-        numel = model.param_numels[i]
-        if filled and filled + numel > setup.reduce_bucket_size:
-            calls, filled = calls + 1, 0
-        filled += numel
-    return calls + (1 if filled else 0)
+    return model.buckets_filled(setup.activation_checkpointing, setup.reduce_bucket_size)
 
 
 def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:

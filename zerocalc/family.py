@@ -17,6 +17,7 @@ import json
 import os
 from dataclasses import replace
 from functools import lru_cache
+from math import prod
 
 from zerocalc import profile as _profile
 from zerocalc.arch import Architecture, validate_architecture
@@ -101,12 +102,29 @@ def _measured(p: _profile.Profile, a: Architecture, own=lambda attention: None) 
                    attentions={att: {"activations": None, "stream": s} for att, s in played.items() if s is not None})
 
 
+def _values(a: Architecture) -> dict:
+    """The sizes the templates name, at `a`'s dimensions."""
+    return {"V": a.vocab_size, "h": a.hidden_size, "f": a.ffn_hidden_size, "kv": a.num_kv_heads * a.head_dim,
+            "d": a.head_dim, "P": a.max_positions, "L": a.num_layers}
+
+
+def _elements(items: list, values: dict) -> int:
+    """The elements of compressed tensor entries (`profile._compress`: a dict is a block repeated) at `values`."""
+    return sum((values["L"] if it["repeat"] == "L" else it["repeat"]) * _elements(it["items"], values)
+               if isinstance(it, dict) else prod(_size(e, values) for e in it[1]) for it in items)
+
+
+def param_count(a: Architecture) -> int:
+    """The parameters of the family's profile at `a` (`profile(a).num_params`, without building it)."""
+    validate_architecture(a)
+    return _elements(templates()[key(a)]["params"], _values(a))
+
+
 def profile(a: Architecture, name: str | None = None) -> _profile.Profile:
     """The family's profile at `a`'s dimensions, with the family's measured data (`_measured`)."""
     validate_architecture(a)
     t = templates()[key(a)]
-    values = {"V": a.vocab_size, "h": a.hidden_size, "f": a.ffn_hidden_size, "kv": a.num_kv_heads * a.head_dim,
-              "d": a.head_dim, "P": a.max_positions, "L": a.num_layers}
+    values = _values(a)
 
     def shaped(it):
         return [it[0], [_size(e, values) for e in it[1]], *it[2:]]
@@ -141,10 +159,19 @@ def _same_model(p: _profile.Profile, q: _profile.Profile) -> bool:
     """Equal tensors, kept buffers and stage-3 traces (forward, and backward with checkpointing), its
     dropouts aside: GPT-2 as published (p = 0.1) is the validator's dropout-free GPT-2 with masks, which
     its own calls keep (`Module.saves`: where DeepSpeed recomputes a checkpointed block from)."""
+    if p.param_numels != q.param_numels or [b.numel for b in _profile.kept_buffers(p)] != \
+            [b.numel for b in _profile.kept_buffers(q)]:
+        return False
+    # what `traces` walks, equal: so are the traces (the usual case, and the cheap test: every estimate
+    # of a shipped profile asks)
+    if (p.modules, p.calls, p.returns_logits, p.checkpoint_reenters_layer) == \
+            (q.modules, q.calls, q.returns_logits, q.checkpoint_reenters_layer):
+        return True
+
     def key(x):
         x = replace(x, modules=tuple(replace(m, saves=False) for m in x.modules))
         forward, _, checkpointed, _, _ = _profile.traces(x)
-        return x.param_numels, [b.numel for b in _profile.kept_buffers(x)], forward, checkpointed
+        return forward, checkpointed
     return key(p) == key(q)
 
 
@@ -198,7 +225,7 @@ def generic(num_params: int, vocab_size: int = 32000) -> Architecture:
     heads = max(1, hidden // 128)
     vocab = max(1, min(vocab_size, num_params // (8 * hidden)))
     base = Architecture("hf-llama", vocab, hidden, layers, heads, heads, 1, False)
-    one, two = (sum(profile(replace(base, ffn_hidden_size=f)).param_numels) for f in (1, 2))
+    one, two = (param_count(replace(base, ffn_hidden_size=f)) for f in (1, 2))
     ffn = (num_params - (2 * one - two)) // (two - one)
     if ffn < 1:
         raise ValueError(f"{num_params:,} parameters are too few to give a transformer shape; "

@@ -93,6 +93,26 @@ class ModelSpec:
             orders[checkpointing] = tuple(sorted((i for i in done if self._trains(i)), key=lambda i: (done[i], i)))
         return orders
 
+    def buckets_filled(self, checkpointing: bool, bucket_elements: int) -> int:
+        """How many buckets the trained tensors fill in `gradient_order(checkpointing)`: each tensor added
+        to the bucket, which is emptied first where the tensor would take it past `bucket_elements` (a
+        tensor larger than that fills one alone). Kept per model (`comm.bucket_calls`; `plan` asks for
+        it hundreds of times)."""
+        key = (bool(checkpointing), bucket_elements)
+        if key not in self._buckets_filled:
+            calls, filled = 0, 0
+            for i in self.gradient_order(checkpointing):
+                numel = self.param_numels[i]
+                if filled and filled + numel > bucket_elements:
+                    calls, filled = calls + 1, 0
+                filled += numel
+            self._buckets_filled[key] = calls + (1 if filled else 0)
+        return self._buckets_filled[key]
+
+    @cached_property
+    def _buckets_filled(self) -> dict[tuple[bool, int], int]:
+        return {}
+
     @cached_property
     def trained_indices(self) -> tuple[int, ...]:
         """The indices of the trained tensors (`trainable_numels`' tensors) among all."""
