@@ -218,16 +218,25 @@ def _backward_steps(c: Call, checkpointing: bool, recompute_container: bool):
                     [(call, True) for call in rebuilt[:last + 1]] +
                     [(call, False) for call in plain[first + 1:]])
         return
-    yield c, False
-    for child in reversed(c.children):
-        yield from _backward_steps(child, checkpointing, recompute_container)
+    stack = [c]     # walked with a stack, not recursion: every step passed up through each level costs
+    while stack:    # (`plan` walks a 70B model's thousands of steps)
+        call = stack.pop()
+        if not call.grad:
+            continue
+        if checkpointing and call.layer:
+            yield from _backward_steps(call, checkpointing, recompute_container)
+            continue
+        yield call, False
+        stack.extend(call.children)      # popped last first: the children in reverse
 
 
 def _forward_calls(c: Call):
     """The calls in `_forward`'s order."""
-    yield c
-    for child in c.children:
-        yield from _forward_calls(child)
+    stack = [c]
+    while stack:
+        call = stack.pop()
+        yield call
+        stack.extend(reversed(call.children))
 
 
 def trace(arch: Architecture) -> tuple[tuple[int, ...], ...]:

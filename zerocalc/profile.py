@@ -347,5 +347,6 @@ def traces(p: Profile, z3_leaf_moe: bool = True, wrapper: bool = True) -> tuple:
     if wrapper and not p.returns_logits:
         root = A.Call((), (root,))
     again = p.checkpoint_reenters_layer
-    return (tuple(A._forward(root)), tuple(A._backward(root)), tuple(A._backward(root, True, again)),
-            A._recomputed(root, again), A.leaf_scans(root, again))
+    checkpointed = tuple(A._backward_steps(root, True, again))
+    return (tuple(A._forward(root)), tuple(A._backward(root)), tuple(call.params for call, _ in checkpointed),
+            tuple(recomputed for _, recomputed in checkpointed), A.leaf_scans(root, again))
