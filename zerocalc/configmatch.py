@@ -94,8 +94,8 @@ def _static_rope(d: dict) -> bool:
 
 
 def rope_built(value):
-    """What of a rope value builds the model: per rope dict its type ("default" where none is named) and
-    its keys other than `_ROPE_VALUES`; the values of those, which only scale the tables, left out."""
+    """What of a rope value builds the model: per rope dict (per layer type where nested) its type
+    ("default" where none is named) and every other key but `_ROPE_VALUES`, which only scale the tables."""
     def built(r):
         if not isinstance(r, dict):
             return r

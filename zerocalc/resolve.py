@@ -210,14 +210,16 @@ def _other_head(name: str) -> str | None:
 def _refuse_other_head(d: dict, given: str) -> None:
     """A config whose `architectures` name only models that are no causal LM (LlamaForSequenceClassification,
     MistralModel) trains another head than the LM head zerocalc models: refused, naming the class, with
-    causal LM of the same decoder where it is shipped (which holds more: the LM head and its logits).
+    the causal LM of the same decoder where it is shipped (which holds more: the LM head and its logits).
     Model types transformers does not implement are left to `_refuse_remote_code`."""
     classes = d.get("architectures")
     if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
         return
     heads = [_other_head(c) for c in classes]
+    if None in heads:
+        return
     known = _implemented_types()[1]
-    if None in heads or (known and d.get("model_type") not in known):
+    if known and d.get("model_type") not in known:
         return
     names = _configmatch.match(d)[0]
     lm = (f"; --model {names[0]} answers its decoder as a causal LM, which holds more (the LM head and its "

@@ -55,7 +55,9 @@ def _with_saved_form(d: dict, base: dict, accept: dict, required: list) -> tuple
         return accept, required
     accept = {k: list(v) for k, v in accept.items()}
     for k, v in s.items():
-        if k != "model_type" and k not in configmatch.IGNORED and not any(configmatch.same(v, a) for a in accept.get(k, ())):
+        if k == "model_type" or k in configmatch.IGNORED:
+            continue
+        if not any(configmatch.same(v, a) for a in accept.get(k, ())):
             accept.setdefault(k, []).append(v)
     values_only = {k: v for k, v in d.items() if k not in s and k in configmatch.IGNORED}   # rope_theta
 
