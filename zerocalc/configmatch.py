@@ -72,15 +72,18 @@ _ROPE_VALUES = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "
 ROPE_KEYS = ("rope_scaling", "rope_parameters")
 
 
+def _per_layer_type(value) -> bool:
+    """Whether a rope value is one dict per layer type, as transformers 5 nests Gemma 3's (full and
+    sliding attention)."""
+    return isinstance(value, dict) and bool(value) and all(isinstance(v, dict) for v in value.values())
+
+
 def _ropes(value) -> list:
     """The rope dicts of a `rope_scaling` or `rope_parameters` value: none where it is absent or falsy,
-    one per layer type where transformers 5 nests them (Gemma 3's full and sliding attention); a value
-    that is no dict is returned as it is."""
+    one per layer type where nested; a value that is no dict is returned as it is."""
     if not value:
         return []
-    if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
-        return list(value.values())
-    return [value]
+    return list(value.values()) if _per_layer_type(value) else [value]
 
 
 def _rope_types(d: dict) -> set:
@@ -101,7 +104,7 @@ def rope_built(value):
             return r
         kind = r.get("rope_type", r.get("type")) or "default"
         return {"rope_type": kind, **{k: v for k, v in r.items() if k not in _ROPE_VALUES + ("rope_type", "type")}}
-    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+    if _per_layer_type(value):
         return {k: built(v) for k, v in value.items()}
     return built(value) if value else {"rope_type": "default"}
 

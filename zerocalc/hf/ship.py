@@ -63,10 +63,11 @@ def _with_saved_form(d: dict, base: dict, accept: dict, required: list) -> tuple
 
     def without(j):
         return {x: y for x, y in s.items() if x != j}
+    # the keys the file adds without which it is another config: each may carry a required key it lacks
+    needed = [j for j in sorted(set(s) - set(d)) if resolved(without(j)) != base]
     out = []
     for k in required:
-        carriers = [j for j in sorted(set(s) - set(d)) if k not in s and resolved(without(j)) != base
-                    and resolved({**without(j), **values_only, k: d[k]}) == base]
+        carriers = [] if k in s else [j for j in needed if resolved({**without(j), **values_only, k: d[k]}) == base]
         out.append([k, *carriers] if carriers else k)
     return accept, out
 
