@@ -7,11 +7,11 @@ import click
 
 from zerocalc import __version__, DEEPSPEED_VERSION
 from zerocalc import arch as _arch
-from zerocalc import calibration, dsconfig, family, hardware, inputs, render, resolve
+from zerocalc import calibration, family, hardware, inputs, render, resolve
 from zerocalc.estimate import estimate
 from zerocalc.model import from_architecture, from_params, shaped
 from zerocalc.training import OPTIMIZERS, Setup, Stage, validate_setup
-from zerocalc.inputs import InputError, check_float, check_int
+from zerocalc.inputs import DsConfigError, InputError, check_float, check_int
 from zerocalc.units import parse_bytes, parse_count
 
 
@@ -158,9 +158,12 @@ def _setups(opts, ds, stages, hidden_size):
         if opts.get(key) is not None:
             fields[key] = opts[key]
     dp = opts["dp"] if opts["dp"] is not None else opts["nodes"] * opts["gpus_per_node"]
-    micro, gas = dsconfig.resolve_batch(ds.train_batch_size if ds else None,
-                                        opts["micro_batch"] or (ds.micro_batch if ds else None),
-                                        opts["gas"] or (ds.gas if ds else None), dp, from_config=ds is not None)
+    if ds is None:    # the flags', else 1 (`dsconfig.resolve_batch` without a train_batch_size)
+        micro, gas = opts["micro_batch"] or 1, opts["gas"] or 1
+    else:
+        from zerocalc import dsconfig
+        micro, gas = dsconfig.resolve_batch(ds.train_batch_size, opts["micro_batch"] or ds.micro_batch,
+                                            opts["gas"] or ds.gas, dp, from_config=True)
     if fields.get("sub_group_size") == 0:
         fields["sub_group_size"] = 1   # each parameter its own sub-group either way (DeepSpeed's _create_fp16_sub_groups)
     if "optimizer" in fields:
@@ -413,10 +416,11 @@ ZERO_INIT_HELP = ("Stage 3: the model is built under deepspeed.zero.Init, as HF 
 def _read_ds_config(path, spec):
     """The parsed ds_config (`dsconfig.DsConfig`), its warnings on stderr; a config DeepSpeed would
     refuse is one line naming the file, the key and the value."""
+    from zerocalc import dsconfig
     hidden = spec.architecture.hidden_size if spec.architecture else None
     try:
         ds = dsconfig.parse(dsconfig.load(path), hidden)
-    except dsconfig.DsConfigError as err:
+    except DsConfigError as err:
         msg = str(err)
         raise InputFailure(msg if msg.startswith(f"{path}:") else f"{path}: {msg}")
     for w in ds.warnings:
@@ -573,7 +577,7 @@ def estimate_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_lay
                                    + " and ".join(f"--{n}" for n in missing))
     try:
         setups = _setups(opts, ds, stages, spec.architecture)
-    except dsconfig.DsConfigError as err:
+    except DsConfigError as err:
         raise InputFailure(f"{ds_config}: {err}")
     except ValueError as err:
         raise click.UsageError(str(err))
@@ -713,9 +717,10 @@ def plan_cmd(params, model_name, hf_config, vocab_size, hidden_size, num_layers,
     except (TypeError, ValueError) as err:
         raise click.UsageError(str(err))
     if ds is not None:
+        from zerocalc import dsconfig
         try:
             dsconfig.check_setup(ds, space.stages[0], base.dtype, base.grad_accum_dtype, space.offloads[0][0])
-        except dsconfig.DsConfigError as err:
+        except DsConfigError as err:
             raise InputFailure(f"{ds_config}: {err}")
     _modelled(spec, [base])
     host_memory, host_note = _host_memory(host_memory, hw)

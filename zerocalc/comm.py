@@ -96,7 +96,8 @@ def collectives(model: ModelSpec, setup: Setup) -> tuple[Collective, ...]:
     only the optimizer's), while stage 3 still gathers every parameter, frozen ones included."""
     n, k, c, b = setup.dp, setup.gas, setup.comm_bytes, setup.param_bytes
     trained = model.trainable_numels
-    part, tpart = partition(model.param_numels, setup), partition(trained, setup)
+    part = partition(model.param_numels, setup)
+    tpart = part if trained is model.param_numels else partition(trained, setup)   # all train: the same
     p = tpart.num_params
     small = []
     if setup.stage == Stage.DISABLED:

@@ -17,12 +17,8 @@ import re
 from dataclasses import dataclass, field
 
 from zerocalc import dskeys
-from zerocalc.inputs import InputError, read_text
+from zerocalc.inputs import DsConfigError, read_text
 from zerocalc.training import runs_bf16_optimizer
-
-
-class DsConfigError(InputError):
-    """A ds_config DeepSpeed would refuse (or zerocalc cannot model); the message names key and value."""
 
 
 def _show(value) -> str:

@@ -122,6 +122,11 @@ def param_count(a: Architecture) -> int:
 
 def profile(a: Architecture, name: str | None = None) -> _profile.Profile:
     """The family's profile at `a`'s dimensions, with the family's measured data (`_measured`)."""
+    return _measured(_profile.from_json(_profile_json(a, name)), a)
+
+
+def _profile_json(a: Architecture, name: str | None = None) -> dict:
+    """The family's profile JSON at `a`'s dimensions, without measured data."""
     validate_architecture(a)
     t = templates()[key(a)]
     values = _values(a)
@@ -131,12 +136,11 @@ def profile(a: Architecture, name: str | None = None) -> _profile.Profile:
 
     def call(node):
         return [node[0], node[1], _sized(node[2], values, call)]
-    d = {"format": _profile.FORMAT, "name": name or a.family, "model_type": t["model_type"], "dims": dims(a),
-         "source": t["source"], "params": _sized(t["params"], values, shaped),
-         "buffers": _sized(t["buffers"], values, shaped), "modules": _sized(t["modules"], values),
-         "calls": call(t["calls"]),
-         **{k: t[k] for k in ("returns_logits", "checkpoint_reenters_layer") if k in t}}
-    return _measured(_profile.from_json(d), a)
+    return {"format": _profile.FORMAT, "name": name or a.family, "model_type": t["model_type"], "dims": dims(a),
+            "source": t["source"], "params": _sized(t["params"], values, shaped),
+            "buffers": _sized(t["buffers"], values, shaped), "modules": _sized(t["modules"], values),
+            "calls": call(t["calls"]),
+            **{k: t[k] for k in ("returns_logits", "checkpoint_reenters_layer") if k in t}}
 
 
 def described(p: _profile.Profile) -> _profile.Profile:
@@ -147,12 +151,29 @@ def described(p: _profile.Profile) -> _profile.Profile:
         return p
     try:
         a = _profile.architecture(p)
-        t = profile(a)
+        d = _profile_json(a)
     except (ValueError, KeyError):
         return p
-    if not _same_model(p, t):
+    written = _profile.expanded(d)
+    if tuple(prod(shape) for _, shape in written["params"]) != p.param_numels:   # `_same_model`'s first test
+        return p
+    if not (_written_alike(p, d, written) or _same_model(p, _profile.from_json(d))):
         return p
     return _measured(p, a, lambda attention: _profile.traced_under(p, attention)[1])
+
+
+def _written_alike(p: _profile.Profile, d: dict, theirs: dict) -> bool:
+    """Whether p has the tensors (names and shapes), kept buffers (sizes), modules (but for their
+    class names, which nothing but a name reads) and calls of the profile JSON d (`theirs`: d
+    written out, `profile.expanded`): then `_same_model` holds, found without building d's profile
+    (`described` asks it of every shipped profile an estimate reads)."""
+    mine = _profile.written_out(p)
+    if mine["params"] != theirs["params"] or [b.numel for b in _profile.kept_buffers(p)] != \
+            [n for n in (prod(b[1]) for b in theirs["buffers"]) if n > _profile.SCALAR_BUFFER_ELEMENTS]:
+        return False
+    return [m[:1] + m[2:] for m in mine["modules"]] == [m[:1] + m[2:] for m in theirs["modules"]] \
+        and mine["calls"] == theirs["calls"] and (p.returns_logits, p.checkpoint_reenters_layer) == \
+        (bool(d.get("returns_logits")), bool(d.get("checkpoint_reenters_layer")))
 
 
 def _same_model(p: _profile.Profile, q: _profile.Profile) -> bool:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from zerocalc import allocator, sequence
 from zerocalc.allocator import OutOfMemory
 from zerocalc.model import ModelSpec
-from zerocalc.training import Setup
+from zerocalc.training import Setup, Stage
 
 
 # How many allocations late the all-gather stream's frees complete, for each timing the verdict takes:
@@ -88,8 +88,9 @@ def near_card(model: ModelSpec, setup: Setup, jobs) -> tuple[tuple[int, int, tup
     jobs = tuple(jobs) + _ranks_pieces(model, setup, [r for r in sequence.simulated_ranks(model, setup, every=True)
                                                       if r not in made])
     out = []
+    gathers = setup.stage == Stage.PARAMETERS     # the all-gather stream is stage 3's alone
     for r, _, pieces in jobs:
-        if any(e[0] == "alloc" and e[3] == sequence.GATHER_STREAM for events, _ in pieces for e in events):
+        if gathers and any(e[0] == "alloc" and e[3] == sequence.GATHER_STREAM for events, _ in pieces for e in events):
             with sequence.cycle_collector_paused():
                 pieces = tuple(sequence.step_pieces(model, setup, rank=r, steps=CARD_STEPS))
             out += [(r, 0, pieces)] + [(r, d, late_frees(pieces, d)) for d in GATHER_FREE_DELAYS if d]

@@ -14,6 +14,11 @@ class InputError(ValueError):
     """An input zerocalc refuses; the message says what to fix."""
 
 
+class DsConfigError(InputError):
+    """A ds_config DeepSpeed would refuse (or zerocalc cannot model); the message names key and value
+    (`zerocalc.dsconfig`, imported only where a ds_config is read)."""
+
+
 @dataclass(frozen=True)
 class Limit:
     low: float

@@ -89,8 +89,9 @@ class ModelSpec:
             steps = zip(self.backward(checkpointing), self.recomputed(checkpointing))
             for step, (module, recomputed) in enumerate(steps):
                 if not recomputed:
-                    done.update((i, step) for i in module)
-            orders[checkpointing] = tuple(sorted((i for i in done if self._trains(i)), key=lambda i: (done[i], i)))
+                    for i in module:
+                        done[i] = step
+            orders[checkpointing] = tuple(sorted(filter(self._trains, done), key=lambda i: (done[i], i)))
         return orders
 
     def buckets_filled(self, checkpointing: bool, bucket_elements: int) -> int:

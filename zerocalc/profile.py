@@ -85,7 +85,7 @@ class Profile:
     def num_params(self) -> int:
         return sum(p.numel for p in self.params)
 
-    @property
+    @cached_property
     def param_numels(self) -> tuple[int, ...]:
         return tuple(p.numel for p in self.params)
 
@@ -179,6 +179,9 @@ def _compress(items: list) -> list:
 
 
 def _expand(items: list) -> list:
+    """The compressed entries written out (`_compress`); a list without a repeated block is itself."""
+    if not any(isinstance(it, dict) for it in items):
+        return items
     out = []
     for it in items:
         if isinstance(it, dict):
@@ -193,21 +196,45 @@ def _expand(items: list) -> list:
     return out
 
 
-def to_json(p: Profile) -> dict:
+def written_out(p: Profile) -> dict:
+    """p's tensors, buffers, modules and calls as `to_json` writes them before compressing them (a
+    module's parameters by name, a call's module by name)."""
     names = [t.name for t in p.params]
     mods = [m.name for m in p.modules]
 
     def node(c: CallNode):
-        return [mods[c.module], int(c.grad), _compress([node(x) for x in c.children])]
+        return [mods[c.module], int(c.grad), [node(x) for x in c.children]]
+
+    return {
+        "params": [[t.name, list(t.shape)] for t in p.params],
+        "buffers": [[t.name, list(t.shape), t.dtype] + ([t.zero_init_dtype] if t.zero_init_dtype else [])
+                    for t in p.buffers],
+        "modules": [[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "") + ("S" if m.saves else "")]
+                    + ([[names[i] for i in m.external]] if m.external else []) for m in p.modules],
+        "calls": node(p.calls),
+    }
+
+
+def expanded(d: dict) -> dict:
+    """A profile JSON's tensors, buffers, modules and calls written out (`written_out`'s form)."""
+    def node(x):
+        name, grad, children = x
+        return [name, grad, [node(c) for c in _expand(children)]]
+    return {"params": _expand(d["params"]), "buffers": _expand(d["buffers"]), "modules": _expand(d["modules"]),
+            "calls": node(d["calls"])}
+
+
+def to_json(p: Profile) -> dict:
+    out = written_out(p)
+
+    def node(x):
+        name, grad, children = x
+        return [name, grad, _compress([node(c) for c in children])]
 
     return {
         "format": FORMAT, "name": p.name, "model_type": p.model_type, "dims": p.dims, "source": p.source,
-        "params": _compress([[t.name, list(t.shape)] for t in p.params]),
-        "buffers": _compress([[t.name, list(t.shape), t.dtype] + ([t.zero_init_dtype] if t.zero_init_dtype else [])
-                              for t in p.buffers]),
-        "modules": _compress([[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "") + ("S" if m.saves else "")]
-                              + ([[names[i] for i in m.external]] if m.external else []) for m in p.modules]),
-        "calls": node(p.calls),
+        "params": _compress(out["params"]), "buffers": _compress(out["buffers"]),
+        "modules": _compress(out["modules"]), "calls": node(out["calls"]),
         "activations": p.activations,
         "stream": p.stream,
         **({"steps": p.steps} if p.steps else {}),
@@ -221,15 +248,15 @@ def from_json(d: dict) -> Profile:
     if d.get("format") != FORMAT:
         raise ValueError(f"profile format {d.get('format')!r}; this zerocalc reads format {FORMAT}")
     params = tuple(Tensor(n, tuple(s)) for n, s in _expand(d["params"]))
-    index = {t.name: i for i, t in enumerate(params)}
-    modules = tuple(Module(n, c, tuple(index[x] for x in ps), "L" in f, "M" in f, tuple(index[x] for x in (ext or [[]])[0]),
+    index = {t.name: i for i, t in enumerate(params)}.__getitem__
+    modules = tuple(Module(n, c, tuple(map(index, ps)), "L" in f, "M" in f, tuple(map(index, ext[0])) if ext else (),
                            "S" in f)
                     for n, c, ps, f, *ext in _expand(d["modules"]))
     mindex = {m.name: i for i, m in enumerate(modules)}
 
     def node(x) -> CallNode:
         name, grad, children = x
-        return CallNode(mindex[name], tuple(node(c) for c in _expand(children)), bool(grad))
+        return CallNode(mindex[name], tuple(map(node, _expand(children))), bool(grad))
 
     return Profile(d["name"], d["model_type"], d.get("dims", {}), params,
                    tuple(Tensor(b[0], tuple(b[1]), *b[2:]) for b in _expand(d["buffers"])), modules, node(d["calls"]),
@@ -288,13 +315,17 @@ def shipped_profile(name: str) -> Profile:
 
 def _call_tree(p: Profile, node: CallNode, leaf_moe: bool):
     from zerocalc.arch import Call
-    m = p.modules[node.module]
-    if leaf_moe and m.moe:
-        # deepspeed.utils.set_z3_leaf_modules: no hooks below the block; its pre-forward hook fetches
-        # every parameter under it at once, and its release frees them together.
-        return Call(p.subtree_params(node.module), (), node.grad, m.layer, leaf=True, own=m.params)
-    return Call(tuple(sorted(m.params + m.external)), tuple(_call_tree(p, c, leaf_moe) for c in node.children),
-                node.grad, m.layer, m.saves)
+    modules = p.modules
+
+    def call(node: CallNode):
+        m = modules[node.module]
+        if leaf_moe and m.moe:
+            # deepspeed.utils.set_z3_leaf_modules: no hooks below the block; its pre-forward hook fetches
+            # every parameter under it at once, and its release frees them together.
+            return Call(p.subtree_params(node.module), (), node.grad, m.layer, leaf=True, own=m.params)
+        return Call(tuple(sorted(m.params + m.external)), tuple(map(call, node.children)), node.grad, m.layer,
+                    m.saves)
+    return call(node)
 
 
 def architecture(p: Profile):
@@ -326,11 +357,14 @@ def buffer_element_bytes(b: Tensor) -> tuple[int, int]:
     return built, 0 if b.dtype.startswith(("float", "bfloat")) else built
 
 
+SCALAR_BUFFER_ELEMENTS = 2   # a buffer of at most this many elements is a scalar (`kept_buffers`)
+
+
 def kept_buffers(p: Profile) -> list[Tensor]:
     """The buffers a rank's states count: scalar ones (Gemma's embed_scale) are left out, as the
     validator's state measurement leaves every storage of 8 bytes or less out (with DeepSpeed's own
     scalars: `validate.measure.SCALAR_BYTES`)."""
-    return [b for b in p.buffers if b.numel > 2]
+    return [b for b in p.buffers if b.numel > SCALAR_BUFFER_ELEMENTS]
 
 
 def traces(p: Profile, z3_leaf_moe: bool = True, wrapper: bool = True) -> tuple:

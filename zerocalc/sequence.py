@@ -672,7 +672,7 @@ class _Stage3:
         parameter of the call has been waited for. All on the all-gather stream."""
         t, pb, numel, s = self.t, self.pb, self.model.param_numels, GATHER_STREAM
         for kind, what in actions:
-            if kind == "gather" and any(p in self.gathered for p in what):
+            if kind == "gather" and not self.gathered.keys().isdisjoint(what):
                 # a parameter whose release waits for an active backward module is still gathered
                 what = tuple(p for p in what if p not in self.gathered)
                 if not what:

@@ -240,19 +240,19 @@ def _walk(model: ModelSpec, setup: Setup, record: bool, cold: bool = False):
 def _not_reused(params, step: int, window_of: tuple, reuse: int) -> list:
     """Of `params`, released by the module at `step`, those the reuse rule frees: not occurring again
     before the first later module at which the modules after `step` add up to `reuse` elements
-    (`window_of`: the elements before each module and each parameter's steps, `_walk`'s `windows`)."""
+    (`window_of`: the elements before each module and each parameter's steps, ascending, `_walk`'s
+    `windows`)."""
     if not params or reuse <= 0:
         return list(params)
     elements, occurs = window_of
     window = bisect_left(elements, elements[step + 1] + reuse, step + 1)
-    return [p for p in params if not _occurs_within(occurs.get(p, ()), step, window)]
-
-
-def _occurs_within(later: list[int], step: int, window: int) -> bool:
-    """Whether a parameter occurring at the steps `later` (ascending) occurs again after `step` and
-    before `window`."""
-    k = bisect_right(later, step)
-    return k < len(later) and later[k] < window
+    freed = []
+    for p in params:
+        later = occurs.get(p, ())
+        k = bisect_right(later, step)       # its next occurrence after `step`, if any
+        if k == len(later) or later[k] >= window:
+            freed.append(p)
+    return freed
 
 
 def backward_plan(model: ModelSpec, setup: Setup, record: bool, cold: bool = False) -> tuple[tuple, ...]:

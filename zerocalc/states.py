@@ -93,7 +93,8 @@ def model_states(model: ModelSpec, setup: Setup) -> StateBytes:
     DeepSpeed builds its optimizer state from the optimizer's param groups, `requires_grad` ones only.
     Below, P_t and the `t` partition are the trained tensors', P_f = P − P_t the frozen ones'."""
     numels, trained = model.param_numels, model.trainable_numels
-    part, tpart = partition(numels, setup), partition(trained, setup)
+    part = partition(numels, setup)
+    tpart = part if trained is numels else partition(trained, setup)   # all train: the same tensors
     p_t, b, k = tpart.num_params, setup.param_bytes, setup.optimizer.state_bytes_per_param
     p_f = part.num_params - p_t
     buffers = _module_buffers_bytes(model, setup)
