@@ -57,6 +57,49 @@ def test_each_former_preset_is_its_shipped_profile_and_the_family(name):
     assert spec.profile.activations is None
 
 
+def test_a_shipped_profile_is_recognised_as_its_familys_without_building_it_only_when_it_is():
+    """`described` first compares the profile's JSON written out with the family's (`_written_alike`):
+    that says "the same" only where the full comparison of tensors and traces does, and it says so for
+    the Llama-2/3 and Mistral profiles (names of classes aside: MistralAttention is LlamaAttention)."""
+    quick, full = set(), set()
+    for name in P.shipped():
+        p = P.shipped_profile(name)
+        try:
+            a = P.architecture(p)
+            d = family._profile_json(a)
+        except (ValueError, KeyError):
+            continue
+        if family._written_alike(p, d, P.expanded(d)):
+            quick.add(name)
+        if family._same_model(p, P.from_json(d)):
+            full.add(name)
+    assert quick <= full
+    assert {"llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3.1-8b", "mistral-7b", "codestral-22b"} <= quick
+    assert "gpt2" in full - quick            # its dropouts' masks: the traces decide (`_same_model`)
+
+
+def test_a_profile_differing_from_its_family_only_in_a_class_name_or_a_shape_is_told_apart_rightly():
+    """One module's class renamed: still the family's (no trace reads a class name). One tensor made a
+    row longer: not (its parameter count differs), and the written-out comparison says so as well."""
+    p = P.shipped_profile("llama-2-7b")
+    a = P.architecture(p)
+    d = family._profile_json(a)
+    renamed = replace(p, modules=(replace(p.modules[0], cls="SomeOtherModel"),) + p.modules[1:])
+    assert family._written_alike(renamed, d, P.expanded(d))
+    assert family.described(renamed).source[family.FAMILY] == family.key(a)
+    first = p.params[0]
+    longer = replace(p, params=(replace(first, shape=(first.shape[0] + 1, first.shape[1])),) + p.params[1:])
+    assert not family._written_alike(longer, d, P.expanded(d))
+    assert family.described(longer) is longer
+
+
+def test_a_profile_written_out_is_its_json_expanded():
+    for name in ("llama-2-7b", "mixtral-8x7b", "gpt2", "qwen3-8b"):
+        p = P.shipped_profile(name)
+        assert P.expanded(P.to_json(p)) == P.written_out(p)
+        assert P.from_json(P.to_json(p)) == p
+
+
 def test_a_model_no_family_builds_keeps_its_own_trace():
     """Qwen2.5-7B's q, k, v biases without o's are no family's: its traced stream and activations."""
     p = P.shipped_profile("qwen2.5-7b")
