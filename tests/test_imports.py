@@ -1,4 +1,5 @@
 """zerocalc never imports torch or DeepSpeed (it must answer on any laptop in milliseconds)."""
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,21 @@ def test_estimate_path_imports_neither_torch_nor_deepspeed():
             "print(sorted(m for m in ('torch', 'deepspeed', 'pandas', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_the_ds_config_reader_is_imported_only_for_a_ds_config():
+    """Every command pays for what it imports (docs/speed.md): the ds_config parser and DeepSpeed's
+    key table load only where a ds_config is given."""
+    code = ("import sys; from zerocalc import cli; from click.testing import CliRunner; "
+            "r = CliRunner().invoke(cli.main, ['estimate', '--params', '7e9', '--dp', '8']); assert r.exit_code == 0; "
+            "print(sorted(m for m in ('zerocalc.dsconfig', 'zerocalc.dskeys') if m in sys.modules)); "
+            "r = CliRunner().invoke(cli.main, ['estimate', '--params', '7e9', '--dp', '8', '--micro-batch', '1', "
+            "'--ds-config', sys.argv[1]]); "
+            "assert r.exit_code == 0, r.output; print('zerocalc.dsconfig' in sys.modules)")
+    config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "ds-configs", "qwen",
+                          "ds_config_zero2.json")
+    out = subprocess.run([sys.executable, "-c", code, config], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "True"]
 
 
 def test_zerocalc_never_imports_its_validator():

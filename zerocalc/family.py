@@ -164,9 +164,9 @@ def described(p: _profile.Profile) -> _profile.Profile:
 
 def _written_alike(p: _profile.Profile, d: dict, theirs: dict) -> bool:
     """Whether p has the tensors (names and shapes), kept buffers (sizes), modules (but for their
-    class names, which nothing but a name reads) and calls of the profile JSON d (`theirs`: d
-    written out, `profile.expanded`): then `_same_model` holds, found without building d's profile
-    (`described` asks it of every shipped profile an estimate reads)."""
+    class names, which no trace reads: MistralAttention is LlamaAttention) and calls of the profile
+    JSON d (`theirs`: d written out, `profile.expanded`): then `_same_model` holds, found without
+    building d's profile (`described` asks it of every shipped profile an estimate reads)."""
     mine = _profile.written_out(p)
     if mine["params"] != theirs["params"] or [b.numel for b in _profile.kept_buffers(p)] != \
             [n for n in (prod(b[1]) for b in theirs["buffers"]) if n > _profile.SCALAR_BUFFER_ELEMENTS]:

@@ -209,7 +209,8 @@ def written_out(p: Profile) -> dict:
         "params": [[t.name, list(t.shape)] for t in p.params],
         "buffers": [[t.name, list(t.shape), t.dtype] + ([t.zero_init_dtype] if t.zero_init_dtype else [])
                     for t in p.buffers],
-        "modules": [[m.name, m.cls, [names[i] for i in m.params], ("L" if m.layer else "") + ("M" if m.moe else "") + ("S" if m.saves else "")]
+        "modules": [[m.name, m.cls, [names[i] for i in m.params],
+                     ("L" if m.layer else "") + ("M" if m.moe else "") + ("S" if m.saves else "")]
                     + ([[names[i] for i in m.external]] if m.external else []) for m in p.modules],
         "calls": node(p.calls),
     }
