@@ -37,6 +37,7 @@ def stage0_allreduce_buckets(param_numels: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sum(bucket) for bucket in stage0_allreduce_bucket_tensors(param_numels))
 
 
+@lru_cache(maxsize=256)   # per model: the peak of every stage-0 candidate of `plan` reads it too
 def stage0_allreduce_bucket_tensors(param_numels: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     """Each of `stage0_allreduce_buckets`' buckets as its gradients' elements. A bucket of one tensor
     (a parameter over MEMORY_OPT_ALLREDUCE_SIZE elements alone, or a last one left over) is reduced
