@@ -84,11 +84,11 @@ def test_a_profile_differing_from_its_family_only_in_a_class_name_or_a_shape_is_
     p = P.shipped_profile("llama-2-7b")
     a = P.architecture(p)
     d = family._profile_json(a)
-    renamed = replace(p, modules=(replace(p.modules[0], cls="SomeOtherModel"),) + p.modules[1:])
+    renamed = replace(p, modules=(p.modules[0]._replace(cls="SomeOtherModel"),) + p.modules[1:])
     assert family._written_alike(renamed, d, P.expanded(d))
     assert family.described(renamed).source[family.FAMILY] == family.key(a)
     first = p.params[0]
-    longer = replace(p, params=(replace(first, shape=(first.shape[0] + 1, first.shape[1])),) + p.params[1:])
+    longer = replace(p, params=(first._replace(shape=(first.shape[0] + 1, first.shape[1])),) + p.params[1:])
     assert not family._written_alike(longer, d, P.expanded(d))
     assert family.described(longer) is longer
 

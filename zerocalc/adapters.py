@@ -209,7 +209,7 @@ def with_lora(p: Profile, lora: Lora) -> tuple[Profile, tuple[bool, ...]]:
 
     for i, m in enumerate(p.modules):
         if i not in wrapped:
-            modules.append(replace(m, params=own(m.params, bias(False))))
+            modules.append(m._replace(params=own(m.params, bias(False))))
             new_index[i] = (len(modules) - 1,)
             continue
         fan_in, fan_out = _in_out(m, p)

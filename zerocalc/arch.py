@@ -10,6 +10,7 @@ in `module.parameters()` order, are the oracle those traces are held to (`tests/
 (`tests/test_arch_path.py`).
 """
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 FAMILIES = ("seed-gpt", "hf-gpt2", "hf-llama")
 
@@ -98,8 +99,7 @@ def param_numels(arch: Architecture) -> tuple[int, ...]:
     return tuple([v * h] + layer_numels(arch) * n + [h] + head)
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One module call in forward: its own parameters (indices into `param_numels`), the calls it
     makes, whether its output requires grad (else no backward hook fires for it) and whether it is a
     transformer layer (the unit activation checkpointing recomputes)."""

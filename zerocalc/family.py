@@ -190,7 +190,7 @@ def _same_model(p: _profile.Profile, q: _profile.Profile) -> bool:
         return True
 
     def key(x):
-        x = replace(x, modules=tuple(replace(m, saves=False) for m in x.modules))
+        x = replace(x, modules=tuple(m._replace(saves=False) for m in x.modules))
         forward, _, checkpointed, _, _ = _profile.traces(x)
         return forward, checkpointed
     return key(p) == key(q)

@@ -17,12 +17,12 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
+from typing import NamedTuple
 
 FORMAT = 1
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(NamedTuple):
     name: str
     shape: tuple[int, ...]
     dtype: str = ""            # buffers only: their dtype as built ("float32", "bfloat16", ...), fp32 where
@@ -40,8 +40,7 @@ DTYPE_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 
                "int16": 2, "bool": 1, "uint8": 1, "int8": 1}
 
 
-@dataclass(frozen=True)
-class Module:
+class Module(NamedTuple):
     name: str                  # qualified name ("" for the root)
     cls: str                   # class name
     params: tuple[int, ...]    # its own parameters (recurse=False), indices into Profile.params
@@ -53,8 +52,7 @@ class Module:
                                # checkpointed layer's recomputation starts and ends at it (`arch._backward`)
 
 
-@dataclass(frozen=True)
-class CallNode:
+class CallNode(NamedTuple):
     module: int                           # index into Profile.modules
     children: tuple["CallNode", ...] = ()
     grad: bool = True                     # its output requires grad
