@@ -14,24 +14,19 @@ import os
 import resource
 import statistics
 import subprocess
-import sys
 
-from run_all import ARCH_ARGS
+from run_all import CLI, COLD
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = {
-    "estimate --params 7e9 --dp 8": ["estimate", "--params", "7e9", "--dp", "8"],
-    " ".join(ARCH_ARGS): ARCH_ARGS,
-    "plan --params 70e9 ... --global-batch 1024": ["plan", "--params", "70e9", "--gpu", "h100", "--gpu-memory",
-                                                   "80GiB", "--max-gpus", "64", "--seq-len", "4096",
-                                                   "--global-batch", "1024"],
-}
+# run_all's own cases, by their keys: the command lines are `run_all.COLD`'s, without the interpreter
+CASES = {what: command[len(CLI):] for key, what, command, _ in COLD
+         if key in ("baseline", "estimate-arch", "plan-70b")}
 
 
 def cpu_seconds(root: str, args: list[str], env: dict) -> float:
     """User + system time of one fresh `python -m zerocalc.cli` run from the checkout at root."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-m", "zerocalc.cli", *args], cwd=root, env=dict(env, PYTHONPATH=root),
+    subprocess.run(CLI + args, cwd=root, env=dict(env, PYTHONPATH=root),
                    capture_output=True, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
@@ -56,7 +51,7 @@ def main():
     print(f"CPU time, medians of {a.rounds} rounds; other = {trees['other']}")
     for case in CASES:
         other, this = (statistics.median(times[(t, case)]) for t in ("other", "this"))
-        print(f"{case:80s} other {other * 1e3:5.0f} ms  this {this * 1e3:5.0f} ms  {100 * (this / other - 1):+.1f}%")
+        print(f"{case:100s} other {other * 1e3:5.0f} ms  this {this * 1e3:5.0f} ms  {100 * (this / other - 1):+.1f}%")
 
 
 if __name__ == "__main__":
