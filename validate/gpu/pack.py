@@ -7,12 +7,14 @@ never meets a real out-of-memory. Rows go to OUT/NAME.csv as each job finishes (
     ITEM: [~]NPROC[f]:MATRIX:GIB[:VAR=VALUE,...]   (f: --fake-world; GIB: the matrix's room)
 
 Items are tried in the order given, each started when it fits beside those running; an item marked ~
-only once every unmarked one has started; none starts after SECONDS."""
+only once every unmarked one has started; none starts after SECONDS. Each job may run 400 s
+(PACK_JOB_TIMEOUT=SECONDS for longer ones, e.g. a 70B shape's full micro-batch on rank 0 of a fake world)."""
 import os
 import subprocess
 import sys
 import time
 
+JOB_TIMEOUT_S = os.environ.get("PACK_JOB_TIMEOUT", "400")
 
 def parse(item: str) -> dict:
     later = item.startswith("~")
@@ -37,7 +39,7 @@ def main(seconds: float, room_gib: float, out: str, items: list[str]) -> None:
             elif used + it["gib"] <= room_gib:
                 name = os.path.basename(it["matrix"]).removesuffix(".json")
                 cmd = ["timeout", str(int(left)), sys.executable, "-m", "validate", "run", "--backend", "cuda",
-                       "--nproc", it["nproc"], "--include", "localhost:0", "--matrix", it["matrix"], "--timeout", "400",
+                       "--nproc", it["nproc"], "--include", "localhost:0", "--matrix", it["matrix"], "--timeout", JOB_TIMEOUT_S,
                        "--out", os.path.join(out, name + ".csv")] + (["--fake-world"] if it["fake"] else [])
                 with open(os.path.join(out, name + ".log"), "w") as log:   # the child keeps its own copy
                     running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
