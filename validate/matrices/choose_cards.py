@@ -3,7 +3,11 @@ random Llama shapes (make_fake_scale.M), stages 1-3, N = 8-256; those whose unbo
 14% of a card's allocator capacity are estimated on that card, and those within 2-10% of their boundary
 (headroom / capacity), not timing-dependent, are printed. The set run is chosen from these by hand for
 spread (h200-cards-chosen-2.json, then make_fake_cards.py):
-    python validate/matrices/choose_cards.py SEED COUNT OUT.json"""
+    python validate/matrices/choose_cards.py SEED COUNT OUT.json
+With --hf, published Hugging Face configs (validate/hf_configs: biases, MoE, tied heads, dropout, other
+norms and positions) at N = 8-64 instead, predicted from their trace as `estimate --hf-config` does
+(needs the trace extra; h200-cards-chosen-3.json):
+    python validate/matrices/choose_cards.py SEED COUNT OUT.json --hf"""
 import json, random, sys, os
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE); sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
@@ -12,13 +16,20 @@ from make_fake_cards import CONTEXT_BYTES as CONTEXT
 from make_fake_scale import M
 from zerocalc import arch as _arch
 from zerocalc.estimate import estimate
-from validate.jobs import make_job, to_zerocalc
+from validate import hf_models
+from validate.jobs import make_hf_job, make_job, to_zerocalc
 CARDS = [24, 40, 48, 80, 94]
+# Published configs the validator has trained before, up to 8B (a job of five steps stays under a minute
+# on rank 0 of a fake world, which computes the whole micro-batch).
+HF = ["qwen2.5-1.5b", "qwen2.5-7b", "qwen3-1.7b", "phi-3-mini-4k", "olmo-2-1b", "starcoder2-3b", "granite-3.0-2b",
+      "stablelm-2-1.6b", "smollm3-3b", "gpt2-xl", "falcon-7b", "pythia-1b", "opt-1.3b", "bloom-560m",
+      "granite-3.0-1b-a400m", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "gemma-2b"]
+HF_MODE = "--hf" in sys.argv
 
 def cand(rng):
-    m = rng.choice(["1b", "1bt", "3b", "7b", "8b", "13b", "34b", "70b"])
+    m = rng.choice(HF if HF_MODE else ["1b", "1bt", "3b", "7b", "8b", "13b", "34b", "70b"])
     st = rng.choice([1, 2, 3, 3])
-    n = rng.choice([8, 16, 32, 64, 256])
+    n = rng.choice([8, 16, 32, 64] if HF_MODE else [8, 16, 32, 64, 256])
     mb = rng.choice([1, 2, 4, 8]); seq = rng.choice([1024, 2048, 4096])
     ck = rng.choice([True, False]); gas = rng.choice([1, 1, 2])
     zi = rng.choice([True, False]) if st == 3 else None
@@ -29,6 +40,9 @@ def setup_of(c, cap=None):
               gas=c["gas"], zero_weights=True)
     if c["st"] == 3: kw["zero_init"] = c["zi"]
     if cap: kw["allocator_capacity_bytes"] = cap
+    if c["m"] not in M:    # a published config: its spec from the trace (to_zerocalc's needs a run)
+        job = make_hf_job({"config": c["m"]}, c["n"], **kw)
+        return hf_models.traced_spec(job), to_zerocalc(job)[1]
     job = make_job(_arch.Architecture(**M[c["m"]]), c["n"], **kw)
     return to_zerocalc(job)
 

@@ -3,6 +3,7 @@ smallest capacity that runs them within 2-10% of the card's allocator capacity, 
 half below; `choose_cards.py` picks them):
     python validate/matrices/make_fake_cards.py validate/matrices                       # h200-cards-chosen.json
     python validate/matrices/make_fake_cards.py validate/matrices h200-cards-chosen-2.json h200-cards-set2
+    python validate/matrices/make_fake_cards.py validate/matrices h200-cards-chosen-3.json h200-cards-set3   # HF configs
 A card of G GiB leaves the allocator G·2^30 less the calibrated CUDA context (1,802,305,536 B on H200):
 its jobs cap the caching allocator there (`allocator_capacity_bytes`, set_per_process_memory_fraction)."""
 import json
@@ -10,7 +11,7 @@ import os
 import sys
 from collections import defaultdict
 
-from make_fake_scale import job
+from make_fake_scale import M, job
 
 CONTEXT_BYTES = 1_802_305_536
 
@@ -20,8 +21,16 @@ if __name__ == "__main__":
     chosen = json.load(open(os.path.join(out, chosen_name)))
     by = defaultdict(list)
     for c in chosen:
-        j = job(c["m"], c["st"], c["mb"], c["seq"], c["ck"], gas=c.get("gas", 1), zi=c["zi"] if c["st"] == 3 else None,
-                allocator_capacity_bytes=c["card"] * 2**30 - CONTEXT_BYTES)
+        cap = c["card"] * 2**30 - CONTEXT_BYTES
+        if c["m"] in M:
+            j = job(c["m"], c["st"], c["mb"], c["seq"], c["ck"], gas=c.get("gas", 1),
+                    zi=c["zi"] if c["st"] == 3 else None, allocator_capacity_bytes=cap)
+        else:   # a published config under validate/hf_configs
+            j = {"hf": {"config": c["m"]}, "stage": c["st"], "dtype": "bf16", "micro_batch": c["mb"],
+                 "seq_len": c["seq"], "activation_checkpointing": c["ck"], "gas": c.get("gas", 1),
+                 "zero_weights": True, "timed_steps": 1, "allocator_capacity_bytes": cap}
+            if c["st"] == 3:
+                j["zero_init"] = c["zi"]
         by[c["card"], c["n"]].append(j)
     for (card, n), jobs in sorted(by.items()):
         json.dump({"about": f"a {card} GB card emulated (the allocator capped at {card} GiB less the context), rank 0 "
