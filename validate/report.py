@@ -790,15 +790,24 @@ def card_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     what the job did: ran (`ok`) or raised OutOfMemoryError (`oom`, and where: `oom_at`). Columns:
     key, card_gib, capacity_bytes, predicted_fits, headroom_bytes, fits_source, outcome, oom_at,
     timing_dependent (runs under some timings of stage 3's late frees, not all: `zerocalc.fits`),
-    agrees; `need_bytes` is the capacity less the headroom (the least the job runs in, predicted)."""
+    agrees; `need_bytes` is the capacity less the headroom (the least the job runs in, predicted). A
+    published config's job is judged on its config's trace, what `estimate --hf-config` answers before
+    the job runs (one that ran out recorded no spec of its own); that needs the trace extra."""
     from zerocalc import calibration
+    from validate import hf_models
     context = calibration.default().get("device", {}).get("context_bytes", 0)
     out = []
     for _, r in df.iterrows():
         cap = pd.to_numeric(r.get("allocator_capacity_bytes"), errors="coerce")
         if pd.isna(cap) or r["outcome"] not in ("ok", "oom"):
             continue
-        spec, setup = to_zerocalc(job_from_row(r.to_dict()))
+        job = job_from_row(r.to_dict())
+        spec, setup = to_zerocalc(job)
+        if job.get("hf"):
+            spec = hf_models.traced_spec(job)
+            if spec is None:
+                raise RuntimeError(f"{r['key']}: its config cannot be traced here: install the trace extra "
+                                   "(pip install '.[trace]')")
         e = estimate(spec, setup, gpu_memory_bytes=int(cap) + context)
         out.append({"key": r["key"], "card_gib": round((int(cap) + context) / 2**30), "capacity_bytes": int(cap),
                     "predicted_fits": bool(e.fits_device), "headroom_bytes": e.headroom_bytes,
