@@ -16,6 +16,7 @@ import time
 
 JOB_TIMEOUT_S = os.environ.get("PACK_JOB_TIMEOUT", "400")
 
+
 def parse(item: str) -> dict:
     later = item.startswith("~")
     nproc, matrix, gib, *env = item.lstrip("~").split(":", 3)

@@ -11,7 +11,7 @@ import os
 import sys
 from collections import defaultdict
 
-from make_fake_scale import M, job
+from make_fake_scale import job
 
 CONTEXT_BYTES = 1_802_305_536
 
@@ -21,16 +21,8 @@ if __name__ == "__main__":
     chosen = json.load(open(os.path.join(out, chosen_name)))
     by = defaultdict(list)
     for c in chosen:
-        cap = c["card"] * 2**30 - CONTEXT_BYTES
-        if c["m"] in M:
-            j = job(c["m"], c["st"], c["mb"], c["seq"], c["ck"], gas=c.get("gas", 1),
-                    zi=c["zi"] if c["st"] == 3 else None, allocator_capacity_bytes=cap)
-        else:   # a published config under validate/hf_configs
-            j = {"hf": {"config": c["m"]}, "stage": c["st"], "dtype": "bf16", "micro_batch": c["mb"],
-                 "seq_len": c["seq"], "activation_checkpointing": c["ck"], "gas": c.get("gas", 1),
-                 "zero_weights": True, "timed_steps": 1, "allocator_capacity_bytes": cap}
-            if c["st"] == 3:
-                j["zero_init"] = c["zi"]
+        j = job(c["m"], c["st"], c["mb"], c["seq"], c["ck"], gas=c.get("gas", 1), zi=c["zi"] if c["st"] == 3 else None,
+                allocator_capacity_bytes=c["card"] * 2**30 - CONTEXT_BYTES)
         by[c["card"], c["n"]].append(j)
     for (card, n), jobs in sorted(by.items()):
         json.dump({"about": f"a {card} GB card emulated (the allocator capped at {card} GiB less the context), rank 0 "

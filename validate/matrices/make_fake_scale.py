@@ -14,8 +14,10 @@ M = {
  "405b": L(128256, 16384, 126, 128, 8, 53248),    # Llama-3.1-405B
 }
 def job(m, stage, mb, seq, ckpt, gas=1, zi=None, dtype="bf16", **kw):
-    j = dict(arch=M[m], stage=stage, dtype=dtype, micro_batch=mb, seq_len=seq, activation_checkpointing=ckpt,
-             gas=gas, zero_weights=True, **kw)
+    """A Llama shape of M, or, for a name M lacks, a published config under validate/hf_configs (one timed step)."""
+    model, timed = (dict(arch=M[m]), {}) if m in M else (dict(hf={"config": m}), {"timed_steps": 1})
+    j = dict(model, stage=stage, dtype=dtype, micro_batch=mb, seq_len=seq, activation_checkpointing=ckpt,
+             gas=gas, zero_weights=True, **timed, **kw)
     if stage == 3:
         j["zero_init"] = True if zi is None else zi
     return j
