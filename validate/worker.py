@@ -168,16 +168,24 @@ def _memory_history(key, cuda, *scopes):
             pickle.dump(snap, f)
 
 
-def _build_hf(job, cfg, seen):
+def _build_hf(job, cfg, seen, device):
     """An HF model from its config.json for the direct path, wrapped to return logits. At stage 3 with
     zero_init it is built the way HF's integration builds it for Trainer users: under an
     HfDeepSpeedConfig, which makes `from_config` enter zero.Init and initialize each module gathered (a
-    bare zero.Init fails on configs with a pad_token_id); the MoE blocks become stage-3 leaves."""
+    bare zero.Init fails on configs with a pad_token_id); the MoE blocks become stage-3 leaves.
+    A memory-only job (`zero_weights`) otherwise builds it on the GPU, where HF's random initialisers
+    take seconds instead of the host's minutes for a 7B model: DeepSpeed moves a module not built under
+    zero.Init there before it flattens or partitions anything (`engine._configure_distributed_model`),
+    so the device holds the same tensors (data/README.md). The weights stay random, not zero: a zero
+    router would send every token to the same experts."""
     from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
     zero3 = job["stage"] == 3 and job.get("zero_init")
     keep = HfDeepSpeedConfig(cfg) if zero3 else None   # transformers holds it by weak reference
+    on_gpu = job.get("zero_weights") and device.type == "cuda" and not zero3
     try:
-        model = hf_models.build(job["hf"]["config"], job["dtype"], job["activation_checkpointing"], job["attention"])
+        with torch.device(device) if on_gpu else contextlib.nullcontext():
+            model = hf_models.build(job["hf"]["config"], job["dtype"], job["activation_checkpointing"],
+                                    job["attention"])
     finally:
         del keep
         unset_hf_deepspeed_config()
@@ -224,7 +232,7 @@ def _run_job(job, device, warmup_history):
     warmup_history.enter_context(_memory_history(job["key"], cuda, "warmup", "job"))
     hf_seen = {}
     if job.get("hf"):
-        model = _build_hf(job, cfg, hf_seen)
+        model = _build_hf(job, cfg, hf_seen, device)
     else:
         with init:
             model = build_model(job["arch"], job["activation_checkpointing"], job["attention"],
