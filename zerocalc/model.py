@@ -57,6 +57,14 @@ class ModelSpec:
             return self.checkpointed_recomputed
         return (False,) * steps
 
+    def viewed_params(self, checkpointing: bool) -> frozenset[int]:
+        """The parameters of which forward saves a view for backward (`profile.Module.views`: a fused
+        experts module's 3-d weights), outside the layers checkpointing recomputes, whose forward saves
+        nothing. At stage 3 the gathered copy of each outlives DeepSpeed's release until its backward
+        (the H100 history of Qwen1.5-MoE-A2.7B at rank 0 of 8: every layer's experts held, 22 GiB;
+        data/README.md)."""
+        return self._viewed[bool(checkpointing)]
+
     def gradient_order(self, checkpointing: bool) -> tuple[int, ...]:
         """The trained tensors (indices into param_numels) in the order backward finishes their
         gradients: each at its last step of `backward(checkpointing)` that is not a recomputation (a
@@ -70,6 +78,14 @@ class ModelSpec:
     @cached_property
     def num_params(self) -> int:
         return sum(self.param_numels)
+
+    @cached_property
+    def _viewed(self) -> tuple[frozenset[int], frozenset[int]]:
+        modules = self.profile.modules if self.profile is not None else ()
+        layers = tuple(m.name + "." for m in modules if m.layer)
+        plain = frozenset(i for m in modules if m.views for i in m.params)
+        recomputed = frozenset(i for m in modules if m.views and not m.name.startswith(layers) for i in m.params)
+        return plain, recomputed
 
     @cached_property
     def trainable_numels(self) -> tuple[int, ...]:

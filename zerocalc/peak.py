@@ -177,7 +177,7 @@ def _stage3(model, setup, st, act):
     b, c = setup.param_bytes, setup.comm_bytes
     resident = st.resident_bytes
     it = stage3_trace.simulate(model, setup)
-    kept = b * it.kept_after_forward_elements
+    kept = b * (it.kept_after_forward_elements + stage3_trace.held_after_forward_elements(model, setup))
     # A coalesced fetch allocates a flat buffer and a per-parameter copy: ≈ 2·b·(numel fetched at once).
     # The big early prefetch comes while activations are small; at the end of forward, where the peak
     # is, a fetch is at most one module (measured at prefetch 5e7 and 5e8).
@@ -204,7 +204,7 @@ def _stage3(model, setup, st, act):
     return (
         init,
         _forward(resident, kept + fetch, act,
-                 "activations + parameters kept gathered for backward (reuse rule) + the coalesced fetch"),
+                 "activations + parameters kept gathered for backward (reuse rule, saved views) + the coalesced fetch"),
         _backward(resident, kept, act, b * model.head_trainable_numel, 0, b * model.largest_module_trainable_numel,
                   kept + reduce_scatter,
                   "gathered parameters + one module's gradients + the reduce-scatter buffer"),

@@ -50,6 +50,10 @@ class Module(NamedTuple):
                                      # nn.MultiheadAttention and its out_proj): stage 3 fetches them with it
     saves: bool = False        # a dropout at p > 0: keeps its mask for backward without parameters, so a
                                # checkpointed layer's recomputation starts and ends at it (`arch._backward`)
+    views: bool = False        # its forward keeps views of its own parameters for backward (a fused experts
+                               # module's 3-d weights, transposed into transformers' grouped_mm): at stage 3
+                               # the gathered copy outlives DeepSpeed's release until backward
+                               # (`ModelSpec.kept_views`, `hf.trace.record`)
 
 
 class CallNode(NamedTuple):
@@ -208,7 +212,8 @@ def written_out(p: Profile) -> dict:
         "buffers": [[t.name, list(t.shape), t.dtype] + ([t.zero_init_dtype] if t.zero_init_dtype else [])
                     for t in p.buffers],
         "modules": [[m.name, m.cls, [names[i] for i in m.params],
-                     ("L" if m.layer else "") + ("M" if m.moe else "") + ("S" if m.saves else "")]
+                     ("L" if m.layer else "") + ("M" if m.moe else "") + ("S" if m.saves else "")
+                     + ("V" if m.views else "")]
                     + ([[names[i] for i in m.external]] if m.external else []) for m in p.modules],
         "calls": node(p.calls),
     }
@@ -249,7 +254,7 @@ def from_json(d: dict) -> Profile:
     params = tuple(Tensor(n, tuple(s)) for n, s in _expand(d["params"]))
     index = {t.name: i for i, t in enumerate(params)}.__getitem__
     modules = tuple(Module(n, c, tuple(map(index, ps)), "L" in f, "M" in f, tuple(map(index, ext[0])) if ext else (),
-                           "S" in f)
+                           "S" in f, "V" in f)
                     for n, c, ps, f, *ext in _expand(d["modules"]))
     mindex = {m.name: i for i, m in enumerate(modules)}
 

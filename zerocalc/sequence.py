@@ -642,6 +642,7 @@ class _Stage3:
         self.leaf_grads = {}                    # a leaf's gradients made, waiting for its hook (`grad_ready`)
         self.trained_set = trained
         self.saved = {}                         # released parameters the recomputation saved (`_release`)
+        self.views = model.viewed_params(setup.activation_checkpointing)   # and those forward saved
 
     def fetch(self, backward: bool) -> None:
         """The parameters' all-gathers and releases of one forward, or the start of one backward's (at
@@ -708,14 +709,20 @@ class _Stage3:
         which the release's swap of `param.data` does not reach; a later fetch gathers it again
         beside it (the H200 history of Llama-3.1-405B's shape, `data/snapshots/fake-405b/`: each
         layer's gate projection, 1.6 GiB, held twice in backward). One whose gradient is made already
-        (the module whose backward started the recomputation) is freed."""
+        (the module whose backward started the recomputation) is freed. Forward's release of a parameter
+        forward saved a view of (`ModelSpec.viewed_params`) leaves it alive likewise, until its gradient
+        is made or, frozen, its module's backward releases the copy gathered again for it."""
         h = self.gathered.pop(p, None)
         if h is None:
             return
         if recomputed and p in self.trained_set and p not in self.cursor[4]:
             self.saved[p] = h
+        elif self.cursor is None and p in self.views and p not in self.saved:
+            self.saved[p] = h
         else:
             self.t.free(h)
+            if self.cursor is not None and p in self.saved and p not in self.trained_set:
+                self.t.free(self.saved.pop(p))
 
     def _advance(self) -> None:
         """Play backward's steps up to the next one that is not done (`stage3_trace.backward_plan`),

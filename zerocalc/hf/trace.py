@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from zerocalc.profile import CallNode, Module, Profile, Tensor
 
-TRACE_VERSION = 12       # bump when what the trace records changes: it is part of the cache key
+TRACE_VERSION = 13       # bump when what the trace records changes: it is part of the cache key
 TRACE_TOKENS = 8         # one sequence of 8 tokens: enough to run every module once
 
 
@@ -326,10 +326,31 @@ def saving_dropout(m) -> bool:
     return isinstance(m, torch.nn.modules.dropout._DropoutNd) and float(m.p) > 0
 
 
+def _zero3_linear(x, weight, bias=None):
+    """F.linear as DeepSpeed's stage 3 replaces it (`zero3_linear_wrap`, an autograd Function that
+    saves the weight itself, which the release empties): the views that `record` then sees saved are
+    those other operators keep (a fused experts' `weight.transpose(-2, -1)` into grouped_mm)."""
+    torch, _ = _imports()
+
+    class Linear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            ctx.save_for_backward(x, weight, bias)
+            out = x.matmul(weight.t())
+            return out if bias is None else out + bias
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, weight, bias = ctx.saved_tensors
+            return grad.matmul(weight), None, None
+    return Linear.apply(x, weight, bias)
+
+
 def record(model, forward, is_layer, is_moe=is_moe_block, external=False):
     """(parameters as (name, shape), modules, the root call) of `model` as one `forward()` calls it:
     `module.parameters()` order, tied weights once; each module's own parameters; the calls nested,
-    with whether each output requires grad. is_layer(module): a unit activation checkpointing recomputes.
+    with whether each output requires grad; whether autograd saved a view of a module's own parameters
+    (`Module.views`, with F.linear run as DeepSpeed's stage 3 runs it). is_layer(module): a unit activation checkpointing recomputes.
     external: also each module's reads of parameters whose module is not being called (the seed's
     nn.MultiheadAttention reads out_proj's weight and bias without calling it); DeepSpeed's stage 3
     fetches such a parameter when it is read and registers it with the module reading it
@@ -370,16 +391,28 @@ def record(model, forward, is_layer, is_moe=is_moe_block, external=False):
     if external:
         for _, m in unique:
             m._parameters = Reads(m._parameters)
+    viewed = set()        # parameters of which autograd saved a view for backward
+
+    def pack(t):
+        base = getattr(t, "_base", None)
+        if base is not None and id(base) in index:
+            viewed.add(index[id(base)])
+        return t
+    torch, _ = _imports()
+    linear = torch.nn.functional.linear
+    torch.nn.functional.linear = _zero3_linear    # as DeepSpeed's stage 3 runs every F.linear
     try:
-        with module_calls(model, pre, post):
+        with module_calls(model, pre, post), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             forward()
     finally:
+        torch.nn.functional.linear = linear
         for (_, m), p in zip(unique, kept):
             m._parameters = p
     roots = stack[0][1]
     if len(roots) != 1:
         raise RuntimeError(f"expected one root call, recorded {len(roots)}")
-    modules = tuple(Module(q, type(m).__name__, o, is_layer(m), is_moe(m), tuple(sorted(r)), saving_dropout(m))
+    modules = tuple(Module(q, type(m).__name__, o, is_layer(m), is_moe(m), tuple(sorted(r)), saving_dropout(m),
+                           bool(viewed.intersection(o)))
                     for (q, m), o, r in zip(unique, own, reads))
     return tuple(Tensor(n, tuple(p.shape)) for n, p in named), modules, roots[0]
 
