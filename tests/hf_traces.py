@@ -45,14 +45,14 @@ def manifest() -> dict:
 
 
 def committed_hf_configs() -> dict[str, tuple[str, dict]]:
-    """{config digest: (hf name, config)} of every HF-config row of data/h200-hf-*.csv, failed ones too
-    (`report.hf_process_replays` traces a process's every job), and of the emulated cards' files
-    (`report.card_verdicts` judges a published config on its trace)."""
+    """{config digest: (hf name, config)} of every HF-config row of data/h200-hf-*.csv (and an H100's,
+    data/h100-hf-*.csv), failed ones too (`report.hf_process_replays` traces a process's every job), and
+    of the emulated cards' files (`report.card_verdicts` judges a published config on its trace)."""
     from validate.docs import committed_paths
     from validate.report import hf_rows, load
     from validate.rows import job_from_row
     from zerocalc.hf.trace import config_digest
-    df = load(sorted(glob.glob(os.path.join(ROOT, "data", "h200-hf-*.csv"))) + committed_paths("cards"))
+    df = load(sorted(glob.glob(os.path.join(ROOT, "data", "h[0-9]*-hf-*.csv"))) + committed_paths("cards"))
     out = {}
     for r in df[hf_rows(df)].to_dict("records"):
         hf = job_from_row(r)["hf"]
