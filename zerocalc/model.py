@@ -84,8 +84,8 @@ class ModelSpec:
         modules = self.profile.modules if self.profile is not None else ()
         layers = tuple(m.name + "." for m in modules if m.layer)
         plain = frozenset(i for m in modules if m.views for i in m.params)
-        recomputed = frozenset(i for m in modules if m.views and not m.name.startswith(layers) for i in m.params)
-        return plain, recomputed
+        checkpointed = frozenset(i for m in modules if m.views and not m.name.startswith(layers) for i in m.params)
+        return plain, checkpointed
 
     @cached_property
     def trainable_numels(self) -> tuple[int, ...]:

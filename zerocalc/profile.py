@@ -53,7 +53,7 @@ class Module(NamedTuple):
     views: bool = False        # its forward keeps views of its own parameters for backward (a fused experts
                                # module's 3-d weights, transposed into transformers' grouped_mm): at stage 3
                                # the gathered copy outlives DeepSpeed's release until backward
-                               # (`ModelSpec.kept_views`, `hf.trace.record`)
+                               # (`ModelSpec.viewed_params`, `hf.trace.record`)
 
 
 class CallNode(NamedTuple):

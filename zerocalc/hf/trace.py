@@ -350,7 +350,8 @@ def record(model, forward, is_layer, is_moe=is_moe_block, external=False):
     """(parameters as (name, shape), modules, the root call) of `model` as one `forward()` calls it:
     `module.parameters()` order, tied weights once; each module's own parameters; the calls nested,
     with whether each output requires grad; whether autograd saved a view of a module's own parameters
-    (`Module.views`, with F.linear run as DeepSpeed's stage 3 runs it). is_layer(module): a unit activation checkpointing recomputes.
+    (`Module.views`, with F.linear run as DeepSpeed's stage 3 runs it). is_layer(module): a unit
+    activation checkpointing recomputes.
     external: also each module's reads of parameters whose module is not being called (the seed's
     nn.MultiheadAttention reads out_proj's weight and bias without calling it); DeepSpeed's stage 3
     fetches such a parameter when it is read and registers it with the module reading it
