@@ -5,7 +5,6 @@ experts stay on the device until its backward. Measured: data/h100-hf-fake-diag-
 import os
 from dataclasses import replace
 
-import pandas as pd
 import pytest
 
 from zerocalc import resolve, stage3_trace
