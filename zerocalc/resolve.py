@@ -13,6 +13,7 @@ from zerocalc import family as _family
 from zerocalc import profile as _profile
 from zerocalc.inputs import check_hf_config, load_json_object
 from zerocalc.model import ModelSpec, from_architecture, from_profile
+from zerocalc.stage3_trace import held_after_forward_elements
 
 INSTALL = "pip install 'zerocalc[trace]'"
 SHAPE_FLAGS = "--vocab-size/--hidden-size/--num-layers/--num-heads (with --num-kv-heads, --ffn-hidden-size)"
@@ -370,6 +371,13 @@ def notes(spec: ModelSpec, setups, timed: bool = False) -> list[str]:
         out.append(f"stage 3: each {', '.join(p.moe_classes)} is one fetch unit, as "
                    f"deepspeed.utils.set_z3_leaf_modules(model, [{', '.join(p.moe_classes)}]) makes it "
                    "(needed to run at N > 1: experts that get no tokens would skip their hooks)")
+    held = [s for s in setups if int(s.stage) == 3 and s.dp > 1 and spec.viewed_params(s.activation_checkpointing)]
+    gib = max((held_after_forward_elements(spec, s) * s.param_bytes for s in held), default=0) / 2**30
+    if gib >= 1:    # (`ModelSpec.viewed_params`)
+        classes = ", ".join(sorted({m.cls for m in p.modules if m.views}))
+        out.append(f"stage 3: autograd keeps views of each {classes}'s gathered parameters for backward, which "
+                   f"DeepSpeed's release cannot free: up to {gib:.1f} GiB held until backward, counted in buffers; "
+                   "with --activation-checkpointing a layer's forward keeps none")
     return out
 
 
