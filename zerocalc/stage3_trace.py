@@ -56,12 +56,11 @@ def held_after_forward_elements(model: ModelSpec, setup: Setup) -> int:
     """Padded elements of the parameters whose gathered copy outlives their release in forward, a view
     of it saved for backward (`ModelSpec.viewed_params`); those the reuse rule keeps gathered are
     `kept_after_forward_elements`. None at N = 1, where a parameter is a view of its partition."""
-    n = setup.dp
-    if n == 1 and setup.offload_param == "none":
+    n, views = setup.dp, model.viewed_params(setup.activation_checkpointing)
+    if not views or (n == 1 and setup.offload_param == "none"):
         return 0
     kept = set(_gathers(model, _walk_setup(setup))[4])
-    return sum(ceil(model.param_numels[p] / n) * n for p in model.viewed_params(setup.activation_checkpointing)
-               if p not in kept)
+    return sum(ceil(model.param_numels[p] / n) * n for p in views if p not in kept)
 
 
 def _walk_setup(setup: Setup) -> Setup:
