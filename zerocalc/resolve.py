@@ -371,8 +371,8 @@ def notes(spec: ModelSpec, setups, timed: bool = False) -> list[str]:
         out.append(f"stage 3: each {', '.join(p.moe_classes)} is one fetch unit, as "
                    f"deepspeed.utils.set_z3_leaf_modules(model, [{', '.join(p.moe_classes)}]) makes it "
                    "(needed to run at N > 1: experts that get no tokens would skip their hooks)")
-    held = [s for s in setups if int(s.stage) == 3 and s.dp > 1 and spec.viewed_params(s.activation_checkpointing)]
-    gib = max((held_after_forward_elements(spec, s) * s.param_bytes for s in held), default=0) / 2**30
+    gib = max((held_after_forward_elements(spec, s) * s.param_bytes for s in setups if int(s.stage) == 3),
+              default=0) / 2**30
     if gib >= 1:    # (`ModelSpec.viewed_params`)
         classes = ", ".join(sorted({m.cls for m in p.modules if m.views}))
         out.append(f"stage 3: autograd keeps views of each {classes}'s gathered parameters for backward, which "
