@@ -78,6 +78,9 @@ def _needs_pandas(command: str) -> None:
               help="Run each job as rank 0 of --nproc ranks in one process (torch's fake process group): what "
                    "rank 0 of N holds, allocates and logs, on one GPU or CPU; collectives move nothing, so "
                    "losses and times are not the job's (rows marked world=fake, never timed or fitted).")
+@click.option("--fake-rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --fake-world: run each job as this rank of --nproc instead of rank 0 (at stages 1-2 the "
+                   "ranks' gradient partitions differ: `zerocalc.sequence.simulated_ranks` names the busiest).")
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
               help="Spread each job's --nproc ranks over nodes: DeepSpeed's hostfile (`hostname slots=N` a line). "
                    "Run the same command on every node with its --node-rank; node 0's writes --out.")
@@ -88,7 +91,8 @@ def _needs_pandas(command: str) -> None:
 @click.option("--out", "out_csv", required=True, type=click.Path(dir_okay=False), help="CSV to append rows to.")
 def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers, num_heads, num_kv_heads,
         ffn_hidden_size, vocab_size, seq_lens, micro_batches, gases, rbs, ckpt, hf_config, hf_layers, trainer_ds_config,
-        attention, timeout_s, include, retry_failed, fake_world, hostfile, node_rank, master_addr, master_port, out_csv):
+        attention, timeout_s, include, retry_failed, fake_world, fake_rank, hostfile, node_rank, master_addr, master_port,
+        out_csv):
     """Launch DeepSpeed jobs (one fresh engine each) and append measured-vs-predicted rows.
 
     \b
@@ -100,6 +104,10 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
     from validate.results_file import ResultsFileError, check_output
     from validate.runner import LaunchError, RowWriteError, SetupError, check_env, check_launcher, run as run_jobs
     nodes = _nodes(hostfile, node_rank, master_addr, master_port, nproc, include, fake_world)
+    if fake_rank and not fake_world:
+        _fail("--fake-rank needs --fake-world (a real job runs every rank)", 2)
+    if fake_rank >= nproc:
+        _fail(f"--fake-rank {fake_rank} is not a rank of --nproc {nproc} ranks: give 0 to {nproc - 1}", 2)
     if matrix:
         try:
             job_list = J.load_matrix(matrix)
@@ -135,7 +143,7 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
         if any(j.get("path") == "trainer" for j in job_list):
             _fail("--fake-world runs DeepSpeed's engine directly; HF Trainer jobs (--trainer-ds-config, a matrix's "
                   "path \"trainer\") are not run in a fake world: leave one of them out", 2)
-        job_list = [J.with_fake_world(j) for j in job_list]
+        job_list = [J.with_fake_world(j, fake_rank) for j in job_list]
     if nodes is not None:
         job_list = [J.with_nodes(j, nodes.count) for j in job_list]
     try:
@@ -145,7 +153,7 @@ def run(backend, nproc, matrix, family, stages, dtypes, hidden_size, num_layers,
         check_env()
     except (ResultsFileError, SetupError) as err:
         _fail(str(err), 2)
-    ranks = f"rank 0 of {nproc} (fake world)" if fake_world else f"{nproc} ranks" + (
+    ranks = f"rank {fake_rank} of {nproc} (fake world)" if fake_world else f"{nproc} ranks" + (
         f" over {nodes.count} nodes (this is node {nodes.node_rank}" + (")" if nodes.leader else ": node 0 writes the rows)")
         if nodes else "")
     click.echo(f"{len(job_list)} jobs, backend {backend}, {ranks} -> {out_csv}", err=True)

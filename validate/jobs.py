@@ -36,7 +36,7 @@ def job_key(job: dict) -> str:
     a = job["arch"]
     family = a["family"] + ("-trainer" if job.get("path") == "trainer" else "") + \
         (f"-lora{job['lora'].get('r', 8)}" if job.get("lora") else "") + ("-frozen" if job.get("freeze") else "")
-    fake = "fake" if job.get("fake_world") else ""
+    fake = ("fake" + (f"-rank{job['fake_rank']}" if job.get("fake_rank") else "")) if job.get("fake_world") else ""
     nodes = f"-nodes{job['nodes']}" if job.get("nodes", 1) > 1 else ""
     return (f"{family}-h{a['hidden_size']}-l{a['num_layers']}-s{job['stage']}-{job['dtype']}-n{job['nproc']}{fake}{nodes}"
             f"-b{job['micro_batch']}x{job['seq_len']}-gas{job['gas']}-{digest}")
@@ -100,10 +100,12 @@ def steps_override(text: str | None) -> tuple[int, int, int] | None:
     return tuple(int(p) for p in parts)
 
 
-def with_fake_world(job: dict) -> dict:
-    """The job run as rank 0 of its nproc ranks in one process (torch's fake process group): its own
-    key, so that a fake row never resumes or stands for a real one."""
+def with_fake_world(job: dict, rank: int = 0) -> dict:
+    """The job run as rank `rank` of its nproc ranks in one process (torch's fake process group): its
+    own key, so that a fake row never resumes or stands for a real one, nor one rank's for another's."""
     out = {**job, "fake_world": True}
+    if rank:
+        out["fake_rank"] = rank
     out["key"] = job_key(out)
     return out
 

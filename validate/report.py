@@ -156,11 +156,12 @@ def process_chains(every: pd.DataFrame, earlier: dict) -> list[list[dict]]:
 def process_replays(every: pd.DataFrame, earlier: dict) -> dict:
     """For each later job of a validator process whose earlier jobs are known (`earlier_jobs`), its
     reserved peak simulated after them, by index; None where a job of the process is not generated.
-    One replay per process (`sequence.process_peaks_reserved_bytes`), not one per row."""
+    One replay per process (`sequence.process_peaks_reserved_bytes`), not one per row, on the rank the
+    process ran as (a fake world's, `fake_rank`; rank 0 otherwise)."""
     peaks = {}
     for rows_ in process_chains(every, earlier):
         jobs = [to_zerocalc(job_from_row(r)) for r in rows_]
-        for r, peak in zip(rows_, sequence.process_peaks_reserved_bytes(jobs)):
+        for r, peak in zip(rows_, sequence.process_peaks_reserved_bytes(jobs, fake_rank(rows_[0]))):
             peaks[(r.get("source"), r["key"])] = peak
     return {i: peaks.get((every.loc[i].get("source"), every.loc[i]["key"]))
             for i, prior in earlier.items() if prior}
@@ -181,15 +182,21 @@ def predicted_reserved(e, row: dict, replayed: int | None = None) -> int:
     return sequence.peak_reserved_bytes(e.model, e.setup, fresh_process=False)
 
 
-def rank0_peaks(e, row: dict) -> tuple[int, int]:
-    """Rank 0's simulated (allocated, reserved) peaks, for a fake world's row (`estimate` answers the
-    busiest rank's, `sequence.simulated_ranks`): a fresh process, or a later job's as
-    `predicted_reserved` makes it."""
-    base = row.get("measured_base_allocated_bytes")
+def fake_rank(row: dict) -> int:
+    """The rank a fake world's row ran as (`validate run --fake-rank`; rows without a `rank` ran rank 0)."""
+    rank = pd.to_numeric(row.get("rank"), errors="coerce")
+    return 0 if pd.isna(rank) else int(rank)
+
+
+def measured_rank_peaks(e, row: dict) -> tuple[int, int]:
+    """The simulated (allocated, reserved) peaks of the rank a fake world's row ran as (`fake_rank`;
+    `estimate` answers the busiest rank's, `sequence.simulated_ranks`): a fresh process, or a later
+    job's as `predicted_reserved` makes it."""
+    base, rank = row.get("measured_base_allocated_bytes"), fake_rank(row)
     fresh = pd.isna(base) or base < sequence.CUBLAS_WORKSPACE_BYTES
-    if fresh and sequence.simulated_ranks(e.model, e.setup) == (0,):
+    if fresh and sequence.simulated_ranks(e.model, e.setup) == (rank,):
         return e.simulated_peaks_bytes
-    return tuple(sequence.peaks_bytes(e.model, e.setup, fresh_process=fresh, ranks=(0,))[:2])
+    return tuple(sequence.peaks_bytes(e.model, e.setup, fresh_process=fresh, ranks=(rank,))[:2])
 
 
 def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -219,8 +226,8 @@ def repredict(df: pd.DataFrame, every: pd.DataFrame | None = None) -> pd.DataFra
         for k, v in (("now_step_s", "step_s"), ("now_forward_s", "forward_s"), ("now_backward_s", "backward_s"),
                      ("now_step_phase_s", "optimizer_s")):
             cols[k].append(getattr(t, v) if t else float("nan"))
-        if r.get("world") == "fake" and e.simulated_peaks_bytes is not None:   # only its rank 0 is measured
-            allocated, reserved = rank0_peaks(e, r.to_dict())
+        if r.get("world") == "fake" and e.simulated_peaks_bytes is not None:   # only one rank is measured
+            allocated, reserved = measured_rank_peaks(e, r.to_dict())
             reserved = replays[i] if replays.get(i) is not None else reserved
         else:
             allocated, reserved = e.peak_bytes, predicted_reserved(e, r.to_dict(), replays.get(i))
@@ -786,8 +793,8 @@ def markdown_anchors(gpu: pd.DataFrame) -> str:
 def card_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     """For each row run on an emulated card (`allocator_capacity_bytes`: the caching allocator capped
     there, as a card of that size leaves it after the CUDA context), zerocalc's verdict on that capacity
-    now (`Estimate.fits_device` at `gpu_memory_bytes` = the capacity + the calibrated context) beside
-    what the job did: ran (`ok`) or raised OutOfMemoryError (`oom`, and where: `oom_at`). Columns:
+    now (`Estimate.fits_device` at `gpu_memory_bytes` = the capacity + the calibrated context; for a
+    fake world's row, on the one rank it ran) beside what the job did: ran (`ok`) or raised OutOfMemoryError (`oom`, and where: `oom_at`). Columns:
     key, card_gib, capacity_bytes, predicted_fits, headroom_bytes, fits_source, outcome, oom_at,
     timing_dependent (runs under some timings of stage 3's late frees, not all: `zerocalc.fits`),
     agrees; `need_bytes` is the capacity less the headroom (the least the job runs in, predicted). A
@@ -808,7 +815,9 @@ def card_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             if spec is None:
                 raise RuntimeError(f"{r['key']}: its config cannot be traced here: install the trace extra "
                                    "(pip install '.[trace]')")
-        e = estimate(spec, setup, gpu_memory_bytes=int(cap) + context)
+        # a fake world ran one rank (`fake_rank`): the verdict on that rank's replays
+        ranks = (fake_rank(r.to_dict()),) if r.get("world") == "fake" else None
+        e = estimate(spec, setup, gpu_memory_bytes=int(cap) + context, ranks=ranks)
         out.append({"key": r["key"], "card_gib": round((int(cap) + context) / 2**30), "capacity_bytes": int(cap),
                     "predicted_fits": bool(e.fits_device), "headroom_bytes": e.headroom_bytes,
                     "need_bytes": int(cap) - e.headroom_bytes, "fits_source": e.fits_source,

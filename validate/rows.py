@@ -24,7 +24,8 @@ def _hf_config_columns(job):
 
 
 def _run_columns(job):
-    out = {"world": "fake" if job.get("fake_world") else None, "nodes": job.get("nodes"),
+    out = {"world": "fake" if job.get("fake_world") else None, "rank": job.get("fake_rank") or None,
+           "nodes": job.get("nodes"),
            "allocator_capacity_bytes": job.get("allocator_capacity_bytes"),
            "zero_weights": True if job.get("zero_weights") else None,
            "ds_extra": json.dumps(job["ds_extra"], sort_keys=True) if job.get("ds_extra") else None}

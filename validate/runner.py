@@ -164,8 +164,8 @@ ENV_KNOBS = {"VALIDATE_STEPS": "steps", "VALIDATE_FEW_STEPS": ("", "1"), "VALIDA
              "VALIDATE_SNAPSHOT_DIR": "dir", "VALIDATE_SNAPSHOT_SCOPE": ("step", "warmup", "job"),
              "VALIDATE_SNAPSHOT_STACKS": ("python", "all", "none"), "VALIDATE_PROFILE_DIR": "dir",
              "VALIDATE_PIN_CPUS": ("", "rank", "main"), "VALIDATE_PROTOCOL": ("", "concurrent"),
-             "VALIDATE_FAKE_WORLD": None, "VALIDATE_NODES": None, lifeline.RUNNER_ENV: None}
-_SET_BY = {"VALIDATE_FAKE_WORLD": "--fake-world", "VALIDATE_NODES": "--hostfile"}
+             "VALIDATE_FAKE_WORLD": None, "VALIDATE_FAKE_RANK": None, "VALIDATE_NODES": None, lifeline.RUNNER_ENV: None}
+_SET_BY = {"VALIDATE_FAKE_WORLD": "--fake-world", "VALIDATE_FAKE_RANK": "--fake-rank", "VALIDATE_NODES": "--hostfile"}
 
 
 def _env_problem(name: str, value: str) -> str | None:
@@ -206,7 +206,8 @@ def run(jobs: list[dict], backend: str, nproc: int, csv_path: str, timeout_s: fl
     for an --out it cannot use, before any launch, or for a row it cannot write (the file keeps its
     whole rows: run the same command again to resume), SetupError without DeepSpeed or for a VALIDATE_*
     variable the worker would refuse, and LaunchError when two launches in a row start no job. Jobs
-    marked `fake_world` (all or none) run as rank 0 of nproc ranks in one process (`validate.worker`).
+    marked `fake_world` (all or none) run as rank 0 (or all as `fake_rank`) of nproc ranks in one process
+    (`validate.worker`).
     With `nodes`, this node's ranks of each job; a node other than 0 runs node 0's jobs, writes no row."""
     check_launcher()
     check_env()
@@ -237,11 +238,13 @@ def _write(csv_path: str, row: dict, written: list) -> None:
     written.append(row)
 
 
-def _launch_env(backend: str, fake_world: int = 0, nodes: Nodes | None = None) -> dict:
+def _launch_env(backend: str, fake_world: int = 0, nodes: Nodes | None = None, fake_rank: int = 0) -> dict:
     env = dict(os.environ)
-    env.pop("VALIDATE_FAKE_WORLD", None)   # the launch's own, never inherited: a fake world only when asked
+    for name in ("VALIDATE_FAKE_WORLD", "VALIDATE_FAKE_RANK"):   # the launch's own, never inherited
+        env.pop(name, None)
     if fake_world:
         env["VALIDATE_FAKE_WORLD"] = str(fake_world)
+        env["VALIDATE_FAKE_RANK"] = str(fake_rank)
     if nodes is not None:
         env["VALIDATE_NODES"] = str(nodes.count)
     if backend == "cpu":
@@ -273,7 +276,10 @@ def _run(jobs, backend, nproc, csv_path, timeout_s, include, log, command, retry
     fake = {bool(j.get("fake_world")) for j in jobs}
     if len(fake) > 1:
         raise SetupError("some jobs ask for a fake world and some do not: run them with separate commands")
-    env = _launch_env(backend, nproc if fake == {True} else 0, nodes)
+    fake_ranks = {j.get("fake_rank", 0) for j in jobs}
+    if len(fake_ranks) > 1:
+        raise SetupError("the jobs ask for different fake ranks: run each rank's with its own command")
+    env = _launch_env(backend, nproc if fake == {True} else 0, nodes, fake_ranks.pop() if jobs else 0)
     processes = 1 if fake == {True} else nproc
     causes = []   # of the launches in a row that started no job
     if nodes is not None and not pending:   # the other nodes' launches wait for one: an empty one ends them

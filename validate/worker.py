@@ -380,7 +380,7 @@ def main(jobs_path, out_dir):
     import deepspeed
     import deepspeed.comm as dist
     if FAKE_WORLD:
-        _init_fake_world(FAKE_WORLD)
+        _init_fake_world(FAKE_WORLD, FAKE_RANK)
     deepspeed.init_distributed()
     tolerate_unknown_comm_ops()
     freeze_imports()
@@ -430,7 +430,7 @@ def main(jobs_path, out_dir):
             failure = traceback.format_exc()
         result["rank"] = rank
         # A failed rank waits here until every rank is out of the job's collectives (lifeline.arrive)
-        lifeline.arrive(out_dir, job["key"], rank, processes, result["outcome"], failure)
+        lifeline.arrive(out_dir, job["key"], 0 if FAKE_WORLD else rank, processes, result["outcome"], failure)
         if SNAPSHOT_DIR and device.type == "cuda":
             torch.cuda.memory._record_memory_history(enabled=None)   # a job that failed while recording
         gc.collect()
@@ -465,17 +465,19 @@ def _node_zeros_jobs(jobs: list, out_dir: str, device) -> list:
     return box[0]
 
 
-# VALIDATE_FAKE_WORLD=N: this one process is rank 0 of a world of N (the runner's --fake-world).
+# VALIDATE_FAKE_WORLD=N: this one process is rank VALIDATE_FAKE_RANK (0 unless set) of a world of N (the
+# runner's --fake-world, --fake-rank).
 FAKE_WORLD = int(os.environ.get("VALIDATE_FAKE_WORLD") or 0)
+FAKE_RANK = int(os.environ.get("VALIDATE_FAKE_RANK") or 0)
 
 
-def _init_fake_world(world_size: int) -> None:
+def _init_fake_world(world_size: int, rank: int = 0) -> None:
     """torch's fake process group as the default group before DeepSpeed starts (DeepSpeed then takes
-    the group as it is): rank 0 of `world_size`, every collective returns at once without moving
-    data. DeepSpeed partitions, buckets and gathers as rank 0 of that world would, so what rank 0
-    allocates and the bytes it logs are the job's; its losses and times are not (docs/validating.md)."""
+    the group as it is): rank `rank` of `world_size`, every collective returns at once without moving
+    data. DeepSpeed partitions, buckets and gathers as that rank would, so what it allocates and the
+    bytes it logs are the job's; its losses and times are not (docs/validating.md)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
-    torch.distributed.init_process_group(backend="fake", store=FakeStore(), rank=0, world_size=world_size)
+    torch.distributed.init_process_group(backend="fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
 # protocol: "rank" pins each rank to its share of CPUs; "main" runs each rank's main thread alone on one

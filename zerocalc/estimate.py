@@ -29,6 +29,10 @@ class Estimate:
     simulate: bool = True             # replay the allocation sequence for reserved where one is generated
     host_memory_bytes: int | None = None   # the host's memory per node, for the host side of `fits`
     ranks_per_node: int | None = None      # ranks sharing one host (None: all N on one)
+    # The ranks whose replays decide the verdict on a card and its headroom: None for every rank that can
+    # run out first (`sequence.simulated_ranks`), a real job's; one rank for a job of which that rank alone
+    # runs (a fake world's, `validate run --fake-world --fake-rank`).
+    ranks: tuple[int, ...] | None = None
 
     @cached_property   # frozen: found once (`plan` asks each candidate's peak several times)
     def peak(self) -> peak.Phase:
@@ -115,16 +119,16 @@ class Estimate:
             return None                                              # never imports the simulation
         from zerocalc import sequence
         if self.gpu_memory_bytes is None or not sequence.generated(self.model, self.setup):
-            peaks = sequence.peaks_bytes(self.model, self.setup)
+            peaks = sequence.peaks_bytes(self.model, self.setup, ranks=self.ranks)
             return None if peaks is None else (peaks, None)
         from zerocalc import fits
         expandable, capacity = self.setup.expandable_segments, self.device_capacity_bytes
         with sequence.cycle_collector_paused():
-            jobs = fits.job_pieces(self.model, self.setup)
+            jobs = fits.job_pieces(self.model, self.setup, self.ranks)
             peaks = fits.unbounded_peaks_bytes(jobs, expandable)
             near = peaks[1] * fits.LATE_REPLAY_MARGIN > capacity   # near the card: every rank and timing
             if near:
-                jobs = fits.near_card(self.model, self.setup, jobs)
+                jobs = fits.near_card(self.model, self.setup, jobs, self.ranks)
             at = fits.at_capacity(jobs, expandable, capacity) if near else None
             del jobs
         return peaks, at
@@ -141,7 +145,7 @@ class Estimate:
         from zerocalc import fits, sequence
         with sequence.cycle_collector_paused():
             late = tuple((r, fits.LATE_RESERVED_DELAY, fits.late_frees(pieces, fits.LATE_RESERVED_DELAY))
-                         for r, _, pieces in fits.job_pieces(self.model, self.setup))
+                         for r, _, pieces in fits.job_pieces(self.model, self.setup, self.ranks))
             return fits.unbounded_peaks_bytes(late, self.setup.expandable_segments, every_timing=True)[1]
 
     @property
@@ -251,7 +255,7 @@ class Estimate:
         from zerocalc import allocator, fits, sequence
         capacity, expandable, at = self.device_capacity_bytes, self.setup.expandable_segments, self.at_capacity
         with sequence.cycle_collector_paused():       # the job made again (`_simulation` dropped it)
-            job = fits.near_card(self.model, self.setup, fits.job_pieces(self.model, self.setup))
+            job = fits.near_card(self.model, self.setup, fits.job_pieces(self.model, self.setup, self.ranks), self.ranks)
             below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
             if at.runs:
                 smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)
@@ -395,8 +399,9 @@ class Estimate:
 
 def estimate(model: ModelSpec, setup: Setup, gpu_memory_bytes: int | None = None,
              cal: dict | None = None, hardware: Hardware | None = None, simulate: bool = True,
-             host_memory_bytes: int | None = None, ranks_per_node: int | None = None) -> Estimate:
+             host_memory_bytes: int | None = None, ranks_per_node: int | None = None,
+             ranks: tuple[int, ...] | None = None) -> Estimate:
     validate_setup(setup)
     st = states.model_states(model, setup)
     return Estimate(model, setup, st, peak.phases(model, setup, st, cal), comm.collectives(model, setup),
-                    gpu_memory_bytes, cal, hardware, simulate, host_memory_bytes, ranks_per_node)
+                    gpu_memory_bytes, cal, hardware, simulate, host_memory_bytes, ranks_per_node, ranks)

@@ -66,11 +66,11 @@ class AtCapacity(NamedTuple):
                                               "runs_with_delays": list(self.delays_run), **self.oom._asdict()}
 
 
-def job_pieces(model: ModelSpec, setup: Setup) -> tuple[tuple[int, int, tuple], ...]:
+def job_pieces(model: ModelSpec, setup: Setup, ranks: tuple[int, ...] | None = None) -> tuple[tuple[int, int, tuple], ...]:
     """(rank, 0, its pieces) for each simulated rank (`sequence.step_pieces`: init, then each step),
     generated once for the several replays a verdict and its headroom take; `near_card` adds the
-    other ranks and timings a verdict on a card needs."""
-    return _ranks_pieces(model, setup, sequence.simulated_ranks(model, setup))
+    other ranks and timings a verdict on a card needs. `ranks`: these ranks alone (`Estimate.ranks`)."""
+    return _ranks_pieces(model, setup, ranks or sequence.simulated_ranks(model, setup))
 
 
 def _ranks_pieces(model: ModelSpec, setup: Setup, ranks) -> tuple[tuple[int, int, tuple], ...]:
@@ -79,14 +79,14 @@ def _ranks_pieces(model: ModelSpec, setup: Setup, ranks) -> tuple[tuple[int, int
         return tuple((r, 0, tuple(sequence.step_pieces(model, setup, rank=r))) for r in ranks)
 
 
-def near_card(model: ModelSpec, setup: Setup, jobs) -> tuple[tuple[int, int, tuple], ...]:
+def near_card(model: ModelSpec, setup: Setup, jobs, ranks: tuple[int, ...] | None = None) -> tuple[tuple[int, int, tuple], ...]:
     """`job_pieces` (`jobs`, made already) with every rank that can run out first
-    (`sequence.simulated_ranks(every=True)`) and, where a job has an all-gather stream (stage 3), its
-    pieces made again over `CARD_STEPS` steps and under each later timing of `GATHER_FREE_DELAYS`
+    (`sequence.simulated_ranks(every=True)`, or `ranks`) and, where a job has an all-gather stream (stage
+    3), its pieces made again over `CARD_STEPS` steps and under each later timing of `GATHER_FREE_DELAYS`
     (`late_frees`): what a verdict on a card replays."""
     made = {r for r, _, _ in jobs}
-    jobs = tuple(jobs) + _ranks_pieces(model, setup, [r for r in sequence.simulated_ranks(model, setup, every=True)
-                                                      if r not in made])
+    ranks = ranks or sequence.simulated_ranks(model, setup, every=True)
+    jobs = tuple(jobs) + _ranks_pieces(model, setup, [r for r in ranks if r not in made])
     out = []
     gathers = setup.stage == Stage.PARAMETERS     # the all-gather stream is stage 3's alone
     for r, _, pieces in jobs:

@@ -52,10 +52,11 @@ HF_COLUMNS = ("path", "hf_name", "hf_model_type", "hf_num_experts", "hf_experts_
               "ds_config", "hf_resolved_ds_config", "z3_leaf_modules", "timed_steps", "shared_gpu", "hf_spec", "lora", "freeze",
               "measured_trainer_phased_s", "measured_trainer_host_s")
 # How a job ran, where not as a real job of nproc ranks on a whole GPU (`validate.jobs.RUN_KEYS`):
-# world "fake" for rank 0 of nproc in one process, the allocator's cap in bytes (an emulated card),
+# world "fake" for one rank of nproc in one process (rank 0 unless `rank` says), the allocator's cap in
+# bytes (an emulated card),
 # zero weights, the nodes its ranks spanned (`validate run --hostfile`), the ds_config keys added to the
 # worker's beyond the Setup's (JSON); and where an out-of-memory error was raised. Rows without them leave them out.
-RUN_COLUMNS = ("world", "allocator_capacity_bytes", "zero_weights", "nodes", "ds_extra", "oom_at")
+RUN_COLUMNS = ("world", "rank", "allocator_capacity_bytes", "zero_weights", "nodes", "ds_extra", "oom_at")
 # A row of a user's own job (zerocalc.probe): the optimizer step it measured and the prediction from the
 # model's own config (an HF model: its shipped profile or trace), beside the recorded one in predicted_*.
 PROBE_COLUMNS = ("probe_step", "probe_model", "config_state_bytes", "config_comm_bytes",

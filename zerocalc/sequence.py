@@ -1238,9 +1238,9 @@ def process_peak_reserved_bytes(jobs) -> int | None:
     return process_peaks_reserved_bytes(jobs)[-1]
 
 
-def process_peaks_reserved_bytes(jobs) -> list[int | None]:
+def process_peaks_reserved_bytes(jobs, rank: int = 0) -> list[int | None]:
     """`process_peak_reserved_bytes` of every prefix of `jobs` at once: the k-th entry is job k's peak
-    run after jobs 0..k-1 (None from the first job that is not generated on). One replay of the whole
+    run after jobs 0..k-1 (None from the first job that is not generated on), on `rank`. One replay of the whole
     process per allocator setting among the jobs (each job's peak is read with its own setting, the
     whole process replayed under it, as the single-job function does): linear in the process's length
     where asking job by job is quadratic."""
@@ -1249,7 +1249,7 @@ def process_peaks_reserved_bytes(jobs) -> list[int | None]:
         n += 1
     combined, starts, offset, workspaces = [], [], 0, set()
     for k, (model, setup) in enumerate(jobs[:n]):
-        ev, ws = _job(model, setup, None, k == 0, 0)
+        ev, ws = _job(model, setup, None, k == 0, rank)
         if k:
             ev = ev[2:]            # events(fresh_process=False) opens with the workspaces: the first job's
         else:

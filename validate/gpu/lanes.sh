@@ -8,7 +8,8 @@
 #   emulated cards whose capacities together must stay within the GPU)
 #   or:    bash validate/gpu/lanes.sh SECONDS --pack ROOM_GIB ITEM...  (validate/gpu/pack.py: each matrix
 #   started as soon as the GPU has room for it; ITEM: NPROC[f]:MATRIX:GIB[:VAR=VALUE,...])
-#   LANE:  items separated by ";", each NPROC[f]:MATRIX[:VAR=VALUE,...]  (f: --fake-world; the
+#   LANE:  items separated by ";", each NPROC[f[RANK]]:MATRIX[:VAR=VALUE,...]  (f: --fake-world, as rank RANK
+#          where given (--fake-rank); the
 #          variables are set for that item alone, e.g. VALIDATE_SNAPSHOT_DIR=$OUT/snap; a value cannot hold
 #          "," or ";": export VALIDATE_STEPS=2,1,1 for the whole command instead)
 #   e.g.   bash validate/gpu/lanes.sh 540 "64f:validate/matrices/a.json;256f:validate/matrices/b.json" "2f:..."
@@ -25,10 +26,10 @@ if grep -lq '"offload_optimizer": "cpu"' $(printf '%s\n' "$@" | tr ';' '\n' | se
   python3 -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()' >> $OUT/build.log 2>&1 || { tail -20 $OUT/build.log; exit 1; }
 fi
 deadline=$(( $(date +%s) + budget ))
-run_item() {   # NPROC[f]:MATRIX[:VAR=VALUE,...]
-  local item=$1 nproc matrix vars name fake="" left IFS=$' \t\n'
+run_item() {   # NPROC[f[RANK]]:MATRIX[:VAR=VALUE,...]
+  local item=$1 nproc matrix vars name fake="" rank left IFS=$' \t\n'
   nproc=${item%%:*}; rest=${item#*:}; matrix=${rest%%:*}; vars=""; [[ $rest == *:* ]] && vars=${rest#*:}
-  [[ $nproc == *f ]] && { fake=--fake-world; nproc=${nproc%f}; }
+  [[ $nproc == *f* ]] && { rank=${nproc#*f}; fake="--fake-world --fake-rank ${rank:-0}"; nproc=${nproc%%f*}; }
   name=$(basename "$matrix" .json)
   left=$(( deadline - $(date +%s) )); [ $left -gt 20 ] || { echo "no time left for $name"; return; }
   env ${vars//,/ } timeout $left python3 -m validate run --backend cuda --nproc $nproc $fake --include localhost:0 \

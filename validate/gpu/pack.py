@@ -4,7 +4,8 @@ reserved peak), and the matrices running at once never hold more than the GPU do
 never meets a real out-of-memory. Rows go to OUT/NAME.csv as each job finishes (`validate run`).
 
     python3 validate/gpu/pack.py SECONDS ROOM_GIB OUT ITEM...
-    ITEM: [~]NPROC[f]:MATRIX:GIB[:VAR=VALUE,...]   (f: --fake-world; GIB: the matrix's room)
+    ITEM: [~]NPROC[f[RANK]]:MATRIX:GIB[:VAR=VALUE,...]   (f: --fake-world, as rank RANK (--fake-rank) where
+          given, else rank 0; GIB: the matrix's room)
 
 Items are tried in the order given, each started when it fits beside those running; an item marked ~
 only once every unmarked one has started; none starts after SECONDS. Each job may run 400 s
@@ -19,9 +20,10 @@ JOB_TIMEOUT_S = os.environ.get("PACK_JOB_TIMEOUT", "400")
 
 def parse(item: str) -> dict:
     later = item.startswith("~")
-    nproc, matrix, gib, *env = item.lstrip("~").split(":", 3)
+    world, matrix, gib, *env = item.lstrip("~").split(":", 3)
     extra = dict(kv.split("=", 1) for kv in env[0].split(",")) if env else {}
-    return {"nproc": nproc.rstrip("f"), "fake": nproc.endswith("f"), "matrix": matrix, "gib": float(gib), "env": extra,
+    nproc, fake, rank = world.partition("f")
+    return {"nproc": nproc, "fake": bool(fake), "rank": rank or "0", "matrix": matrix, "gib": float(gib), "env": extra,
             "later": later}
 
 
@@ -41,7 +43,7 @@ def main(seconds: float, room_gib: float, out: str, items: list[str]) -> None:
                 name = os.path.basename(it["matrix"]).removesuffix(".json")
                 cmd = ["timeout", str(int(left)), sys.executable, "-m", "validate", "run", "--backend", "cuda",
                        "--nproc", it["nproc"], "--include", "localhost:0", "--matrix", it["matrix"], "--timeout", JOB_TIMEOUT_S,
-                       "--out", os.path.join(out, name + ".csv")] + (["--fake-world"] if it["fake"] else [])
+                       "--out", os.path.join(out, name + ".csv")] + (["--fake-world", "--fake-rank", it["rank"]] if it["fake"] else [])
                 with open(os.path.join(out, name + ".log"), "w") as log:   # the child keeps its own copy
                     running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                      env={**os.environ, **it["env"]}), it))
