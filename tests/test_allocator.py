@@ -64,6 +64,19 @@ def test_a_later_job_lays_its_segments_upwards_in_what_empty_cache_returned():
     assert r.releases == ((4, 40 * MiB), (4, 40 * MiB))
 
 
+def test_placed_below_the_returned_ranges_a_later_job_lays_its_segments_as_a_fresh_process():
+    # The sequence above with placement "below" (`PLACEMENTS`: as if nothing had been returned): A lies
+    # below Q's old range and B below A, as in a fresh process, so x takes B and y fits in A again:
+    # the two earlier segments and the fresh process's two (test_equal_free_blocks_...), not five.
+    earlier = [alloc("P", 40 * MiB), alloc("Q", 40 * MiB), free("P"), free("Q"), ("empty_cache",)]
+    seq = [alloc("A", 40 * MiB), free("A"), alloc("a1", 30 * MiB), alloc("a2", 10 * MiB), alloc("b", 30 * MiB),
+           free("a1"), free("b"), alloc("x", 30 * MiB), free("a2"), alloc("y", 40 * MiB)]
+    r = replay(earlier + seq, placement="below")
+    assert [s.size_bytes for s in r.segments] == [40 * MiB, 40 * MiB, 40 * MiB, 30 * MiB]
+    with pytest.raises(ValueError, match="placement must be one of returned, below"):
+        replay(seq, placement="above")
+
+
 def test_returned_ranges_merge_and_a_segment_takes_the_lowest_that_holds_it():
     from zerocalc.allocator import _Allocator
     a = _Allocator()

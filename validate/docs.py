@@ -267,17 +267,19 @@ def _scale(name: str) -> str:
         p, n = fake["num_params"].astype(float), fake["nproc"].astype(int)
         exact_text = "exact" if exact == len(fake) else f"exact on {exact}"
         gpus = "/".join(sorted({"H100" if "H100" in str(g) else "H200" for g in fake["gpu"]}, reverse=True))
-        return (f"At scale (rank 0 of {n.min()}–{n.max():,} GPUs on one {gpus}, [{len(fake)} jobs](docs/scale.md), "
+        return (f"At scale (one rank of {n.min()}–{n.max():,} GPUs on one {gpus}, [{len(fake)} jobs](docs/scale.md), "
                 f"{p.min() / 1e9:.1f}–{p.max() / 1e9:.0f}B): state, comm {exact_text}; allocated ≤3% on "
                 f"{int((alloc.abs() <= 0.03).sum())}, reserved ≤8% on {int((reserved.abs() <= 0.08).sum())}; "
                 f"emulated 24–94 GB cards: `fits` right on {agree} of {decided}, no fit ran out "
                 f"({len(cards) - decided} by timing: NO).")
     if name == "rows":
+        from validate import report as R
         lines = ["| model | N | stage | zero.Init | micro × seq | GAS | ckpt | allocated GiB | error | reserved GiB | error |",
                  "|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|"]
         for (_, r), a, v in sorted(zip(fake.iterrows(), alloc, reserved),
                                    key=lambda x: (float(x[0][1]["num_params"]), int(x[0][1]["nproc"]))):
-            lines.append(f"| {float(r['num_params']) / 1e9:.1f}B | {int(r['nproc']):,} | {int(r['stage'])} | "
+            rank = R.fake_rank(r.to_dict())
+            lines.append(f"| {float(r['num_params']) / 1e9:.1f}B | {int(r['nproc']):,}{f' (rank {rank})' if rank else ''} | {int(r['stage'])} | "
                          f"{'yes' if str(r['zero_init']) == 'True' else 'no'} | {r['micro_batch']} × {r['seq_len']} | "
                          f"{r['gas']} | {'yes' if str(r['activation_checkpointing']) == 'True' else 'no'} | "
                          f"{float(r['measured_peak_allocated_bytes']) / 2**30:.2f} | {a:+.1%} | "

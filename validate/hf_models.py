@@ -193,11 +193,17 @@ def traced_spec(job: dict):
     if not cfg.get("model_type"):       # a probed model of the user's own: no config to trace
         return None
     wrapper = job.get("path", "engine") == "engine"
+    # MoE blocks as stage-3 leaves, as zerocalc takes them (a module with an `experts` child), unless the
+    # run recorded that it set none (`z3_leaf_modules` of a stage-3 row: `set_moe_leaves` also asks for a
+    # `gate`, which Granite-MoE's and GPT-OSS's blocks lack: their `router` and `experts` were then
+    # fetched as modules of their own, and the reuse rule counted the experts' elements).
+    leaves = job.get("z3_leaf_modules")
+    leaf_moe = True if leaves is None or job.get("stage") != 3 else bool(leaves)
     adapted = bool(job.get("lora") or job.get("freeze"))
     variant = (bool(job.get("activation_checkpointing")), job.get("stage") == 3, job.get("attention") or "sdpa") \
         if adapted else None
     key = (json.dumps(cfg, sort_keys=True), wrapper, json.dumps(job.get("lora"), sort_keys=True),
-           json.dumps(job.get("freeze")), variant)
+           json.dumps(job.get("freeze")), variant, leaf_moe)
     if key not in _TRACED:
         try:
             from zerocalc import adapters
@@ -205,8 +211,9 @@ def traced_spec(job: dict):
             from zerocalc.hf import trace
             traced = trace.cached_trace(cfg, job["hf"].get("name") or "")
             lora, freeze = lora_of(job), tuple(job.get("freeze") or ())
-            _TRACED[key] = adapters.spec(traced, lora, freeze, job["hf"].get("name"), wrapper=wrapper) \
-                if adapted else from_profile(traced, job["hf"].get("name"), wrapper=wrapper)
+            _TRACED[key] = adapters.spec(traced, lora, freeze, job["hf"].get("name"), wrapper=wrapper,
+                                         z3_leaf_moe=leaf_moe) \
+                if adapted else from_profile(traced, job["hf"].get("name"), z3_leaf_moe=leaf_moe, wrapper=wrapper)
         except (ImportError, ValueError, TypeError, RuntimeError):
             _TRACED[key] = None
         if adapted and _TRACED[key] is not None:

@@ -31,7 +31,8 @@ def make_job(arch: _arch.Architecture, nproc: int, **setup) -> dict:
 def job_key(job: dict) -> str:
     """A stable name for a configuration: what resume matches on. Fields at their default are left
     out of the hash, so adding a field to Setup does not rename every configuration."""
-    payload = {k: v for k, v in job.items() if k != "key" and not (k in DEFAULTS and DEFAULTS[k] == v)}
+    payload = {k: v for k, v in job.items()
+               if k not in ("key", "z3_leaf_modules") and not (k in DEFAULTS and DEFAULTS[k] == v)}
     digest = hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     a = job["arch"]
     family = a["family"] + ("-trainer" if job.get("path") == "trainer" else "") + \

@@ -82,6 +82,7 @@ def configuration(row: dict, allocator: bool = True) -> str:
     or a key made by an older zerocalc) share it. allocator=False: the same with either allocator."""
     job = job_from_row(row)
     job.pop("key")
+    job.pop("z3_leaf_modules", None)   # what the run set (of its model and stage), not what it asked for
     for name, default in _LATER_ARCH_FIELDS.items():   # at its default, a later field leaves the string as it was
         if job["arch"].get(name) == default:
             job["arch"].pop(name)
@@ -796,7 +797,8 @@ def card_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     now (`Estimate.fits_device` at `gpu_memory_bytes` = the capacity + the calibrated context; for a
     fake world's row, on the one rank it ran) beside what the job did: ran (`ok`) or raised OutOfMemoryError (`oom`, and where: `oom_at`). Columns:
     key, card_gib, capacity_bytes, predicted_fits, headroom_bytes, fits_source, outcome, oom_at,
-    timing_dependent (runs under some timings of stage 3's late frees, not all: `zerocalc.fits`),
+    timing_dependent (runs under some timings of stage 3's late frees or placements of the segments made
+    after a retry, not all: `zerocalc.fits`),
     agrees; `need_bytes` is the capacity less the headroom (the least the job runs in, predicted). A
     published config's job is judged on its config's trace, what `estimate --hf-config` answers before
     the job runs (one that ran out recorded no spec of its own); that needs the trace extra."""

@@ -258,6 +258,9 @@ def job_from_row(row: dict) -> dict:
         for key in ("lora", "freeze"):
             if isinstance(row.get(key), str) and row[key][:1] in ("{", "["):   # not "": every str holds it
                 job[key] = json.loads(row[key])
+        leaves = row.get("z3_leaf_modules")
+        if isinstance(leaves, str) and leaves.startswith("["):   # the stage-3 leaf classes the run set
+            job["z3_leaf_modules"] = json.loads(leaves)
     return job
 
 

@@ -9,7 +9,9 @@ Needed only near the card (`LATE_REPLAY_MARGIN`): well under it no cudaMalloc fa
 happens, and the verdict is the unbounded replay's (`Estimate.fits_device`). At stage 3 the
 all-gather stream's frees come back late by however far the host runs ahead, differently in every
 run, so the verdict is taken under several timings (`GATHER_FREE_DELAYS`) and `fits` means it runs
-under every one. The evidence: docs/scale.md, "`fits` on a smaller card"; the rules:
+under every one. Where a retry returned segments, where cudaMalloc puts the next ones decides which
+equal-sized free block later requests take, so such a replay is run again with the other placement
+(`allocator.PLACEMENTS`) and `fits` means it runs under both. The evidence: docs/scale.md, "`fits` on a smaller card"; the rules:
 docs/reserved-memory.md, "How `fits` is decided".
 """
 from itertools import chain
@@ -47,8 +49,10 @@ class AtCapacity(NamedTuple):
     oom_rank: int | None
     oom_phase: str | None           # where in the job: "init" or "step k" (k from 1)
     oom_delay: int | None = None    # its timing: the all-gather stream's frees that many allocations late
-    delays_run: tuple = ()          # the timings under which every rank ran
+    delays_run: tuple = ()          # the timings under which every rank ran, under every placement
     pressed: bool = False           # some replay reached the capacity (a retry or an OOM)
+    oom_placement: str | None = None    # its placement of new segments after a retry (`allocator.PLACEMENTS`)
+    placement_dependent: bool = False   # some timing runs under one placement and runs out under the other
 
     @property
     def runs(self) -> bool:
@@ -56,13 +60,15 @@ class AtCapacity(NamedTuple):
 
     @property
     def timing_dependent(self) -> bool:
-        """Runs under some timings of the frees and runs out under others."""
-        return self.oom is not None and bool(self.delays_run)
+        """Runs under some timings of the frees, or placements of new segments, and runs out under others:
+        the run decides."""
+        return self.oom is not None and (bool(self.delays_run) or self.placement_dependent)
 
     def oom_dict(self) -> dict | None:
         """The OOM point for the JSON: rank, phase, timing and `OutOfMemory`'s fields; None where it ran."""
         return None if self.oom is None else {"rank": self.oom_rank, "phase": self.oom_phase,
                                               "delay_allocations": self.oom_delay,
+                                              "segment_placement": self.oom_placement,
                                               "runs_with_delays": list(self.delays_run), **self.oom._asdict()}
 
 
@@ -142,20 +148,28 @@ def phase(pieces, event: int) -> str:
 
 def at_capacity(jobs, expandable_segments: bool, capacity_bytes: int) -> AtCapacity:
     """Each rank's job under each timing (`job_pieces`) replayed against capacity_bytes
-    (`sequence.replay_steps`)."""
+    (`sequence.replay_steps`), and, where a retry returned segments, again with the other placement of
+    new ones (`allocator.PLACEMENTS`; the expandable allocator maps pages, placed as they come)."""
     retries, first, failed, pressed = 0, None, set(), False
+    placements = allocator.PLACEMENTS[:1] if expandable_segments else allocator.PLACEMENTS
     with sequence.cycle_collector_paused():
         for rank, delay, pieces in jobs:
-            r = sequence.replay_steps(iter(pieces), expandable_segments, capacity_bytes)
-            pressed |= r.alloc_retries > 0 or r.oom is not None
-            if not delay:
-                retries = max(retries, r.alloc_retries)
-            if r.oom is not None:
-                failed.add(delay)
-                if first is None:
-                    first = (r.oom, rank, phase(pieces, r.oom.event), delay)
-    delays_run = tuple(sorted({d for _, d, _ in jobs} - failed))
-    return AtCapacity(capacity_bytes, retries, *(first or (None, None, None, None)), delays_run, pressed)
+            for placement in placements:
+                r = sequence.replay_steps(iter(pieces), expandable_segments, capacity_bytes, placement)
+                pressed |= r.alloc_retries > 0 or r.oom is not None
+                if not delay and placement == placements[0]:
+                    retries = max(retries, r.alloc_retries)
+                if r.oom is not None:
+                    failed.add((delay, placement))
+                    if first is None:
+                        first = (r.oom, rank, phase(pieces, r.oom.event), delay, placement)
+                if not r.alloc_retries:    # nothing returned: every placement is this one
+                    break
+    delays = {d for _, d, _ in jobs}
+    delays_run = tuple(sorted(d for d in delays if not any((d, p) in failed for p in placements)))
+    placement_dependent = any((d, placements[0]) not in failed and (d, p) in failed for d in delays for p in placements)
+    oom, rank, where, delay, placement = first or (None,) * 5
+    return AtCapacity(capacity_bytes, retries, oom, rank, where, delay, delays_run, pressed, placement, placement_dependent)
 
 
 def least_allocated_bytes(jobs) -> int:

@@ -157,10 +157,13 @@ def _adapted(profile, row: dict, name: str, wrapper: bool):
     (`freeze`: module patterns), as the validator's rows record them; the plain spec without."""
     from zerocalc import adapters
     lora, freeze = _json(row, "lora"), tuple(_json(row, "freeze") or ())
+    # MoE blocks as stage-3 leaves unless a stage-3 row recorded that its run set none (`z3_leaf_modules`: [])
+    leaves = _json(row, "z3_leaf_modules")
+    leaf_moe = not (isinstance(leaves, list) and not leaves and _cast(row, "stage", int) == 3)
     if not lora and not freeze:
-        return from_profile(profile, name, wrapper=wrapper)
+        return from_profile(profile, name, z3_leaf_moe=leaf_moe, wrapper=wrapper)
     peft = adapters.from_peft_config({"peft_type": "LORA", **lora}, f"{row['_where']}: lora") if lora else None
-    return adapters.spec(profile, peft, freeze, name, wrapper=wrapper)
+    return adapters.spec(profile, peft, freeze, name, wrapper=wrapper, z3_leaf_moe=leaf_moe)
 
 
 class NeedsTrace(Exception):

@@ -65,7 +65,8 @@ def rejection(e: Estimate, how: str = "") -> str | None:
     if e.fits_device is False and oom is not None:
         a = e.at_capacity
         rank = f", rank {a.oom_rank}" if a.oom_rank else ""
-        late = f", frees {a.oom_delay} allocations late" if a.oom_delay else ""
+        late = (f", frees {a.oom_delay} allocations late" if a.oom_delay else "") + \
+            (", new segments placed outside the ranges a retry freed" if a.oom_placement == "below" else "")
         reasons.append(f"allocator: OOM at {a.oom_phase} (event {oom.event}{rank}{late}): a {oom.segment_bytes / 2**30:.2f} "
                        f"GiB cudaMalloc with {oom.reserved_bytes / 2**30:.1f} "
                        f"GiB reserved, {oom.allocated_bytes / 2**30:.1f} allocated, after freeing the cache; "

@@ -73,8 +73,9 @@ def _fits_note(estimates) -> list[str]:
     return ["fits = reserved + CUDA context/NCCL <= --gpu-memory, or else the job's allocation sequence runs on",
             f"--gpu-memory less CUDA context/NCCL without OOM{where}, the allocator freeing its cached segments",
             "and retrying where a cudaMalloc fails, as PyTorch's does, stage 3's gathered parameters freed on",
-            "time or late (tight: runs only thanks to those retries, or not at the worst miss of the reserved",
-            "prediction measured, which can OOM);"]
+            "time or late, the segments made after a retry placed in the freed ranges or not (tight: runs",
+            "only thanks to those retries, or not at the worst miss of the reserved prediction measured,",
+            "which can OOM);"]
 
 
 def _fits_on(e) -> str:
@@ -169,9 +170,15 @@ def as_table(estimates, host_note: str | None = None, explain: bool = False) -> 
         lines.append(f"Host memory: {gib(e0.host_memory_bytes):.0f} GiB per node"
                      + (f" ({host_note})" if host_note else "") + ".")
     for e in estimates:
-        if e.at_capacity is not None and e.at_capacity.timing_dependent:
+        a = e.at_capacity
+        if a is not None and a.timing_dependent and a.oom_placement == "below":
+            lines += [f"stage {e.setup.stage:d}: NO (GPU): it runs only if cudaMalloc puts the segments it makes after "
+                      "freeing its cache into the ranges it freed;",
+                      f"  whether such a job runs out depends on where the driver places them; {-e.headroom_bytes / 2**30:.2f} "
+                      "GiB more runs either way."]
+        elif a is not None and a.timing_dependent:
             lines += [f"stage {e.setup.stage:d}: NO (GPU): it runs with the all-gather stream's frees on time, not "
-                      f"{e.at_capacity.oom_delay} allocations late;",
+                      f"{a.oom_delay} allocations late;",
                       f"  whether such a job runs out depends on the GPU's timing; {-e.headroom_bytes / 2**30:.2f} GiB "
                       "more runs under every timing."]
     tight = [e for e in estimates if e.fits and not e.fits_worst_case and not e.setup.expandable_segments]

@@ -444,6 +444,7 @@ class _Stage:
         self.reduce_stream = self.REDUCE_STREAM if self.overlap else 0
         self.grads, self.bucket, self.bucket_fill, self.partition_grads = {}, None, 0, None
         self.extra_large = None                      # a gradient larger than the bucket, kept until reduced
+        self.kept_grads = []                         # stage 1: such gradients outside the rank's slice
         self.bucket_ranks: set[int] = set()
         self.bucket_params: list[int] = []
         self.micro_grads, self.later_micro_step = None, False   # stage 2's per-micro-step copy (GAS > 1)
@@ -540,8 +541,14 @@ class _Stage:
                 self.partition_grads = self.t.alloc(self.b * numel, self.reduce_stream)
             elif self.micro_grads is None and self.setup.stage == Stage.GRADIENTS and self.later_micro_step:
                 self.micro_grads = self.t.alloc(self.b * numel)
-        if self.extra_large is not None:   # copied into the partition gradients or cleared
-            self.t.free(self.extra_large)
+        if self.extra_large is not None:
+            # In the rank's slice it is copied into the partition gradients (its storage freed); outside
+            # it stage 2 clears it, stage 1 leaves it in .grad until the epilogue's `_clear_param_grad_only`
+            # (stage_1_and_2.py:2262-2272; rank 5 of 8's history, data/snapshots/cards-ranks/).
+            if self.setup.stage == Stage.OPTIMIZER_STATES and self.rank not in self.bucket_ranks:
+                self.kept_grads.append(self.extra_large)
+            else:
+                self.t.free(self.extra_large)
             self.extra_large = None
         self.bucket_fill, self.bucket_ranks, self.bucket_params = 0, set(), []
 
@@ -570,6 +577,8 @@ class _Stage:
                 self._into_bucket(index, self.numels[index])
                 self._release(self.grads.pop(index), self.numels[index])
         self._reduce()
+        t.free(*self.kept_grads)
+        self.kept_grads = []
         t.free(*reversed(self.bucket))               # _release_ipg_buffers: the second first
         if self.micro_grads is not None:
             t.free(self.micro_grads)
@@ -1176,7 +1185,8 @@ def _replay_to_steady_state(model: ModelSpec, setup: Setup, fresh_process: bool,
         return replay_steps(step_pieces(model, setup, fresh_process, rank), setup.expandable_segments)
 
 
-def replay_steps(pieces, expandable_segments: bool = False, capacity_bytes: int | None = None) -> Replay:
+def replay_steps(pieces, expandable_segments: bool = False, capacity_bytes: int | None = None,
+                 placement: str = "returned") -> Replay:
     """`replay` of the pieces' events one after another (init, then one piece per training step; each
     piece with the last handle made before it), without running a step that cannot change the
     answer: one whose events are the last step run's (allocation sizes and streams, frees, in order;
@@ -1188,8 +1198,9 @@ def replay_steps(pieces, expandable_segments: bool = False, capacity_bytes: int 
     Exact: the result is `replay`'s of all the events, segments and releases included
     (`tests/test_sequence.py`). In a generated job that is typically the third step, once the second
     left the cache as the first did. With a capacity (`allocator.replay`) the same holds (a step with
-    a retry returned segments, so the state after it differs), and the replay stops at an OOM."""
-    a = allocator.start(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes)
+    a retry returned segments, so the state after it differs), and the replay stops at an OOM.
+    `placement`: `allocator.PLACEMENTS`."""
+    a = allocator.start(expandable_segments=expandable_segments, capacity_bytes=capacity_bytes, placement=placement)
     model_step = None    # (state before, events, last handle before) of the last step run
     init_peak = None
     for k, (events, last) in enumerate(pieces):
