@@ -271,7 +271,7 @@ def _scale(name: str) -> str:
                 f"{p.min() / 1e9:.1f}–{p.max() / 1e9:.0f}B): state, comm {exact_text}; allocated ≤3% on "
                 f"{int((alloc.abs() <= 0.03).sum())}, reserved ≤8% on {int((reserved.abs() <= 0.08).sum())}; "
                 f"emulated 24–94 GB cards: `fits` right on {agree} of {decided}, no fit ran out "
-                f"({len(cards) - decided} by timing: NO).")
+                f"({len(cards) - decided} by timing or placement: NO).")
     if name == "rows":
         from validate import report as R
         lines = ["| model | N | stage | zero.Init | micro × seq | GAS | ckpt | allocated GiB | error | reserved GiB | error |",
@@ -286,7 +286,7 @@ def _scale(name: str) -> str:
                          f"{float(r['measured_peak_reserved_bytes']) / 2**30:.2f} | {v:+.1%} |")
         return "\n".join(lines)
     if name == "cards":
-        lines = ["| card | runs | zerocalc: fits | ran | zerocalc: NO | raised OOM | agree | NO by timing: ran / raised OOM |",
+        lines = ["| card | runs | zerocalc: fits | ran | zerocalc: NO | raised OOM | agree | NO by timing or placement: ran / raised OOM |",
                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for card, g in cards.groupby("card_gib"):
             t = g[g["timing_dependent"].astype(bool)]
