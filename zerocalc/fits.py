@@ -11,8 +11,8 @@ all-gather stream's frees come back late by however far the host runs ahead, dif
 run, so the verdict is taken under several timings (`GATHER_FREE_DELAYS`) and `fits` means it runs
 under every one. Where a retry returned segments, where cudaMalloc puts the next ones decides which
 equal-sized free block later requests take, so such a replay is run again with the other placement
-(`allocator.PLACEMENTS`) and `fits` means it runs under both. The evidence: docs/scale.md, "`fits` on a smaller card"; the rules:
-docs/reserved-memory.md, "How `fits` is decided".
+(`allocator.PLACEMENTS`) and `fits` means it runs under both. The evidence: docs/scale.md, "`fits` on
+a smaller card"; the rules: docs/reserved-memory.md, "How `fits` is decided".
 """
 from itertools import chain
 from typing import NamedTuple
