@@ -82,22 +82,20 @@ class Replay(NamedTuple):
 def replay(events, cached=(), expandable_segments: bool = False, segment_addresses=(),
            capacity_bytes: int | None = None, placement: str = "returned") -> Replay:
     """Run the allocator over events: ("alloc", handle, n_bytes, stream), ("free", handle) and
-    ("empty_cache",), starting
-    from the segments in `cached`: (address, size, stream, small, [(block address, size, allocated)])
-    each, as the worker records them before a history (an allocated one's handle is its address). A
-    free of a handle never allocated (a block from before the sequence, not listed) is ignored.
+    ("empty_cache",), from the segments in `cached`: (address, size, stream, small, [(block address, size,
+    allocated)]) each, as the worker records them before a history (an allocated one's handle is its
+    address). A free of a handle never allocated (a block from before the sequence) is ignored.
     `expandable_segments`: the allocator of PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     (`_ExpandableAllocator`); `segments` are then the page ranges it maps.
     `segment_addresses`: the addresses cudaMalloc returned, in order (a recorded history's); without
     them each new segment lies below the lowest so far, as the driver placed the large segments of
     every fresh process recorded on H200 (`data/snapshots/`). Addresses only break ties between
     equal-sized free blocks (the lowest address wins), but such ties decide where a gradient bucket
-    or an Adam moment lands.
+    or an Adam moment lands. `placement`: where a new segment goes without a recorded address once
+    `empty_cache` or a retry returned some (`PLACEMENTS`).
     `capacity_bytes`: the most the allocator may hold (reserved, the cached segments included), as a
     card of that much free memory allows: past it the allocator frees its cache and retries, then
-    raises OutOfMemoryError (module docstring); None: unbounded.
-    `placement`: where a new segment goes without a recorded address once `empty_cache` or a retry has
-    returned some (`PLACEMENTS`)."""
+    raises OutOfMemoryError (module docstring); None: unbounded."""
     a = start(cached, expandable_segments, segment_addresses, capacity_bytes, placement)
     a.run(events)
     return a.result()

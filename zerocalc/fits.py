@@ -2,8 +2,7 @@
 sequence (`zerocalc.sequence`) replayed against what the card leaves the allocator
 (`allocator.replay(capacity_bytes=...)`). A cudaMalloc past that makes torch's allocator return its
 cached free segments and retry before it raises OutOfMemoryError, so a job whose unbounded replay
-reserves more than the card holds can still run there. Every rank that can run out first is
-replayed (`sequence.simulated_ranks(every=True)`).
+reserves more than the card holds can still run there. Every rank that can run out first is replayed.
 
 Needed only near the card (`LATE_REPLAY_MARGIN`): well under it no cudaMalloc fails, no retry
 happens, and the verdict is the unbounded replay's (`Estimate.fits_device`). At stage 3 the
