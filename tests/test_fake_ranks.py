@@ -25,8 +25,8 @@ def _data(name):
     return os.path.join(ROOT, "data", name)
 
 
-def _predicted_before():
-    with open(os.path.join(ROOT, "validate", "matrices", "h100-ranks-predicted.json")) as f:
+def _predicted_before(name="h100-ranks-predicted.json"):
+    with open(os.path.join(ROOT, "validate", "matrices", name)) as f:
         return json.load(f)
 
 
@@ -204,8 +204,7 @@ def test_held_out_from_the_stage_1_rule():
     shape at stage 2 as rank 6 of 8: allocated and reserved as predicted, to 0.01%; the 8B at stage 1 as
     rank 9 of 16, 2 x 2048, checkpointed: reserved to the byte, allocated +2.4% (943,005,696 B, one bucket's
     flatten the run did not hold at its peak: not traced yet)."""
-    with open(os.path.join(ROOT, "validate", "matrices", "h100-ranks2-predicted.json")) as f:
-        before = json.load(f)
+    before = _predicted_before("h100-ranks2-predicted.json")
     rows = load([_data("h100-fake-ranks2-n16-r9.csv"), _data("h100-fake-ranks2-n8-r6.csv"),
                  _data("h100-hf-fake-ranks2-n8-r3.csv")])
     assert len(rows) == 3 and (rows["outcome"] == "ok").all() and set(rows["key"]) == set(before)

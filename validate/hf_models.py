@@ -193,12 +193,8 @@ def traced_spec(job: dict):
     if not cfg.get("model_type"):       # a probed model of the user's own: no config to trace
         return None
     wrapper = job.get("path", "engine") == "engine"
-    # MoE blocks as stage-3 leaves, as zerocalc takes them (a module with an `experts` child), unless the
-    # run recorded that it set none (`z3_leaf_modules` of a stage-3 row: `set_moe_leaves` also asks for a
-    # `gate`, which Granite-MoE's and GPT-OSS's blocks lack: their `router` and `experts` were then
-    # fetched as modules of their own, and the reuse rule counted the experts' elements).
-    leaves = job.get("z3_leaf_modules")
-    leaf_moe = True if leaves is None or job.get("stage") != 3 else bool(leaves)
+    from zerocalc.measured import moe_blocks_as_leaves
+    leaf_moe = moe_blocks_as_leaves(job.get("z3_leaf_modules"), job.get("stage"))
     adapted = bool(job.get("lora") or job.get("freeze"))
     variant = (bool(job.get("activation_checkpointing")), job.get("stage") == 3, job.get("attention") or "sdpa") \
         if adapted else None

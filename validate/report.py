@@ -795,7 +795,8 @@ def card_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     """For each row run on an emulated card (`allocator_capacity_bytes`: the caching allocator capped
     there, as a card of that size leaves it after the CUDA context), zerocalc's verdict on that capacity
     now (`Estimate.fits_device` at `gpu_memory_bytes` = the capacity + the calibrated context; for a
-    fake world's row, on the one rank it ran) beside what the job did: ran (`ok`) or raised OutOfMemoryError (`oom`, and where: `oom_at`). Columns:
+    fake world's row, on the one rank it ran) beside what the job did: ran (`ok`) or raised
+    OutOfMemoryError (`oom`, and where: `oom_at`). Columns:
     key, card_gib, capacity_bytes, predicted_fits, headroom_bytes, fits_source, outcome, oom_at,
     timing_dependent (runs under some timings of stage 3's late frees or placements of the segments made
     after a retry, not all: `zerocalc.fits`),

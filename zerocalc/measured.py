@@ -152,14 +152,19 @@ def _json(row: dict, col: str):
         raise RowsError(f"{row['_where']}: {col} is not valid JSON")
 
 
+def moe_blocks_as_leaves(recorded_leaves, stage: int) -> bool:
+    """Whether a measured job's MoE blocks are predicted as stage-3 leaves (`from_profile`'s `z3_leaf_moe`):
+    as zerocalc takes them, unless a stage-3 run recorded that it set none (`z3_leaf_modules` []: the
+    validator sets leaves only for blocks with a `gate`, which Granite-MoE's and GPT-OSS's lack)."""
+    return not (isinstance(recorded_leaves, list) and not recorded_leaves and stage == 3)
+
+
 def _adapted(profile, row: dict, name: str, wrapper: bool):
     """The spec of `profile` with the row's LoRA (`lora`: PEFT LoraConfig keywords) and frozen modules
     (`freeze`: module patterns), as the validator's rows record them; the plain spec without."""
     from zerocalc import adapters
     lora, freeze = _json(row, "lora"), tuple(_json(row, "freeze") or ())
-    # MoE blocks as stage-3 leaves unless a stage-3 row recorded that its run set none (`z3_leaf_modules`: [])
-    leaves = _json(row, "z3_leaf_modules")
-    leaf_moe = not (isinstance(leaves, list) and not leaves and _cast(row, "stage", int) == 3)
+    leaf_moe = moe_blocks_as_leaves(_json(row, "z3_leaf_modules"), _cast(row, "stage", int))
     if not lora and not freeze:
         return from_profile(profile, name, z3_leaf_moe=leaf_moe, wrapper=wrapper)
     peft = adapters.from_peft_config({"peft_type": "LORA", **lora}, f"{row['_where']}: lora") if lora else None
