@@ -273,6 +273,74 @@ def test_lora_on_a_quantized_base_is_refused_before_any_trace(tmp_path, monkeypa
               _run("estimate", "--model", "gpt-oss-20b", *lora), "gpt-oss-20b")
 
 
+def _rescaled(d: dict) -> dict:
+    """Each `SCALES` key `d` holds at a number given another of the same kind and type: a dropout
+    probability halved, any other number times 1.5 (an integer to the integer below)."""
+    return {k: v / 2 if k in M.DROPOUTS else type(v)(v * 1.5) for k, v in d.items()
+            if k in M.SCALES and isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0}
+
+
+SCALED = sorted(n for n, path in ship.configs().items() if _rescaled(json.load(open(path))))
+
+
+def test_the_kinds_of_a_scale():
+    """Dropout: 0, strictly between 0 and 1, and 1 are three kinds; a multiplier: null, 0 and any other
+    number; true is no number."""
+    assert M.kind("attention_dropout", 0.1) == M.kind("attention_dropout", 0.05) != M.kind("attention_dropout", 0.0)
+    assert M.kind("attention_dropout", 0) == M.kind("attention_dropout", 0.0)
+    assert M.kind("attention_dropout", 1.0) != M.kind("attention_dropout", 0.5)
+    assert M.kind("logit_scale", 0.0625) == M.kind("logit_scale", 12) != M.kind("logit_scale", 0)
+    assert M.kind("attn_logit_softcapping", None) != M.kind("attn_logit_softcapping", 50.0)
+    assert M.kind("clip_qkv", True) != M.kind("clip_qkv", 1)
+
+
+@pytest.mark.parametrize("name", SCALED)
+def test_another_scale_of_the_same_kind_answers_as_model_name(name, tmp_path):
+    """Granite's multipliers, Command-R's logit_scale, Gemma's softcaps and query scalar, DeepSeek's
+    routed_scaling_factor, GPT-OSS's SwiGLU constants, a nonzero dropout: another number of the same
+    kind is the shipped model, and the note says which it took at another value."""
+    with open(ship.configs()[name]) as f:
+        d = json.load(f)
+    changed = _rescaled(d)
+    got = _run(*ARGS, "--hf-config", _write(tmp_path, {**d, **changed}))
+    _as_model(got, _run(*ARGS, "--model", name), name)
+    note = got.stderr.split("change no tensor, operator or allocation: ", 1)[1]
+    assert all(f"{k} " in note for k in changed), (changed, note)
+
+
+def test_a_scale_of_another_kind_decides(tmp_path, no_trace):
+    """A dropout of 0 where the shipped model has 0.1, no softcap where it has one: another operator."""
+    with open(ship.configs()["granite-3.1-2b"]) as f:
+        granite = json.load(f)
+    with open(ship.configs()["gemma-2-9b"]) as f:
+        gemma = json.load(f)
+    for d, key, value in ((granite, "attention_dropout", 0.0), (gemma, "attn_logit_softcapping", None)):
+        r = _run("estimate", "--hf-config", _write(tmp_path, {**d, key: value}))
+        assert r.exit_code == 2 and f" {key} " in r.output.split("differs in", 1)[1], r.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["granite-3.1-2b", "command-r", "gemma-2-9b", "deepseek-v2-lite", "gpt-oss-20b"])
+def test_another_scale_changes_nothing_traced(name):
+    """Two layers of the shipped config (three of DeepSeek's, its first dense) traced with each scale at
+    another number of the same kind (`_rescaled`) and as shipped: the same tensors, module calls,
+    kept activations, allocation stream and operators."""
+    pytest.importorskip("transformers")
+    from zerocalc.hf import trace
+    with open(ship.configs()[name]) as f:
+        d = json.load(f)
+    layers = d.get("first_k_dense_replace", 0) + 2
+    d = {**d, "num_hidden_layers": layers}
+    if d.get("layer_types"):
+        d["layer_types"] = d["layer_types"][:layers]
+    changed = _rescaled(d)
+    assert changed
+    got, want = (P.to_json(trace.trace(c, name)) for c in ({**d, **changed}, d))
+    for key in ("source", "dims"):
+        got.pop(key), want.pop(key)
+    assert got == want
+
+
 def test_a_deciding_key_changed_with_torch_is_traced(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from zerocalc.hf import trace

@@ -135,6 +135,45 @@ IGNORED_IF = {
 }
 
 
+# Keys whose number only scales tensors' values: whether the file gives one at all (null: none; 0:
+# off) decides an operator, the number itself decides nothing zerocalc reads. A file with another
+# number than the shipped model's, of the same kind (`kind`), is the shipped model. Checked, with
+# torch, by tests/test_configmatch.py tracing the shipped model types with each changed.
+DROPOUTS = ("attention_dropout", "attn_pdrop", "hidden_dropout", "resid_pdrop", "embd_pdrop",
+            "residual_dropout", "embedding_dropout", "activation_dropout", "dropout")
+SCALES = {
+    "attention_multiplier": "Granite's softmax scale, in place of 1/sqrt(head_dim)",
+    "embedding_multiplier": "Granite multiplies the embeddings by it",
+    "residual_multiplier": "Granite multiplies each block's output by it before the residual add",
+    "logits_scaling": "Granite divides the logits by it",
+    "logit_scale": "Command-R multiplies the logits by it",
+    "query_pre_attn_scalar": "Gemma's softmax scale is its inverse square root",
+    "attn_logit_softcapping": "Gemma 2's tanh cap of the attention logits (null: no cap)",
+    "final_logit_softcapping": "Gemma's tanh cap of the logits (null: no cap)",
+    "routed_scaling_factor": "DeepSeek multiplies the routed experts' weights by it",
+    "swiglu_alpha": "GPT-OSS's gate slope inside its SwiGLU",
+    "swiglu_limit": "GPT-OSS clamps gate and up to it",
+    "router_jitter_noise": "Mixtral's noise on the router's input in training (0: none)",
+    "input_jitter_noise": "PhiMoE's noise on the experts' input in training (0: none)",
+    "clip_qkv": "OLMo clamps queries, keys and values to it (null: no clamp)",
+    # 0 applies no dropout (torch returns the input); any p strictly between 0 and 1 the same kernels
+    # and the same bool mask, whatever p
+    **dict.fromkeys(DROPOUTS, "a dropout probability: 0 applies none; any other below 1 the same kernels"),
+}
+
+
+def kind(key: str, value):
+    """What of a `SCALES` key's value decides: a dropout probability strictly between 0 and 1 is one
+    kind, any other number one kind; 0, null and any value that is no number are each their own."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ("value", json.dumps(value))
+    if value == 0:
+        return "zero"
+    if key in DROPOUTS:
+        return "fraction" if 0 < value < 1 else ("value", float(value))
+    return "number"
+
+
 # A key no record names is ignored where transformers stores it as a plain attribute of the config (it
 # is no keyword of the model type's config class: `matching.json`'s "keywords", `ship.config_keywords`)
 # and the model's code never reads it (the record's "reads", `ship.model_reads`): OPT's `prefix`,
@@ -181,6 +220,14 @@ def same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+def rescaled(d: dict, record: dict) -> list[str]:
+    """The `SCALES` keys of config `d` that hold another number than the shipped model of `record`,
+    of the same kind: what the file changes that zerocalc reads nothing of, for the note."""
+    accept = record["accept"]
+    return sorted(k for k, v in d.items() if k in SCALES and k in accept
+                  and not any(same(v, a) for a in accept[k]) and any(kind(k, v) == kind(k, a) for a in accept[k]))
+
+
 def differences(d: dict, record: dict) -> list[str]:
     """The deciding keys on which config `d` and a shipped model's record differ, sorted: a key `d`
     gives with a value that does not resolve to the record's config, or a required key it lacks (and
@@ -192,6 +239,8 @@ def differences(d: dict, record: dict) -> list[str]:
     def accepted(k, v) -> bool:      # a static rope of a rotary model: by what builds it (`rope_built`)
         if k in ROPE_KEYS and _static_rope(d):
             return any(same(rope_built(v), rope_built(a)) for a in accept.get(k, ()))
+        if k in SCALES:
+            return any(kind(k, v) == kind(k, a) for a in accept.get(k, ()))
         return any(same(v, a) for a in accept.get(k, ()))
     out = {k for k, v in d.items() if k != "model_type" and k not in inert and why_ignored(k, d) is None
            and not accepted(k, v) and not unread(k, record)}

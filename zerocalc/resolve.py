@@ -318,9 +318,13 @@ def hf_config_spec(path: str, overrides: dict) -> tuple[ModelSpec, str | None]:
     if names:
         name = names[0]
         spec = preset_spec(name, {})
-        ignored = sorted(_configmatch.ignored(d, _configmatch.records()[name]))
+        record = _configmatch.records()[name]
+        ignored = sorted(_configmatch.ignored(d, record))
+        rescaled = _configmatch.rescaled(d, record)
         same = f", the same model as {', '.join(names[1:])}" if names[1:] else ""
         said = f"{file} is the shipped {name}{same} (the keys that build the model are equal" + \
+            (f"; other values that change no tensor, operator or allocation: "
+             f"{_configmatch.describe(d, name, rescaled, most=len(rescaled))}" if rescaled else "") + \
             (f"; ignored: {', '.join(ignored)})" if ignored else ")")
         return (replace(spec, name=label) if overrides else spec), said
     if _family.reads(d):
