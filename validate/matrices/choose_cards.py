@@ -7,7 +7,8 @@ spread (h200-cards-chosen-2.json, then make_fake_cards.py):
 With --hf, published Hugging Face configs (validate/hf_configs: biases, MoE, tied heads, dropout, other
 norms and positions) at N = 8-64 instead, predicted from their trace as `estimate --hf-config` does
 (needs the trace extra; h200-cards-chosen-3.json):
-    python validate/matrices/choose_cards.py SEED COUNT OUT.json --hf"""
+    python validate/matrices/choose_cards.py SEED COUNT OUT.json --hf
+or with --hf=CONFIG,... those config.json files (the Hub's, tests/data/hub-configs; h100-cards-chosen-4.json)."""
 import json, random, sys, os
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE); sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
@@ -24,7 +25,8 @@ CARDS = [24, 40, 48, 80, 94]
 HF = ["qwen2.5-1.5b", "qwen2.5-7b", "qwen3-1.7b", "phi-3-mini-4k", "olmo-2-1b", "starcoder2-3b", "granite-3.0-2b",
       "stablelm-2-1.6b", "smollm3-3b", "gpt2-xl", "falcon-7b", "pythia-1b", "opt-1.3b", "bloom-560m",
       "granite-3.0-1b-a400m", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "gemma-2b"]
-HF_MODE = "--hf" in sys.argv
+HF_MODE = any(a.startswith("--hf") for a in sys.argv)
+HF = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--hf=")), HF)
 
 def cand(rng):
     m = rng.choice(HF if HF_MODE else ["1b", "1bt", "3b", "7b", "8b", "13b", "34b", "70b"])
