@@ -263,6 +263,7 @@ def _scale(name: str) -> str:
                  & (fake["now_comm_bytes"] == fake["measured_comm_bytes"].astype("int64"))).sum())
     either = cards["timing_dependent"].astype(bool)
     decided, agree = int((~either).sum()), int(cards.loc[~either, "agrees"].sum())
+    ran_out = int((cards["predicted_fits"].astype(bool) & (cards["outcome"] == "oom")).sum())
     if name == "summary":
         p, n = fake["num_params"].astype(float), fake["nproc"].astype(int)
         exact_text = "exact" if exact == len(fake) else f"exact on {exact}"
@@ -270,8 +271,9 @@ def _scale(name: str) -> str:
         return (f"At scale (one rank of {n.min()}–{n.max():,} GPUs on one {gpus}, [{len(fake)} jobs](docs/scale.md), "
                 f"{p.min() / 1e9:.1f}–{p.max() / 1e9:.0f}B): state, comm {exact_text}; allocated ≤3% on "
                 f"{int((alloc.abs() <= 0.03).sum())}, reserved ≤8% on {int((reserved.abs() <= 0.08).sum())}; "
-                f"emulated 24–94 GB cards: `fits` right on {agree} of {decided}, no fit ran out "
-                f"({len(cards) - decided} by timing or placement: NO).")
+                f"emulated 24–94 GB cards: `fits` right on {agree} of {decided}, "
+                + (f"{ran_out} said to fit ran out ([why](docs/scale.md))" if ran_out else "no fit ran out")
+                + f" ({len(cards) - decided} by timing or placement: NO).")
     if name == "rows":
         from validate import report as R
         lines = ["| model | N | stage | zero.Init | micro × seq | GAS | ckpt | allocated GiB | error | reserved GiB | error |",
