@@ -29,10 +29,11 @@ GATHER_FREE_DELAYS = (0, 4, 16, 64)
 # The late timing `estimate --explain` quotes reserved at (`Estimate.peak_reserved_late_bytes`): the runs
 # measured at N >= 8 reached at most about it (docs/scale.md).
 LATE_RESERVED_DELAY = GATHER_FREE_DELAYS[1]
-# Training steps a stage-3 job near its card is replayed over (three elsewhere, `sequence.events`): under
-# a cap the retries return segments, so a step can leave the cache other than it found it and a later
-# one run out (the 8B at N = 64 on a 40 GB card ran out in its fourth step, data/h200-cards-40-n64.csv;
-# its replay does too; docs/scale.md). A step that leaves the cache as it found it ends the replay early.
+# Training steps a job near its card is replayed over (three elsewhere, `sequence.events`): under a cap
+# the retries return segments, so a step can leave the cache other than it found it and a later one run
+# out (the 8B at stage 3, N = 64, on a 40 GB card in its fourth step, data/h200-cards-40-n64.csv;
+# DeepSeek-V2-Lite at stage 1, N = 16, on an 80 GB card in its fourth under transformers 5.25; their
+# replays do too; docs/scale.md). A step that leaves the cache as it found it ends the replay early.
 CARD_STEPS = 5
 # The late timings are replayed where the on-time replay's reserved is within this factor of the card:
 # the measured reserved of the 56 stage-3 fake-world rows is at most 1.23 times the on-time replay's, so
@@ -86,21 +87,19 @@ def _ranks_pieces(model: ModelSpec, setup: Setup, ranks) -> tuple[tuple[int, int
 
 def near_card(model: ModelSpec, setup: Setup, jobs, ranks: tuple[int, ...] | None = None) -> tuple[tuple[int, int, tuple], ...]:
     """`job_pieces` (`jobs`, made already) with every rank that can run out first
-    (`sequence.simulated_ranks(every=True)`, or `ranks`) and, where a job has an all-gather stream (stage
-    3), its pieces made again over `CARD_STEPS` steps and under each later timing of `GATHER_FREE_DELAYS`
+    (`sequence.simulated_ranks(every=True)`, or `ranks`), each made again over `CARD_STEPS` steps and,
+    where it has an all-gather stream (stage 3), under each later timing of `GATHER_FREE_DELAYS`
     (`late_frees`): what a verdict on a card replays."""
-    made = {r for r, _, _ in jobs}
     ranks = ranks or sequence.simulated_ranks(model, setup, every=True)
-    jobs = tuple(jobs) + _ranks_pieces(model, setup, [r for r in ranks if r not in made])
+    ranks = list(dict.fromkeys([r for r, _, _ in jobs] + list(ranks)))
     out = []
     gathers = setup.stage == Stage.PARAMETERS     # the all-gather stream is stage 3's alone
-    for r, _, pieces in jobs:
+    for r in ranks:
+        with sequence.cycle_collector_paused():
+            pieces = tuple(sequence.step_pieces(model, setup, rank=r, steps=CARD_STEPS))
+        out.append((r, 0, pieces))
         if gathers and any(e[0] == "alloc" and e[3] == sequence.GATHER_STREAM for events, _ in pieces for e in events):
-            with sequence.cycle_collector_paused():
-                pieces = tuple(sequence.step_pieces(model, setup, rank=r, steps=CARD_STEPS))
-            out += [(r, 0, pieces)] + [(r, d, late_frees(pieces, d)) for d in GATHER_FREE_DELAYS if d]
-        else:
-            out.append((r, 0, pieces))
+            out += [(r, d, late_frees(pieces, d)) for d in GATHER_FREE_DELAYS if d]
     return tuple(out)
 
 
