@@ -86,9 +86,9 @@ def _ranks_pieces(model: ModelSpec, setup: Setup, ranks) -> tuple[tuple[int, int
 
 
 def near_card(model: ModelSpec, setup: Setup, jobs, ranks: tuple[int, ...] | None = None) -> tuple[tuple[int, int, tuple], ...]:
-    """`job_pieces` (`jobs`, made already) with every rank that can run out first
+    """The ranks of `jobs` (`job_pieces`, three steps) and every rank that can run out first
     (`sequence.simulated_ranks(every=True)`, or `ranks`), each made again over `CARD_STEPS` steps and,
-    where it has an all-gather stream (stage 3), under each later timing of `GATHER_FREE_DELAYS`
+    where it has an all-gather stream (stage 3), also under each later timing of `GATHER_FREE_DELAYS`
     (`late_frees`): what a verdict on a card replays."""
     ranks = ranks or sequence.simulated_ranks(model, setup, every=True)
     ranks = list(dict.fromkeys([r for r, _, _ in jobs] + list(ranks)))
