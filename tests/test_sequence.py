@@ -495,7 +495,7 @@ def test_the_allocators_verdict_on_a_generated_job_is_the_whole_replays():
     from zerocalc import fits
     model = from_architecture(Architecture("hf-llama", 32000, 1024, 4, 8, 8, 4096, False))
     s = Setup(stage=Stage.PARAMETERS, dp=2, seq_len=512)
-    jobs = fits.near_card(model, s, fits.job_pieces(model, s))
+    jobs = fits.near_card(model, s)
     events = sequence.events(model, s, steps=fits.CARD_STEPS)
     assert [delay for _, delay, _ in jobs] == list(fits.GATHER_FREE_DELAYS)
     on_time = [j for j in jobs if not j[1]]

@@ -128,7 +128,7 @@ class Estimate:
             peaks = fits.unbounded_peaks_bytes(jobs, expandable)
             near = peaks[1] * fits.LATE_REPLAY_MARGIN > capacity   # near the card: every rank and timing
             if near:
-                jobs = fits.near_card(self.model, self.setup, jobs, self.ranks)
+                jobs = fits.near_card(self.model, self.setup, self.ranks)
             at = fits.at_capacity(jobs, expandable, capacity) if near else None
             del jobs
         return peaks, at
@@ -255,7 +255,7 @@ class Estimate:
         from zerocalc import allocator, fits, sequence
         capacity, expandable, at = self.device_capacity_bytes, self.setup.expandable_segments, self.at_capacity
         with sequence.cycle_collector_paused():       # the job made again (`_simulation` dropped it)
-            job = fits.near_card(self.model, self.setup, fits.job_pieces(self.model, self.setup, self.ranks), self.ranks)
+            job = fits.near_card(self.model, self.setup, self.ranks)
             below = fits.least_allocated_bytes(job) - 1        # no capacity under the live requests runs
             if at.runs:
                 smallest = fits.smallest_capacity_bytes(job, expandable, below, capacity)

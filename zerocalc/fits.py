@@ -85,13 +85,13 @@ def _ranks_pieces(model: ModelSpec, setup: Setup, ranks) -> tuple[tuple[int, int
         return tuple((r, 0, tuple(sequence.step_pieces(model, setup, rank=r))) for r in ranks)
 
 
-def near_card(model: ModelSpec, setup: Setup, jobs, ranks: tuple[int, ...] | None = None) -> tuple[tuple[int, int, tuple], ...]:
-    """The ranks of `jobs` (`job_pieces`, three steps) and every rank that can run out first
-    (`sequence.simulated_ranks(every=True)`, or `ranks`), each made again over `CARD_STEPS` steps and,
+def near_card(model: ModelSpec, setup: Setup, ranks: tuple[int, ...] | None = None) -> tuple[tuple[int, int, tuple], ...]:
+    """Each of `ranks` (`Estimate.ranks`), or of the busiest ranks (`job_pieces`'s) and every other rank
+    that can run out first (`sequence.simulated_ranks(every=True)`), made over `CARD_STEPS` steps and,
     where it has an all-gather stream (stage 3), also under each later timing of `GATHER_FREE_DELAYS`
     (`late_frees`): what a verdict on a card replays."""
-    ranks = ranks or sequence.simulated_ranks(model, setup, every=True)
-    ranks = list(dict.fromkeys([r for r, _, _ in jobs] + list(ranks)))
+    ranks = ranks or tuple(dict.fromkeys(sequence.simulated_ranks(model, setup)
+                                         + sequence.simulated_ranks(model, setup, every=True)))
     out = []
     gathers = setup.stage == Stage.PARAMETERS     # the all-gather stream is stage 3's alone
     for r in ranks:
