@@ -105,13 +105,14 @@ def start_segments(snap: dict):
     return start if isinstance(start, list) else ()
 
 
-def _allocator_events_at(trace):
+def _allocator_events_at(trace, on_request: bool = False):
     """(trace index, event) for `allocator_events`."""
     last = None
+    freed = "free_requested" if on_request else "free_completed"
     for j, e in enumerate(trace):
         if e["action"] == "alloc":
             last = ("alloc", e["addr"], e["size"], e.get("stream", 0))
-        elif e["action"] == "free_completed":
+        elif e["action"] == freed:
             last = ("free", e["addr"])
         elif e["action"] == "segment_free" and last != ("empty_cache",):
             last = ("empty_cache",)
@@ -120,11 +121,13 @@ def _allocator_events_at(trace):
         yield j, last
 
 
-def allocator_events(trace) -> list[tuple]:
+def allocator_events(trace, on_request: bool = False) -> list[tuple]:
     """The history's allocations, frees and cache emptying as `zerocalc.allocator.replay` takes them.
     A block is reusable once its free completes (`free_completed`: after the streams that used it are
-    done); a run of `segment_free` events is one `empty_cache()`."""
-    return [e for _, e in _allocator_events_at(trace)]
+    done); a run of `segment_free` events is one `empty_cache()`. on_request: each free taken where it
+    was requested instead, as if every stream were done by then (how `zerocalc.sequence` generates a
+    job: frees on time)."""
+    return [e for _, e in _allocator_events_at(trace, on_request)]
 
 
 def segment_addresses(trace) -> list[int]:
