@@ -241,8 +241,8 @@ fig.tight_layout()
 fig.savefig(os.path.join(FIG, "generated_sequence.png"), dpi=100)
 plt.show()"""),
     ("md", "## At scale: rank 0 of N, and smaller cards\n\nLeft: rank 0 of 8 to 1,024 GPUs measured on one H200 "
-           "(`validate run --fake-world`, `data/h200-fake-*.csv`), measured against predicted. Right: cards of 24-94 GB "
-           "emulated by capping the caching allocator (`data/h200-cards-*.csv`): each job's card over the least room "
+           "(`validate run --fake-world`, `data/h200-fake-*.csv`), measured against predicted. Right: cards of 18-94 GB "
+           "emulated by capping the caching allocator (`data/h200-cards-*.csv`, `data/h100-cards-*.csv`): each job's card over the least room "
            "zerocalc says it runs in, and whether it ran or raised OutOfMemoryError (`docs/scale.md`)."),
     ("code", """fake = R.committed_rows(committed_paths("fake"))
 fake = fake[fake["nproc"] >= 8]

@@ -129,7 +129,7 @@ def test_large_block_is_not_split_for_a_remainder_of_1_mib_or_less():
 
 def test_a_free_of_a_block_from_before_the_sequence_is_ignored_and_bad_events_are_refused():
     assert replay([free("old"), alloc("a", MiB)]).peak_allocated_bytes == MiB
-    with pytest.raises(ValueError, match="expected alloc, free, empty_cache, release, complete"):
+    with pytest.raises(ValueError, match="expected 'alloc', 'free' or 'empty_cache'"):
         replay([("realloc", "a", 1, 0)])
 
 

@@ -182,22 +182,24 @@ def test_the_verdict_on_an_emulated_card_is_the_allocator_s():
     of h200-cards-chosen-2.json, 1B-70B shapes at N = 8-256, GAS 1 and 2, on the H100; three of
     h200-cards-chosen-3.json, published HF configs judged on their trace, all eleven on the H100, two of
     them twice; h100-cards-chosen-4.json, fifteen Hub config.json files new to the cards, one three times,
-    once under transformers 5.25): none that zerocalc says fits ran out; eighteen of them ran with the
-    allocator's retries. A job near its card is replayed over `fits.CARD_STEPS` steps at every stage:
+    once under transformers 5.25; h100-late-predicted.json, four stage-3 jobs capped between zerocalc's
+    reserved and their own unpressured one): none that zerocalc says fits ran out; eighteen of them ran
+    with the allocator's retries. A job near its card is replayed over `fits.CARD_STEPS` steps at every stage:
     DeepSeek-V2-Lite at stage 1 on the 80 GB card ran out in step 3 under transformers 5.17 (twice) and in
     step 4 under 5.25; over three steps its replay had run.
     A fake world runs one rank, and its row is judged on that rank's replay (`report.card_verdicts`; the
     busiest ranks of two configurations ran too, h100-cards-ranks-*: tests/test_fake_ranks.py). Where
     every timing of stage 3's late frees (`zerocalc.fits.GATHER_FREE_DELAYS`) and both placements of the
     segments made after a retry (`zerocalc.allocator.PLACEMENTS`) agree, the verdict fits / NO (GPU) is
-    whether the job raised OutOfMemoryError (78 of 78). Where they disagree the verdict is NO: eight such
+    whether the job raised OutOfMemoryError (79 of 79). Where they disagree the verdict is NO: eight such
     8B stage-3 configurations ran out in nine runs and ran in six, three of them both ways in their runs;
     the 8B shape at stage 1 as rank 5 of 8 (runs only where the new segments go into the freed ranges)
-    ran out in its three runs."""
+    ran out in its three runs; of the capped jobs GPT-OSS at 34 GiB and Llama-2-70B at N = 256 at 17.5
+    ran (21 and 26 retries), Mixtral-8x7B at N = 256 at 16 ran out."""
     from validate.report import card_verdicts
     rows = load(committed_paths("cards"))
     verdicts = card_verdicts(rows)
-    assert len(verdicts) >= 93 and set(verdicts["card_gib"]) == {24, 40, 48, 80, 94}
+    assert len(verdicts) >= 97 and set(verdicts["card_gib"]) >= {24, 40, 48, 80, 94}
     assert len(load([p for p in committed_paths("cards") if "/h100-cards-" in p])) >= 25
     assert rows["hf_config"].fillna("").astype(str).str.len().gt(0).sum() >= 12    # published configs
     assert verdicts["predicted_fits"].sum() >= 10 and (~verdicts["predicted_fits"]).sum() >= 10
@@ -207,7 +209,7 @@ def test_the_verdict_on_an_emulated_card_is_the_allocator_s():
     ran_out = verdicts["outcome"] == "oom"
     assert not (verdicts["predicted_fits"] & ran_out).any(), verdicts[verdicts["predicted_fits"] & ran_out].to_string()
     decided = verdicts[~verdicts["timing_dependent"]]
-    assert len(decided) >= 78 and decided["agrees"].all(), decided[~decided["agrees"]].to_string()
+    assert len(decided) >= 79 and decided["agrees"].all(), decided[~decided["agrees"]].to_string()
     either = verdicts[verdicts["timing_dependent"]]
     assert not either["predicted_fits"].any() and set(either["outcome"]) == {"ok", "oom"}
     assert (either.groupby("key")["outcome"].nunique() == 2).sum() >= 3     # the same job, both outcomes

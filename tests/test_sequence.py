@@ -508,62 +508,36 @@ def test_the_allocators_verdict_on_a_generated_job_is_the_whole_replays():
     assert {(True, True), (False, True)} <= seen
 
 
-def test_late_frees_complete_only_the_all_gather_streams_frees_late():
-    """`fits.late_frees` with a delay of 1: the free of h1 (made on the all-gather stream, 1) is
-    released where it was and completes after one more allocation (h2); h2's free (stream 0) stays
-    whole where it is; h3's completion, due after an allocation that never comes in its piece, waits
-    into the next piece and, with none after it, ends the job. The handles each piece had made before
-    it are kept."""
+def test_late_frees_move_only_the_all_gather_streams_frees():
+    """`fits.late_frees` with a delay of 1: the free of h1 (made on the all-gather stream, 1) waits for
+    one more allocation (h2) and comes after it; h2's free (stream 0) stays where it is; h3's free,
+    due after an allocation that never comes in its piece, waits into the next piece and, with none
+    after it, ends the job. The handles each piece had made before it are kept."""
     from zerocalc import fits
     g = sequence.GATHER_STREAM
     pieces = (([("alloc", 1, 10, g), ("free", 1), ("alloc", 2, 10, 0), ("free", 2), ("alloc", 3, 10, g), ("free", 3)], 0),
               ([("alloc", 4, 10, 0), ("free", 4), ("alloc", 5, 10, g), ("free", 5)], 3))
     assert fits.late_frees(pieces, 1) == (
-        ([("alloc", 1, 10, g), ("release", 1), ("alloc", 2, 10, 0), ("complete", 1), ("free", 2),
-          ("alloc", 3, 10, g), ("release", 3)], 0),
-        ([("alloc", 4, 10, 0), ("complete", 3), ("free", 4), ("alloc", 5, 10, g), ("release", 5), ("complete", 5)], 3))
+        ([("alloc", 1, 10, g), ("alloc", 2, 10, 0), ("free", 1), ("free", 2), ("alloc", 3, 10, g)], 0),
+        ([("alloc", 4, 10, 0), ("free", 3), ("free", 4), ("alloc", 5, 10, g), ("free", 5)], 3))
     assert fits.late_frees(pieces, 0) == tuple((list(e), last) for e, last in pieces)
 
 
-def test_a_late_free_holds_its_block_until_a_retry_synchronizes():
+def test_a_job_that_runs_only_with_frees_on_time_does_not_fit():
     """Two 100 MiB blocks of the all-gather stream one after the other, the first freed before the
-    second is made, on a 150 MiB card. On time the second takes the first's cached block: 100 MiB, no
-    retry. Freed one allocation late, the first is still waiting for its stream's events when the
-    second is asked for: a second 100 MiB segment would pass 150 MiB, so the allocator retries:
-    `synchronize_and_free_events` makes the first block free, its segment is whole and is returned,
-    and the second segment is made: it runs, with one retry, at 100 MiB reserved. Without the card
-    the late timing holds both: 200 MiB reserved, allocated never more than 100 MiB."""
+    second is made. On time the second takes the first's cached block: 100 MiB reserved, it runs on a
+    150 MiB card. Freed one allocation late, the first is still held when the second is asked for: a
+    second 100 MiB segment, past 150 MiB, and the retry finds no whole free segment to return (the only
+    one is held): OOM. So it runs under one timing and not the other: timing-dependent, not fits."""
     from zerocalc import fits
     g = sequence.GATHER_STREAM
     pieces = (([], 0), ([("alloc", 1, 100 * MiB, g), ("free", 1), ("alloc", 2, 100 * MiB, g), ("free", 2)], 0))
-    late = fits.late_frees(pieces, 1)
-    jobs = ((0, 0, pieces), (0, 1, late))
-    a = fits.at_capacity(jobs, False, 150 * MiB)
-    assert a.runs and not a.timing_dependent and a.delays_run == (0, 1) and a.pressed and a.alloc_retries == 0
-    capped = sequence.replay_steps(iter(late), capacity_bytes=150 * MiB)
-    assert capped.oom is None and capped.alloc_retries == 1 and capped.peak_reserved_bytes == 100 * MiB
-    unbounded = sequence.replay_steps(iter(late))
-    assert unbounded.peak_reserved_bytes == 200 * MiB and unbounded.peak_allocated_bytes == 100 * MiB
-
-
-def test_a_late_free_in_a_shared_segment_runs_out_where_on_time_runs():
-    """The retry's synchronize frees a late block, but returns only whole free segments. On a 200 MiB
-    card: A (150 MiB, all-gather stream) freed; a 1 MiB request on the default stream (its 2 MiB small
-    segment); B (100 MiB) takes A's cached 150 MiB block, split, and X (50 MiB) the rest: one segment [B|X].
-    B is freed, then C (100 MiB) asked for. On time C takes B's block: 152 MiB reserved, it runs. One
-    allocation late (A's free completes at the 1 MiB request, B's would at C's), C finds no free block:
-    152 + 100 MiB > 200, the retry frees B but [B|X] is not whole; it returns the 2 MiB small segment,
-    150 + 100 MiB > 200: OutOfMemoryError. It runs under one timing, not the other: timing-dependent."""
-    from zerocalc import fits
-    g = sequence.GATHER_STREAM
-    steps = [("alloc", 1, 150 * MiB, g), ("free", 1), ("alloc", 2, MiB, 0), ("free", 2), ("alloc", 3, 100 * MiB, g),
-             ("alloc", 4, 50 * MiB, g), ("free", 3), ("alloc", 5, 100 * MiB, g), ("free", 5), ("free", 4)]
-    pieces = (([], 0), (steps, 0))
     jobs = ((0, 0, pieces), (0, 1, fits.late_frees(pieces, 1)))
-    a = fits.at_capacity(jobs, False, 200 * MiB)
-    assert not a.runs and a.timing_dependent and a.delays_run == (0,) and a.oom_delay == 1 and a.oom_phase == "step 1"
-    assert a.oom.segment_bytes == 100 * MiB and a.oom.reserved_bytes == 150 * MiB
-    assert fits.at_capacity(jobs, False, 252 * MiB).runs
+    a = fits.at_capacity(jobs, False, 150 * MiB)
+    assert not a.runs and a.timing_dependent and a.delays_run == (0,) and a.oom_delay == 1 and a.pressed
+    assert a.oom.segment_bytes == 100 * MiB and a.oom.reserved_bytes == 100 * MiB and a.oom_phase == "step 1"
+    assert fits.at_capacity(jobs, False, 200 * MiB).runs
+    assert fits.smallest_capacity_bytes(jobs, False, 150 * MiB, 300 * MiB) == 200 * MiB
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -271,7 +271,7 @@ def _scale(name: str) -> str:
         return (f"At scale (one rank of {n.min()}–{n.max():,} GPUs on one {gpus}, [{len(fake)} jobs](docs/scale.md), "
                 f"{p.min() / 1e9:.1f}–{p.max() / 1e9:.0f}B): state, comm {exact_text}; allocated ≤3% on "
                 f"{int((alloc.abs() <= 0.03).sum())}, reserved ≤8% on {int((reserved.abs() <= 0.08).sum())}; "
-                f"emulated 24–94 GB cards: `fits` right on {agree} of {decided}, "
+                f"emulated {cards['card_gib'].min()}–{cards['card_gib'].max()} GB cards: `fits` right on {agree} of {decided}, "
                 + (f"{ran_out} said to fit ran out ([why](docs/scale.md))" if ran_out else "no fit ran out")
                 + f" ({len(cards) - decided} by timing or placement: NO).")
     if name == "rows":

@@ -81,10 +81,8 @@ class Replay(NamedTuple):
 
 def replay(events, cached=(), expandable_segments: bool = False, segment_addresses=(),
            capacity_bytes: int | None = None, placement: str = "returned") -> Replay:
-    """Run the allocator over events: ("alloc", handle, n_bytes, stream), ("free", handle),
-    ("empty_cache",), and ("release", handle) then ("complete", handle) for a block another stream
-    still used when it was freed (reusable once complete, or once a retry or `empty_cache`
-    synchronizes), from the segments in `cached`: (address, size, stream, small, [(block address, size,
+    """Run the allocator over events: ("alloc", handle, n_bytes, stream), ("free", handle) and
+    ("empty_cache",), from the segments in `cached`: (address, size, stream, small, [(block address, size,
     allocated)]) each, as the worker records them before a history (an allocated one's handle is its
     address). A free of a handle never allocated (a block from before the sequence) is ignored.
     `expandable_segments`: the allocator of PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -143,7 +141,7 @@ def least_allocated_bytes(events, cached=()) -> int:
             n = live[e[1]] = round_size(e[2])
             now += n
             peak = max(peak, now)
-        elif e[0] in ("free", "release"):
+        elif e[0] == "free":
             now -= live.pop(e[1], 0)
     return peak
 
@@ -192,11 +190,6 @@ def smallest_capacity_bytes(events, cached=(), expandable_segments: bool = False
         oom = replay(events, cached, expandable_segments, segment_addresses, capacity).oom
         return None if oom is None else oom.demand_bytes
     return bisect_capacity(short, least_allocated_bytes(events, cached) - 1, high)
-
-
-# What `replay` runs: an allocation, a free, `torch.cuda.empty_cache()`, and a free in two parts where
-# another stream still uses the block (`_Allocator.release`, `complete`).
-EVENTS = ("alloc", "free", "empty_cache", "release", "complete")
 
 
 class _OutOfMemoryError(Exception):
@@ -265,7 +258,6 @@ class _Allocator:
         self.starts: dict[int, _Block] = {}
         self.ends: dict[int, _Block] = {}
         self.live: dict = {}                    # handle -> block
-        self.pending: dict = {}                 # handle -> block freed whose stream events are not done (`release`)
         self.next_addr = 0                      # the expandable allocator's next virtual range
         self.low_addr = 1 << 47                 # below every segment made or seeded so far
         self.addresses = iter(())
@@ -394,15 +386,8 @@ class _Allocator:
                         insort(same, addr)
                 elif kind == "empty_cache":
                     self.empty_cache(i)
-                elif kind == "release":
-                    b = live.pop(e[1], None)
-                    if b is not None:
-                        allocated -= b.size
-                        self.pending[e[1]] = b
-                elif kind == "complete":
-                    self.complete(e[1])
                 else:
-                    raise ValueError(f"unknown event {kind!r} at {i}: expected {', '.join(EVENTS)}")
+                    raise ValueError(f"unknown event {kind!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
         except _OutOfMemoryError as error:      # raised by `_segment`, before the event changed anything
             self.oom = error.args[0]._replace(allocated_bytes=allocated)
         finally:
@@ -423,12 +408,8 @@ class _Allocator:
                     free(e[1])
                 elif kind == "empty_cache":
                     self.empty_cache(i)
-                elif kind == "release":
-                    self.release(e[1])
-                elif kind == "complete":
-                    self.complete(e[1])
                 else:
-                    raise ValueError(f"unknown event {kind!r} at {i}: expected {', '.join(EVENTS)}")
+                    raise ValueError(f"unknown event {kind!r} at {i}: expected 'alloc', 'free' or 'empty_cache'")
         except _OutOfMemoryError as error:
             self.oom = error.args[0]._replace(allocated_bytes=self.allocated)
         self.fed += len(events)
@@ -449,7 +430,7 @@ class _Allocator:
         were made and returned so far (equal states have made none since). Not the peaks, which later
         events only read. Two equal states of one allocator answer the same events the same way."""
         blocks = sorted((a, b.size, b.free, b.pool, b.seg_start, b.seg_end, b.mapped) for a, b in self.starts.items())
-        return (blocks, {h: b.addr for h, b in self.live.items()}, {h: b.addr for h, b in self.pending.items()},
+        return (blocks, {h: b.addr for h, b in self.live.items()},
                 {pool: tuple(f) for pool, f in self.free_blocks.items() if f.sizes},
                 {pool: tuple(u) for pool, u in getattr(self, "unmapped", {}).items() if u},
                 tuple(self.held), tuple(self.holes), self.low_addr, self.next_addr, self.reserved, self.allocated,
@@ -474,8 +455,7 @@ class _Allocator:
         self.low_addr = min(self.low_addr, addr)
 
     def empty_cache(self, event: int) -> None:
-        """Return every segment that is one free block, the released ones' events waited for first."""
-        self.synchronize()
+        """Return every segment that is one free block."""
         for pool, free in self.free_blocks.items():
             whole = [(size, addr) for size, addr in free
                      if self.starts[addr].seg_start == addr and self.starts[addr].seg_end == addr + size]
@@ -615,33 +595,9 @@ class _Allocator:
         if b is None:
             return
         self.allocated -= b.size
-        self._return(b)
-
-    def _return(self, b) -> None:
         b.free = True
         b = self._merge(b)
         b.fl.add(b.size, b.addr)
-
-    def release(self, handle) -> None:
-        """A free whose block another stream still uses (`record_stream`): allocated drops now, the
-        block waits for those streams' events (`complete`)."""
-        b = self.live.pop(handle, None)
-        if b is not None:
-            self.allocated -= b.size
-            self.pending[handle] = b
-
-    def complete(self, handle) -> None:
-        """The events of a released block are done (`process_events` at a later malloc): it is free."""
-        b = self.pending.pop(handle, None)
-        if b is not None:
-            self._return(b)
-
-    def synchronize(self) -> None:
-        """`synchronize_and_free_events`: every released block is free (before `release_cached_blocks`
-        returns the cache, at `empty_cache` and at a failed cudaMalloc's retry)."""
-        for b in self.pending.values():
-            self._return(b)
-        self.pending = {}
 
 
 LARGE_PAGE_BYTES = LARGE_SEGMENT_BYTES   # an expandable segment maps 20 MiB pages in the large pool
@@ -747,9 +703,7 @@ class _ExpandableAllocator(_Allocator):
         return b
 
     def empty_cache(self, event: int) -> None:
-        """Unmap the whole pages inside every free mapped block (the released ones' events waited for
-        first); a segment left all unmapped goes."""
-        self.synchronize()
+        """Unmap the whole pages inside every free mapped block; a segment left all unmapped goes."""
         for pool, free in self.free_blocks.items():
             page = SMALL_PAGE_BYTES if pool[0] else LARGE_PAGE_BYTES
             for size, addr in list(free):

@@ -6,9 +6,9 @@ reserves more than the card holds can still run there. Every rank that can run o
 
 Needed only near the card (`LATE_REPLAY_MARGIN`): well under it no cudaMalloc fails, no retry
 happens, and the verdict is the unbounded replay's (`Estimate.fits_device`). At stage 3 the
-all-gather stream's frees complete late by however far the host runs ahead, differently in every
-run (a retry waits for them, but the layout they left stays), so the verdict is taken under several
-timings (`GATHER_FREE_DELAYS`) and `fits` means it runs under every one. Where a retry returned segments, where cudaMalloc puts the next ones decides which
+all-gather stream's frees come back late by however far the host runs ahead, differently in every
+run, so the verdict is taken under several timings (`GATHER_FREE_DELAYS`) and `fits` means it runs
+under every one. Where a retry returned segments, where cudaMalloc puts the next ones decides which
 equal-sized free block later requests take, so such a replay is run again with the other placement
 (`allocator.PLACEMENTS`) and `fits` means it runs under both. The evidence: docs/scale.md, "`fits` on
 a smaller card"; the rules: docs/reserved-memory.md, "How `fits` is decided".
@@ -104,18 +104,14 @@ def near_card(model: ModelSpec, setup: Setup, ranks: tuple[int, ...] | None = No
 
 
 def late_frees(pieces, delay: int) -> tuple:
-    """The pieces with each free of a block made on the all-gather stream completed `delay`
-    allocations late: released where it was (allocated drops), reusable only then (carried across
-    pieces; any still waiting at the end completed there) or once the allocator synchronizes (a
-    retry, `empty_cache`: `allocator.EVENTS`). The default stream used the block, so its free waits
-    for that stream's kernels, which run behind the host."""
+    """The pieces with each free of a block made on the all-gather stream moved `delay` allocations
+    later (carried across pieces; any still waiting at the end freed there)."""
     on_gather, waiting, n, out = set(), [], 0, []
     for events, last in pieces:
         moved = []
         for e in events:
             if e[0] == "free" and e[1] in on_gather and delay:
-                moved.append(("release", e[1]))
-                waiting.append((n + delay, ("complete", e[1])))
+                waiting.append((n + delay, e))
                 continue
             moved.append(e)
             if e[0] == "alloc":

@@ -1231,7 +1231,7 @@ def _same_step(a: list, a_last: int, b: list, b_last: int) -> bool:
         if x[0] == "alloc":
             if y[1] != x[1] + shift or y[2] != x[2] or y[3] != x[3]:
                 return False
-        elif x[0] in ("free", "release", "complete"):
+        elif x[0] == "free":
             if y[1] != (x[1] + shift if x[1] > a_last else x[1]):
                 return False
         elif x != y:
