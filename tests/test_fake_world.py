@@ -182,8 +182,8 @@ def test_the_verdict_on_an_emulated_card_is_the_allocator_s():
     of h200-cards-chosen-2.json, 1B-70B shapes at N = 8-256, GAS 1 and 2, on the H100; three of
     h200-cards-chosen-3.json, published HF configs judged on their trace, all eleven on the H100, two of
     them twice; h100-cards-chosen-4.json, fifteen Hub config.json files new to the cards, one three times,
-    once under transformers 5.25; h100-late-predicted.json, four stage-3 jobs capped between zerocalc's
-    reserved and their own unpressured one): none that zerocalc says fits ran out; eighteen of them ran
+    once under transformers 5.25; h100-late-predicted.json, seven runs of four stage-3 jobs capped between
+    zerocalc's reserved and their own unpressured one): none that zerocalc says fits ran out; eighteen of them ran
     with the allocator's retries. A job near its card is replayed over `fits.CARD_STEPS` steps at every stage:
     DeepSeek-V2-Lite at stage 1 on the 80 GB card ran out in step 3 under transformers 5.17 (twice) and in
     step 4 under 5.25; over three steps its replay had run.
