@@ -112,9 +112,10 @@ class Estimate:
     @cached_property
     def _simulation(self) -> tuple | None:
         """(the unbounded replay's (allocated, reserved) peaks, the replay against the card where the
-        verdict needs it (`at_capacity`), else None); None where not simulated. The job is made once
-        for both and dropped before the cycle collector runs again (kept, it would be walked by every
-        collection)."""
+        verdict needs it (`at_capacity`), else None); None where not simulated. The job is made over
+        three steps for the unbounded replay and, near the card, again over `fits.CARD_STEPS` for every
+        rank and timing (`fits.near_card`); each is dropped before the cycle collector runs again (kept,
+        it would be walked by every collection)."""
         if not self.simulate or self.model.architecture is None:   # no sequence without one: a P-only run
             return None                                              # never imports the simulation
         from zerocalc import sequence

@@ -73,9 +73,9 @@ class AtCapacity(NamedTuple):
 
 
 def job_pieces(model: ModelSpec, setup: Setup, ranks: tuple[int, ...] | None = None) -> tuple[tuple[int, int, tuple], ...]:
-    """(rank, 0, its pieces) for each simulated rank (`sequence.step_pieces`: init, then each step),
-    generated once for the several replays a verdict and its headroom take; `near_card` adds the
-    other ranks and timings a verdict on a card needs. `ranks`: these ranks alone (`Estimate.ranks`)."""
+    """(rank, 0, its pieces) for each simulated rank (`sequence.step_pieces`: init, then each of three
+    steps): the unbounded replay's. Near a card `near_card` makes the job again, over `CARD_STEPS`
+    steps, for every rank and timing the verdict needs. `ranks`: these ranks alone (`Estimate.ranks`)."""
     return _ranks_pieces(model, setup, ranks or sequence.simulated_ranks(model, setup))
 
 
