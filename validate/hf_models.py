@@ -105,12 +105,19 @@ ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 def build(cfg: dict, dtype: str, checkpointing: bool = False, attention: str = "sdpa"):
     """`AutoModelForCausalLM.from_config(config, dtype=...)` with random weights. Under an
     `HfDeepSpeedConfig` at stage 3 (alive while this runs) transformers builds it under zero.Init and
-    initializes each module gathered, as `from_pretrained` does for Trainer users. Activation
+    initializes each module gathered, as `from_pretrained` does for Trainer users. SDPA where the model's
+    code has it, else the attention transformers picks for it (zerocalc traces that one). Activation
     checkpointing as HF documents it: `gradient_checkpointing_enable(use_reentrant=False)`."""
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_config(make_config(cfg), dtype=getattr(torch, TORCH_DTYPES[dtype]),
-                                             attn_implementation=ATTENTION[attention])
+    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
+    try:
+        model = AutoModelForCausalLM.from_config(make_config(cfg), dtype=torch_dtype,
+                                                 attn_implementation=ATTENTION[attention])
+    except ValueError as e:    # a model without SDPA (BLOOM under transformers 5.25): its own, as from_pretrained picks
+        if attention != "sdpa" or "does not support" not in str(e):
+            raise
+        model = AutoModelForCausalLM.from_config(make_config(cfg), dtype=torch_dtype)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
