@@ -232,7 +232,8 @@ def test_crossval_on_files_without_timed_rows_is_a_usage_error():
 # The one HF row outside the targets: Falcon-7B ran transformers 5.17, whose Falcon hands SDPA one key/value head without enable_gqa and a
 # materialised mask, which torch 2.11 runs on the math path (its first step cudaMallocs 4.19 GiB more);
 # a later transformers repeats the head and runs cuDNN: reserved -14%. Traced under 5.17 it is exact
-# (docs/hf-validation.md, data/README.md), so the row is open only under another transformers.
+# (docs/hf-validation.md, data/README.md), so the row is open only under another transformers. Run again under
+# 5.25 (h100-hf-types-falcon-7b-t525.csv, another key), its three jobs are within 0.3% allocated, reserved exact.
 OPEN_HF = {"auto-falcon-h4544-l4-s2-bf16-n1-b2x1024-gas1-1cf67b3294"}
 # Open (data/README.md, "405B and Mixtral at scale"): reserved of three runs of Mixtral-8x7B at stage 3, N = 256
 # (allocated exact on all eight). Its warm-up history (data/snapshots/fake-moe/) reserves 17.72 GiB, as the
@@ -266,7 +267,12 @@ def test_hf_rows_peaks_within_3_and_8_percent():
     assert open_s3.sum() == 3 and (err_a[open_s3] <= 0.001).all()
     # State from the trace alone equals the measured on every row: the buffers by their dtypes (GPTBigCode's
     # bool causal mask; under zero.Init the YaRN inv_freq and DeepSeek's e_score_correction_bias fp32).
-    assert (ok["pred_state_bytes"] == ok["measured_state_bytes"].astype(float)).all()
+    # But Falcon-7B at stage 3 under transformers 5.25 on the GPU (h100-hf-types-falcon-7b-t525.csv): its two
+    # rotary buffers (32 elements each) stayed fp32 under zero.Init (+128 B; the validator's own prediction
+    # from the recorded tensors has them so), where 5.17 made them bf16 and the trace here makes them bf16.
+    state_open = ok["key"] == "auto-falcon-h4544-l4-s3-bf16-n1-b2x1024-gas1-d4ed3d8560"
+    assert (ok["measured_state_bytes"].astype(float) - ok["pred_state_bytes"])[state_open].tolist() == [128]
+    assert (ok["pred_state_bytes"] == ok["measured_state_bytes"].astype(float))[~state_open].all()
     # And communication, stage 3's all-gathers included (DeepSpeed's hook order around dropouts, the reuse
     # rule around stage-3 leaves: tests/test_stage3_order.py).
     assert (ok["pred_comm_bytes"] == ok["measured_comm_bytes"].astype(float)).all()

@@ -121,11 +121,13 @@ def hf_summary(link: bool = True) -> str:
 
 @functools.lru_cache(maxsize=1)
 def hf_peak_errors():
-    """(ok rows re-predicted, |allocated error|, |reserved error|) of every HF-config row against what
+    """(ok rows re-predicted, |allocated error|, |reserved error|) of every HF-config row (the H200's, and
+    the model types an H100 ran again, data/h100-hf-types-*.csv) against what
     `zerocalc estimate --hf-config` predicts from the config alone (`validate.report.repredict_hf`;
     allocated less what an earlier engine of the process left). Traces each config once (cached)."""
     from validate.report import hf_rows, load, own_peak_allocated, repredict_hf
-    df = load(sorted(glob.glob(os.path.join(ROOT, "data", "h200-hf-*.csv"))))
+    df = load(sorted(glob.glob(os.path.join(ROOT, "data", "h200-hf-*.csv")))
+              + sorted(glob.glob(os.path.join(ROOT, "data", "h100-hf-types-*.csv"))))
     hf = df[hf_rows(df)]
     ok = repredict_hf(hf[hf["outcome"] == "ok"], hf)
     own = own_peak_allocated(ok).astype(float)
