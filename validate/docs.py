@@ -101,7 +101,7 @@ def ds_keys() -> str:
 
 
 def hf_summary(link: bool = True) -> str:
-    """The HF-config rows (data/h200-hf-*.csv): jobs, families, sizes, on how many rows zerocalc's trace of
+    """The HF-config rows (data/h200-hf-*.csv, data/h100-hf-types-*.csv): jobs, families, sizes, on how many rows zerocalc's trace of
     the config gives state and communication to the byte, and on how many the peaks are within 3%
     (allocated) and 8% (reserved) of `zerocalc estimate --hf-config` (`hf_peak_errors`). `link`: the
     count links to docs/hf-validation.md (not in that document's own block)."""
@@ -110,7 +110,8 @@ def hf_summary(link: bool = True) -> str:
     n = len(ok)
     within = ("on every job" if (err_a <= 0.03).all() and (err_r <= 0.08).all() else
               f"on {(err_a <= 0.03).sum()} and {(err_r <= 0.08).sum()} of {n} jobs")
-    jobs = f"[{n} H200 jobs](docs/hf-validation.md)" if link else f"{n} H200 jobs"
+    gpus = "H200/H100" if ok["source"].map(os.path.basename).str.startswith("h100-").any() else "H200"
+    jobs = f"[{n} {gpus} jobs](docs/hf-validation.md)" if link else f"{n} {gpus} jobs"
     state = (ok["pred_state_bytes"] == ok["measured_state_bytes"].astype(float)).sum()
     comm = (ok["pred_comm_bytes"] == ok["measured_comm_bytes"].astype(float)).sum()
     exact = "state, comm exact" if state == comm == n else f"state exact on {state}, comm on {comm}"
