@@ -185,9 +185,9 @@ def test_the_verdict_on_an_emulated_card_is_the_allocator_s():
     once under transformers 5.25; h100-late-predicted.json, seven runs of four stage-3 jobs capped between
     zerocalc's reserved and their own unpressured one; h100-cards-chosen-5.json, thirteen Hub config.json files
     more under transformers 5.25, the fourteenth, BLOOM-3B, refused by the validator): none that zerocalc says
-    fits ran out; twenty-two of them ran with the allocator's retries. A job near its card is replayed over `fits.CARD_STEPS` steps at every stage:
-    DeepSeek-V2-Lite at stage 1 on the 80 GB card ran out in step 3 under transformers 5.17 (twice) and in
-    step 4 under 5.25; over three steps its replay had run.
+    fits ran out; twenty-two of them ran with the allocator's retries. A job near its card is replayed over
+    `fits.CARD_STEPS` steps at every stage: DeepSeek-V2-Lite at stage 1 on the 80 GB card ran out in step 3
+    under transformers 5.17 (twice) and in step 4 under 5.25; over three steps its replay had run.
     A fake world runs one rank, and its row is judged on that rank's replay (`report.card_verdicts`; the
     busiest ranks of two configurations ran too, h100-cards-ranks-*: tests/test_fake_ranks.py). Where
     every timing of stage 3's late frees (`zerocalc.fits.GATHER_FREE_DELAYS`) and both placements of the
