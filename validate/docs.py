@@ -110,7 +110,7 @@ def hf_summary(link: bool = True) -> str:
     n = len(ok)
     within = ("on every job" if (err_a <= 0.03).all() and (err_r <= 0.08).all() else
               f"on {(err_a <= 0.03).sum()} and {(err_r <= 0.08).sum()} of {n} jobs")
-    gpus = "H200/H100" if ok["source"].map(os.path.basename).str.startswith("h100-").any() else "H200"
+    gpus = "GPU" if ok["source"].map(os.path.basename).str.startswith("h100-").any() else "H200"    # H200s and an H100
     jobs = f"[{n} {gpus} jobs](docs/hf-validation.md)" if link else f"{n} {gpus} jobs"
     state = (ok["pred_state_bytes"] == ok["measured_state_bytes"].astype(float)).sum()
     comm = (ok["pred_comm_bytes"] == ok["measured_comm_bytes"].astype(float)).sum()
