@@ -70,18 +70,23 @@ def _hub_id(given: str, lower: bool = True) -> str:
 
 
 @lru_cache(maxsize=1)
+def _sources() -> dict[str, dict]:
+    """zerocalc/hf/sources.json: {shipped name: where its values were read, ...}, read once."""
+    with open(SOURCES) as f:
+        return json.load(f)
+
+
+@lru_cache(maxsize=1)
 def hub_repos() -> dict[str, str]:
     """{shipped name: the Hub repository its values were read from} (the case study's GPT has none)."""
-    with open(SOURCES) as f:
-        return {name: v["repo"] for name, v in json.load(f).items() if v.get("repo")}
+    return {name: v["repo"] for name, v in _sources().items() if v.get("repo")}
 
 
 @lru_cache(maxsize=1)
 def text_models() -> dict[str, str]:
     """{shipped name: what the Hub's checkpoint holds beside it} for a shipped text model whose Hub
     repository publishes it inside a multimodal model (Gemma 3 from 4B up)."""
-    with open(SOURCES) as f:
-        return {name: v["text_of"] for name, v in json.load(f).items() if v.get("text_of")}
+    return {name: v["text_of"] for name, v in _sources().items() if v.get("text_of")}
 
 
 def _hub_ids() -> dict[str, str]:
